@@ -1,0 +1,2 @@
+//! The `kasoku` command-line tool.
+fn main() {}

@@ -1,0 +1,1 @@
+//! Sessions, sampling, the decode loop and its statistics.

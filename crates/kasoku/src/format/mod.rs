@@ -1,0 +1,17 @@
+//! Checkpoint formats: GGUF and safetensors readers (memory-mapped), Hugging Face config.json,
+//! and strict tensor claiming (every tensor is taken by name, shape and type exactly once).
+//!
+//! Shapes are given outermost-first, as PyTorch and numpy write them: a linear layer's weight
+//! is `[out_features, in_features]` and its rows are contiguous. (GGUF stores `ne` innermost
+//! first; its reader reverses them.)
+
+pub mod claims;
+pub mod error;
+pub mod gguf;
+pub mod hf_config;
+pub mod safetensors;
+pub mod tensor;
+
+pub use claims::Claims;
+pub use error::FormatError;
+pub use tensor::{RawTensor, TensorBytes, TensorSource};

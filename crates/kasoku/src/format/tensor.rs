@@ -1,0 +1,75 @@
+//! A tensor as found in a checkpoint file: name, element type, shape and its bytes,
+//! borrowed from a memory map (or owned, for tensors made in memory).
+
+use std::sync::Arc;
+
+use crate::quant::DType;
+
+/// Bytes of one tensor, kept alive by a shared owner (usually the file's memory map).
+#[derive(Clone)]
+pub struct TensorBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    start: usize,
+    len: usize,
+}
+
+impl TensorBytes {
+    /// Bytes `start..start + len` of `owner`. Panics if the range is outside `owner`:
+    /// readers validate ranges against the file size before calling this.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Self {
+        assert!(start.checked_add(len).is_some_and(|end| end <= (*owner).as_ref().len()));
+        TensorBytes { owner, start, len }
+    }
+
+    /// Bytes owned in memory.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        TensorBytes { owner: Arc::new(bytes), start: 0, len }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for TensorBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TensorBytes({} bytes)", self.len)
+    }
+}
+
+/// One tensor of a checkpoint. `data.len()` always equals the byte size its dtype and shape imply.
+#[derive(Clone, Debug)]
+pub struct RawTensor {
+    pub name: String,
+    pub dtype: DType,
+    /// Outermost dimension first (`[rows, cols]` for a matrix whose rows are contiguous).
+    pub shape: Vec<usize>,
+    pub data: TensorBytes,
+}
+
+impl RawTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A set of named tensors: one GGUF file, or a Hugging Face directory of safetensors shards.
+/// Tensor names are the source's own names (GGUF: `blk.0.attn_q.weight`; HF:
+/// `model.layers.0.self_attn.q_proj.weight`).
+pub trait TensorSource: Send + Sync {
+    /// The file or directory, for error messages.
+    fn path(&self) -> &std::path::Path;
+    /// Every tensor name, in file order.
+    fn names(&self) -> Vec<String>;
+    /// The tensor of that name, if present.
+    fn get(&self, name: &str) -> Option<RawTensor>;
+}

@@ -1,0 +1,5 @@
+//! CPU compute kernels. Each kernel has a portable path and, where it pays, an AVX2/FMA path
+//! chosen at run time; both compute the same function and are tested against each other.
+
+pub mod matmul;
+pub mod threads;

@@ -1,0 +1,16 @@
+//! kasoku: a local LLM inference engine.
+//!
+//! Layers, bottom up (each may use only those above it in this list):
+//! - [`quant`]: weight formats (GGUF block types), dequantisation references.
+//! - [`format`]: GGUF and safetensors readers, HF config.json, strict tensor claiming.
+//! - [`tokenizer`]: tokenizers from GGUF metadata or tokenizer.json, chat templates.
+//! - [`kernels`]: CPU compute (quantized matmul, norms, RoPE, attention, Gated DeltaNet, conv1d).
+//! - [`model`]: architectures assembled from parts, per-layer state.
+//! - [`engine`]: sessions, sampling, the decode loop, statistics.
+
+pub mod engine;
+pub mod format;
+pub mod kernels;
+pub mod model;
+pub mod quant;
+pub mod tokenizer;
