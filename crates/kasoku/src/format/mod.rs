@@ -11,6 +11,8 @@ pub mod gguf;
 pub mod hf_config;
 pub mod safetensors;
 pub mod tensor;
+#[cfg(test)]
+pub(crate) mod test_util;
 
 pub use claims::Claims;
 pub use error::FormatError;
