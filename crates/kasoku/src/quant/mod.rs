@@ -2,6 +2,8 @@
 //! their block layouts, and reference dequantizers that every fast kernel is checked against.
 
 pub mod dtype;
+pub mod k_quants;
+pub mod legacy;
 
 pub use dtype::DType;
 
@@ -25,7 +27,13 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        // Filled in by the block-format modules (legacy.rs, k_quants.rs).
-        _ => unimplemented!("dequantize {dtype}"),
+        DType::Q4_0 => legacy::dequantize_q4_0(bytes, out),
+        DType::Q4_1 => legacy::dequantize_q4_1(bytes, out),
+        DType::Q5_0 => legacy::dequantize_q5_0(bytes, out),
+        DType::Q5_1 => legacy::dequantize_q5_1(bytes, out),
+        DType::Q8_0 => legacy::dequantize_q8_0(bytes, out),
+        DType::Q4K => k_quants::dequantize_q4_k(bytes, out),
+        DType::Q5K => k_quants::dequantize_q5_k(bytes, out),
+        DType::Q6K => k_quants::dequantize_q6_k(bytes, out),
     }
 }
