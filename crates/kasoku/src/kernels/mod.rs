@@ -1,5 +1,6 @@
 //! CPU compute kernels. Each kernel has a portable path and, where it pays, an AVX2/FMA path
 //! chosen at run time; both compute the same function and are tested against each other.
 
+pub mod conv1d;
 pub mod matmul;
 pub mod threads;
