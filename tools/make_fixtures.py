@@ -257,6 +257,17 @@ def quantize_gguf(f32: Path, qtype: str, log: list[str]) -> Path | None:
     return out
 
 
+def gguf_tensor_types(path: Path) -> dict[str, int]:
+    """{ggml type name: tensor count} of a GGUF, read with the vendored gguf-py."""
+    sys.path.insert(0, str(LLAMA_CPP / "src" / "gguf-py"))
+    import gguf  # noqa: PLC0415
+
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return counts
+
+
 def llama_cpp_logits(gguf: Path, tokens: list[int]) -> np.ndarray | None:
     """Logits at every position from the built llama.cpp, via tools/llama_logits.py (subprocess)."""
     if not (LLAMA_CPP / "src" / "build" / "bin" / "libllama.so").exists():
@@ -342,7 +353,14 @@ def make(spec: Spec, want_gguf: bool) -> dict:
             for q in spec.quantize:
                 qf = quantize_gguf(f32, q, log)
                 if qf:
-                    ref["gguf"].setdefault("quantized", []).append(qf.name)
+                    entry = {"file": qf.name, "tensor_types": gguf_tensor_types(qf)}
+                    ql = llama_cpp_logits(qf, tokens)
+                    if ql is not None:
+                        # llama.cpp's own logits for the quantized file: the exact-math reference for a
+                        # quantized loader/kernel (same tokens as above).
+                        entry["llama_cpp_logits"] = [[sig7(v) for v in row] for row in ql.tolist()]
+                        entry["max_abs_diff_vs_f32_reference"] = float(np.abs(ql - logits).max())
+                    ref["gguf"].setdefault("quantized", []).append(entry)
     ref["log"] = log
     with open(d / "reference.json", "w") as f:
         json.dump(ref, f, indent=None, separators=(",", ":"))
