@@ -7,8 +7,11 @@
 //! - [`kernels`]: CPU compute (quantized matmul, norms, RoPE, attention, Gated DeltaNet, conv1d).
 //! - [`model`]: architectures assembled from parts, per-layer state.
 //! - [`engine`]: sessions, sampling, the decode loop, statistics.
+//!
+//! Beside them, [`fetch`] downloads the models kasoku knows by name into a local cache.
 
 pub mod engine;
+pub mod fetch;
 pub mod format;
 pub mod kernels;
 pub mod model;

@@ -1,0 +1,102 @@
+//! Command-line arguments of every `kasoku` subcommand.
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kasoku",
+    version,
+    about = "Fast local LLM inference on your own machine"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate from a prompt (-m), or chat interactively without -m.
+    Run(RunArgs),
+    /// Print next-token logits at every position of a token sequence, as JSON.
+    Logits {
+        /// GGUF file, Hugging Face directory, or a known model name.
+        #[arg(long)]
+        model: String,
+        /// Comma-separated token ids, e.g. 3,17,99.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tokens: Vec<u32>,
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Describe a checkpoint: architecture, hyper-parameters, tensors, tokenizer, template.
+    Inspect {
+        /// GGUF file, Hugging Face directory, or a known model name.
+        path: String,
+        /// List every tensor.
+        #[arg(long)]
+        tensors: bool,
+    },
+    /// Download known models into the cache (lists them without names).
+    Fetch {
+        names: Vec<String>,
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// GGUF file, Hugging Face directory, or a known model name (default: smollm2-135m, fetched on first use).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The prompt; without it, an interactive chat starts.
+    #[arg(short = 'm', long = "message")]
+    pub message: Option<String>,
+    /// System prompt for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Feed the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Turn the model's thinking on, where its template supports it.
+    #[arg(long)]
+    pub think: bool,
+    /// Maximum tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub penalty_last_n: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this text appears (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Keep generating past the model's end-of-text tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Context length (default: the model's, capped at 8192).
+    #[arg(long)]
+    pub ctx_size: Option<usize>,
+    /// Print only the answer, no statistics or progress.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
