@@ -14,7 +14,10 @@ pub struct Claims<'a> {
 
 impl<'a> Claims<'a> {
     pub fn new(source: &'a dyn TensorSource) -> Self {
-        Claims { source, claimed: Mutex::new(BTreeSet::new()) }
+        Claims {
+            source,
+            claimed: Mutex::new(BTreeSet::new()),
+        }
     }
 
     pub fn source(&self) -> &'a dyn TensorSource {
@@ -23,15 +26,22 @@ impl<'a> Claims<'a> {
 
     /// Takes a required tensor, checking its shape (outermost first).
     pub fn take(&self, name: &str, shape: &[usize]) -> Result<RawTensor, FormatError> {
-        self.take_optional(name, shape)?.ok_or_else(|| FormatError::MissingTensor {
-            path: self.source.path().to_path_buf(),
-            tensor: name.to_string(),
-        })
+        self.take_optional(name, shape)?
+            .ok_or_else(|| FormatError::MissingTensor {
+                path: self.source.path().to_path_buf(),
+                tensor: name.to_string(),
+            })
     }
 
     /// Takes a tensor if the source has it, checking its shape.
-    pub fn take_optional(&self, name: &str, shape: &[usize]) -> Result<Option<RawTensor>, FormatError> {
-        let Some(tensor) = self.source.get(name) else { return Ok(None) };
+    pub fn take_optional(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<RawTensor>, FormatError> {
+        let Some(tensor) = self.source.get(name) else {
+            return Ok(None);
+        };
         if !same_shape(&tensor.shape, shape) {
             return Err(FormatError::WrongShape {
                 path: self.source.path().to_path_buf(),
@@ -61,15 +71,28 @@ impl<'a> Claims<'a> {
     /// Fails if any tensor of the source was not claimed or ignored.
     pub fn finish(self) -> Result<(), FormatError> {
         let claimed = self.claimed.into_inner().unwrap();
-        let unclaimed: Vec<String> = self.source.names().into_iter().filter(|n| !claimed.contains(n)).collect();
+        let unclaimed: Vec<String> = self
+            .source
+            .names()
+            .into_iter()
+            .filter(|n| !claimed.contains(n))
+            .collect();
         if unclaimed.is_empty() {
             return Ok(());
         }
-        let mut list = unclaimed.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
+        let mut list = unclaimed
+            .iter()
+            .take(8)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
         if unclaimed.len() > 8 {
             list.push_str(&format!(" and {} more", unclaimed.len() - 8));
         }
-        Err(FormatError::Unclaimed { path: self.source.path().to_path_buf(), tensors: list })
+        Err(FormatError::Unclaimed {
+            path: self.source.path().to_path_buf(),
+            tensors: list,
+        })
     }
 }
 
@@ -77,5 +100,7 @@ impl<'a> Claims<'a> {
 /// (`[n]` matches `[1, n]`, `[n, 1, k]` matches `[n, k]`).
 fn same_shape(found: &[usize], expected: &[usize]) -> bool {
     let strip = |s: &[usize]| -> Vec<usize> { s.iter().copied().filter(|&d| d != 1).collect() };
-    found == expected || (found.iter().product::<usize>() == expected.iter().product::<usize>() && strip(found) == strip(expected))
+    found == expected
+        || (found.iter().product::<usize>() == expected.iter().product::<usize>()
+            && strip(found) == strip(expected))
 }

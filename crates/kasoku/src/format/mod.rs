@@ -9,6 +9,7 @@ pub mod claims;
 pub mod error;
 pub mod gguf;
 pub mod hf_config;
+pub mod hf_names;
 pub mod safetensors;
 pub mod tensor;
 #[cfg(test)]
@@ -16,4 +17,7 @@ pub(crate) mod test_util;
 
 pub use claims::Claims;
 pub use error::FormatError;
-pub use tensor::{RawTensor, TensorBytes, TensorSource};
+pub use gguf::{write_gguf, GgufFile, GgufTensorInfo, MetaValue};
+pub use hf_config::{GenerationDefaults, HfConfig};
+pub use safetensors::HfCheckpoint;
+pub use tensor::{RawTensor, SourceOrigin, TensorBytes, TensorSource};

@@ -17,14 +17,20 @@ impl TensorBytes {
     /// Bytes `start..start + len` of `owner`. Panics if the range is outside `owner`:
     /// readers validate ranges against the file size before calling this.
     pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Self {
-        assert!(start.checked_add(len).is_some_and(|end| end <= (*owner).as_ref().len()));
+        assert!(start
+            .checked_add(len)
+            .is_some_and(|end| end <= (*owner).as_ref().len()));
         TensorBytes { owner, start, len }
     }
 
     /// Bytes owned in memory.
     pub fn from_vec(bytes: Vec<u8>) -> Self {
         let len = bytes.len();
-        TensorBytes { owner: Arc::new(bytes), start: 0, len }
+        TensorBytes {
+            owner: Arc::new(bytes),
+            start: 0,
+            len,
+        }
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -72,4 +78,20 @@ pub trait TensorSource: Send + Sync {
     fn names(&self) -> Vec<String>;
     /// The tensor of that name, if present.
     fn get(&self, name: &str) -> Option<RawTensor>;
+    /// Which converter's conventions the values follow (see [`SourceOrigin`]).
+    fn origin(&self) -> SourceOrigin {
+        SourceOrigin::Gguf
+    }
+}
+
+/// Where a source's tensors come from. Names are GGUF names either way; values differ:
+/// - `Gguf` (llama.cpp's converter): llama-architecture Q/K rows are permuted for RoPE on
+///   adjacent pairs; Qwen3.5 norm weights are stored as `1 + w` (plain-weight convention) except
+///   `ssm_norm`; `ssm_a` holds `-exp(A_log)`; V heads are in tiled order when nv != nk.
+/// - `HuggingFace` (safetensors as trained): Q/K rows in HF order (RoPE on the two halves);
+///   Qwen3.5 norms in the `(1 + w)` convention; `ssm_a` holds `A_log`; V heads grouped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceOrigin {
+    Gguf,
+    HuggingFace,
 }
