@@ -57,7 +57,7 @@ pub fn pack_scale_min_k4(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; 12] {
 
 fn check_len(name: &str, bytes: &[u8], block: usize, out: &[f32]) {
     assert!(
-        out.len() % QK_K == 0 && bytes.len() == out.len() / QK_K * block,
+        out.len().is_multiple_of(QK_K) && bytes.len() == out.len() / QK_K * block,
         "{name}: {} bytes for {} values",
         bytes.len(),
         out.len()
@@ -213,7 +213,64 @@ pub fn dequantize_q8_k(blocks: &[BlockQ8K], out: &mut [f32]) {
     }
 }
 
+/// Reference dot products of K-quant weight rows with Q8_K activations, as GGML's
+/// `vec_dot_q*_K_q8_K` define them: exact integer sums per super-block, combined in f32 as
+/// `acc -= (dmin·d_x)·Σ_j min_j·(bsums_2j + bsums_2j+1)` (Q4_K, Q5_K) then
+/// `acc += (d·d_x)·Σ_j scale_j·Σ q·x` (Q6_K: `Σ_j scale_j·(Σ q·x − 32·bsums_j)` over 16-value
+/// sub-blocks), each product and sum rounded separately. The fast kernels reproduce exactly
+/// this arithmetic.
+pub fn vec_dot(dtype: crate::quant::DType, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    use crate::quant::DType;
+    let bb = dtype.block_bytes();
+    assert_eq!(w.len(), x.len() * bb, "vec_dot: size mismatch");
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(bb).zip(x) {
+        match dtype {
+            DType::Q4K | DType::Q5K => {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (qs, qh) = match dtype {
+                    DType::Q4K => (&b[16..144], None),
+                    _ => (&b[48..176], Some(&b[16..48])),
+                };
+                let (mut sumi, mut summ) = (0i32, 0i32);
+                for j in 0..8 {
+                    let (sc, mn) = scale_min_k4(j, &b[4..16]);
+                    summ += mn as i32 * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+                    let mut dot = 0i32;
+                    for v in 32 * j..32 * j + 32 {
+                        let (g, l) = (v / 64, v % 64);
+                        let byte = qs[32 * g + l % 32];
+                        let mut q = if l < 32 { byte & 15 } else { byte >> 4 };
+                        if let Some(qh) = qh {
+                            q |= ((qh[l % 32] >> (2 * g + l / 32)) & 1) << 4;
+                        }
+                        dot += q as i32 * a.qs[v] as i32;
+                    }
+                    sumi += sc as i32 * dot;
+                }
+                acc -= (dmin * a.d) * summ as f32;
+                acc += (d * a.d) * sumi as f32;
+            }
+            DType::Q6K => {
+                let d = f16_at(b, 208);
+                let mut sumi = 0i32;
+                for k in 0..16 {
+                    let sc = b[192 + k] as i8 as i32;
+                    let dot: i32 = (16 * k..16 * k + 16)
+                        .map(|v| q6_k_quant(b, v) as i32 * a.qs[v] as i32)
+                        .sum();
+                    sumi += sc * (dot - 32 * a.bsums[k] as i32);
+                }
+                acc += (d * a.d) * sumi as f32;
+            }
+            _ => panic!("vec_dot: {dtype} is not a K-quant format"),
+        }
+    }
+    acc
+}
+
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // index loops mirror GGML's layout descriptions
 mod tests {
     use super::*;
 
