@@ -31,7 +31,7 @@ fn high_bit(qh: u32, j: usize) -> u8 {
 
 fn check(name: &str, bytes: &[u8], block: usize, out: &[f32]) {
     assert!(
-        out.len() % QK == 0 && bytes.len() == out.len() / QK * block,
+        out.len().is_multiple_of(QK) && bytes.len() == out.len() / QK * block,
         "{name}: {} bytes for {} values",
         bytes.len(),
         out.len()
@@ -152,7 +152,7 @@ fn quantize_block_i8(x: &[f32]) -> (f32, [i8; QK]) {
 /// Quantizes `x` (a multiple of 32 values) to Q8_0 blocks in `out` (`x.len() / 32 * 34` bytes).
 pub fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     assert!(
-        x.len() % QK == 0 && out.len() == x.len() / QK * 34,
+        x.len().is_multiple_of(QK) && out.len() == x.len() / QK * 34,
         "quantize_q8_0: size mismatch"
     );
     for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
@@ -168,7 +168,7 @@ pub fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
 /// as Q8_0, plus `s = d·Σq` (computed with the f32 `d`, then stored as f16, as GGML does).
 pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
     assert!(
-        x.len() % QK == 0 && out.len() == x.len() / QK * Q8_1_BLOCK,
+        x.len().is_multiple_of(QK) && out.len() == x.len() / QK * Q8_1_BLOCK,
         "quantize_q8_1: size mismatch"
     );
     for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q8_1_BLOCK)) {

@@ -15,19 +15,38 @@
 //! Each family provides `pack`, `prepare` (activations) and `compute_tile`, with a portable
 //! path and an AVX2 path that compute the same function.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::quant::DType;
 
 use super::threads;
 
+mod floats;
+#[cfg(target_arch = "x86_64")]
+mod floats_avx2;
+mod k_quants;
+mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod legacy_avx2;
+
 /// Errors building a weight matrix.
 #[derive(Debug, thiserror::Error)]
 pub enum MatMulError {
     #[error("matrix {rows}x{cols} of {dtype}: expected {expected} bytes, got {found}")]
-    Size { dtype: DType, rows: usize, cols: usize, expected: usize, found: usize },
+    Size {
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        found: usize,
+    },
     #[error("matrix of {dtype}: {cols} columns is not a multiple of the block size {block}")]
-    Columns { dtype: DType, cols: usize, block: usize },
+    Columns {
+        dtype: DType,
+        cols: usize,
+        block: usize,
+    },
 }
 
 /// A weight matrix packed for fast products. Immutable; share it with `Arc`.
@@ -41,29 +60,113 @@ pub struct MatMulWeight {
 
 impl std::fmt::Debug for MatMulWeight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MatMulWeight({} {}x{})", self.dtype, self.rows, self.cols)
+        write!(
+            f,
+            "MatMulWeight({} {}x{})",
+            self.dtype, self.rows, self.cols
+        )
     }
 }
 
 /// Activations converted for one weight format (opaque to callers).
 pub(crate) enum Prepared {
+    /// Float weights and the reference path.
     F32(Vec<f32>),
+    /// Raw activation blocks (the k-quant family's Q8_K).
+    #[allow(dead_code)]
     Bytes(Vec<u8>),
+    /// Legacy formats: int8 blocks with scales and sums.
+    Q8(legacy::Q8Acts),
+}
+
+/// Instruction set a kernel runs with. Every family has a portable path and an AVX2 path
+/// computing the same function; `detect` picks the best the CPU supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The fastest path this CPU runs.
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            return Isa::Avx2;
+        }
+        Isa::Portable
+    }
+
+    /// Every path this CPU runs (tests compare them).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        if Isa::detect() != Isa::Portable {
+            v.push(Isa::detect());
+        }
+        v
+    }
+}
+
+/// The kernel family a format belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Floats,
+    Legacy,
+    KQuants,
+    /// Formats without fast kernels yet: the dequantizing reference path.
+    #[allow(dead_code)]
+    Reference,
+}
+
+fn family(dtype: DType) -> Family {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Family::Floats,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => Family::Legacy,
+        DType::Q4K | DType::Q5K | DType::Q6K => Family::KQuants,
+    }
 }
 
 impl MatMulWeight {
     /// Packs a `[rows, cols]` matrix whose rows are stored contiguously in `bytes` (GGUF or
     /// safetensors layout) in format `dtype`.
     pub fn new(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, MatMulError> {
-        if cols % dtype.block_size() != 0 {
-            return Err(MatMulError::Columns { dtype, cols, block: dtype.block_size() });
+        if !cols.is_multiple_of(dtype.block_size()) {
+            return Err(MatMulError::Columns {
+                dtype,
+                cols,
+                block: dtype.block_size(),
+            });
         }
-        let expected = dtype.bytes_for(cols).and_then(|r| r.checked_mul(rows)).unwrap_or(usize::MAX);
+        let expected = dtype
+            .bytes_for(cols)
+            .and_then(|r| r.checked_mul(rows))
+            .unwrap_or(usize::MAX);
         if bytes.len() != expected {
-            return Err(MatMulError::Size { dtype, rows, cols, expected, found: bytes.len() });
+            return Err(MatMulError::Size {
+                dtype,
+                rows,
+                cols,
+                expected,
+                found: bytes.len(),
+            });
         }
-        let packed = reference::pack(dtype, rows, cols, bytes);
-        Ok(MatMulWeight { dtype, rows, cols, packed })
+        let packed = match family(dtype) {
+            Family::Floats => floats::pack(dtype, rows, cols, bytes),
+            Family::Legacy => legacy::pack(dtype, rows, cols, bytes),
+            Family::KQuants => k_quants::pack(dtype, rows, cols, bytes),
+            Family::Reference => reference::pack(dtype, rows, cols, bytes),
+        };
+        Ok(MatMulWeight {
+            dtype,
+            rows,
+            cols,
+            packed,
+        })
     }
 
     /// Bytes the packed weights occupy (what one product reads).
@@ -74,23 +177,57 @@ impl MatMulWeight {
 
 /// `y[r][j] = Σ_c x[r][c] · W[j][c]` for `r < n`, `j < w.rows`.
 pub fn matmul(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_with(w, x, n, y, Isa::detect());
+}
+
+/// [`matmul`] with a chosen instruction set.
+pub(crate) fn matmul_with(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
+    matmul_split(w, x, n, y, isa, threads::num_threads());
+}
+
+thread_local! {
+    /// Per-thread output tile, reused across calls.
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`matmul`] with a chosen instruction set, its rows split for `threads` threads.
+fn matmul_split(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32], isa: Isa, threads: usize) {
     assert_eq!(x.len(), n * w.cols, "matmul: x has the wrong length");
     assert_eq!(y.len(), n * w.rows, "matmul: y has the wrong length");
-    if n == 0 {
+    if n == 0 || w.rows == 0 {
         return;
     }
-    let act = reference::prepare(w, x, n);
-    let chunks = split_rows(w.rows, threads::num_threads());
+    let fam = family(w.dtype);
+    let act = match fam {
+        Family::Floats => floats::prepare(x),
+        Family::Legacy => Prepared::Q8(legacy::prepare(w.dtype, x, n, w.cols, isa)),
+        Family::KQuants => k_quants::prepare(w, x, n),
+        Family::Reference => reference::prepare(w, x, n),
+    };
+    let chunks = split_rows(w.rows, threads);
     let out = SharedOut(y.as_mut_ptr());
     threads::parallel_for(chunks.len(), |t| {
         let rows = chunks[t].clone();
-        let mut tile = vec![0f32; n * rows.len()];
-        reference::compute_tile(w, &act, n, rows.clone(), &mut tile);
-        for r in 0..n {
-            // SAFETY: tasks write disjoint row ranges of y.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(r * w.rows + rows.start), rows.len()) };
-            dst.copy_from_slice(&tile[r * rows.len()..(r + 1) * rows.len()]);
-        }
+        TILE.with(|cell| {
+            let mut tile = cell.borrow_mut();
+            tile.resize(n * rows.len(), 0.0);
+            match fam {
+                Family::Floats => floats::compute_tile(w, &act, n, rows.clone(), &mut tile, isa),
+                Family::Legacy => legacy::compute_tile(w, &act, n, rows.clone(), &mut tile, isa),
+                Family::KQuants => k_quants::compute_tile(w, &act, n, rows.clone(), &mut tile, isa),
+                Family::Reference => reference::compute_tile(w, &act, n, rows.clone(), &mut tile),
+            }
+            for r in 0..n {
+                // SAFETY: tasks write disjoint row ranges of y, which outlives the call.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.get().add(r * w.rows + rows.start),
+                        rows.len(),
+                    )
+                };
+                dst.copy_from_slice(&tile[r * rows.len()..(r + 1) * rows.len()]);
+            }
+        });
     });
 }
 
@@ -105,12 +242,16 @@ impl SharedOut {
     }
 }
 
-/// Splits `rows` into about `4 × threads` chunks whose sizes are multiples of 16 where possible.
+/// Splits `rows` into about `4 × threads` chunks whose sizes are multiples of 16 (so every
+/// chunk starts on a packed-group boundary).
 fn split_rows(rows: usize, threads: usize) -> Vec<Range<usize>> {
     let tasks = (threads * 4).max(1);
     let step = rows.div_ceil(tasks).div_ceil(16) * 16;
     let step = step.max(16);
-    (0..rows).step_by(step).map(|s| s..(s + step).min(rows)).collect()
+    (0..rows)
+        .step_by(step)
+        .map(|s| s..(s + step).min(rows))
+        .collect()
 }
 
 /// The simplest correct implementation: dequantize each weight row to f32 and take dot
@@ -126,16 +267,173 @@ mod reference {
         Prepared::F32(x.to_vec())
     }
 
-    pub fn compute_tile(w: &MatMulWeight, act: &Prepared, n: usize, rows: Range<usize>, tile: &mut [f32]) {
-        let Prepared::F32(x) = act else { unreachable!("reference path prepares f32") };
+    pub fn compute_tile(
+        w: &MatMulWeight,
+        act: &Prepared,
+        n: usize,
+        rows: Range<usize>,
+        tile: &mut [f32],
+    ) {
+        let Prepared::F32(x) = act else {
+            unreachable!("reference path prepares f32")
+        };
         let row_bytes = w.dtype.bytes_for(w.cols).unwrap();
         let mut wrow = vec![0f32; w.cols];
         for (i, j) in rows.clone().enumerate() {
-            crate::quant::dequantize(w.dtype, &w.packed[j * row_bytes..(j + 1) * row_bytes], &mut wrow);
+            crate::quant::dequantize(
+                w.dtype,
+                &w.packed[j * row_bytes..(j + 1) * row_bytes],
+                &mut wrow,
+            );
             for r in 0..n {
                 let xr = &x[r * w.cols..(r + 1) * w.cols];
                 tile[r * rows.len() + i] = xr.iter().zip(&wrow).map(|(a, b)| a * b).sum();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::legacy::tests::{random_blocks, Rng};
+
+    const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ];
+
+    fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+        match dtype {
+            DType::F32 => (0..rows * cols)
+                .flat_map(|_| rng.f32().to_le_bytes())
+                .collect(),
+            DType::F16 => (0..rows * cols)
+                .flat_map(|_| half::f16::from_f32(rng.f32()).to_le_bytes())
+                .collect(),
+            DType::BF16 => (0..rows * cols)
+                .flat_map(|_| half::bf16::from_f32(rng.f32()).to_le_bytes())
+                .collect(),
+            _ => random_blocks(rng, dtype.block_bytes(), rows * cols / dtype.block_size()),
+        }
+    }
+
+    /// Checks `y` against f64 products of the dequantized weights: floats to 1e-6 of the sum of
+    /// |terms|, int8-activation formats to the activation rounding bound (half a step of
+    /// max|x|/127 per value) plus float noise.
+    fn check(dtype: DType, rows: usize, cols: usize, wb: &[u8], x: &[f32], n: usize, y: &[f32]) {
+        let mut wf = vec![0f32; rows * cols];
+        crate::quant::dequantize(dtype, wb, &mut wf);
+        for r in 0..n {
+            let xr = &x[r * cols..(r + 1) * cols];
+            for j in 0..rows {
+                let wr = &wf[j * cols..(j + 1) * cols];
+                let exact: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let scale: f64 = xr
+                    .iter()
+                    .zip(wr)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let tol = if dtype.is_quantized() {
+                    let amax = xr.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                    let wabs: f64 = wr.iter().map(|v| v.abs() as f64).sum();
+                    wabs * amax / 254.0 + 1e-5 * scale + 1e-6
+                } else {
+                    1e-6 * scale + 1e-7
+                };
+                let got = y[r * rows + j] as f64;
+                assert!(
+                    (got - exact).abs() <= tol,
+                    "{dtype} n={n} r={r} j={j}: {got} vs {exact} (tol {tol})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_format_and_batch_size_matches_the_reference() {
+        let mut rng = Rng(1);
+        for dtype in ALL {
+            let (rows, cols) = (37, 96);
+            let wb = random_matrix(&mut rng, dtype, rows, cols);
+            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+            for n in [1, 2, 3, 4, 7, 8, 16, 64, 100] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+                for isa in Isa::available() {
+                    let mut y = vec![f32::NAN; n * rows];
+                    matmul_with(&w, &x, n, &mut y, isa);
+                    check(dtype, rows, cols, &wb, &x, n, &y);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn odd_row_counts() {
+        let mut rng = Rng(2);
+        for dtype in ALL {
+            for rows in [1, 5, 8, 9, 15, 17, 33] {
+                let cols = 64;
+                let wb = random_matrix(&mut rng, dtype, rows, cols);
+                let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+                let n = 3;
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+                let mut y = vec![f32::NAN; n * rows];
+                matmul(&w, &x, n, &mut y);
+                check(dtype, rows, cols, &wb, &x, n, &y);
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_result_does_not_depend_on_batch_or_split() {
+        let mut rng = Rng(3);
+        for dtype in ALL {
+            let (rows, cols, n) = (203, 320, 11);
+            let wb = random_matrix(&mut rng, dtype, rows, cols);
+            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let isa = Isa::detect();
+            let mut one = vec![0f32; n * rows];
+            matmul_split(&w, &x, n, &mut one, isa, 1);
+            let mut many = vec![0f32; n * rows];
+            matmul_split(&w, &x, n, &mut many, isa, 7);
+            assert!(
+                one.iter()
+                    .zip(&many)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{dtype}: split"
+            );
+            // Row r alone gives the same bits as row r in the batch.
+            for r in [0, 5, 10] {
+                let mut y1 = vec![0f32; rows];
+                matmul_with(&w, &x[r * cols..(r + 1) * cols], 1, &mut y1, isa);
+                assert!(
+                    y1.iter()
+                        .zip(&one[r * rows..])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dtype}: row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn size_errors_are_values() {
+        assert!(matches!(
+            MatMulWeight::new(DType::Q4_0, 2, 48, &[0; 36]),
+            Err(MatMulError::Columns { .. })
+        ));
+        assert!(matches!(
+            MatMulWeight::new(DType::Q4_0, 2, 64, &[0; 71]),
+            Err(MatMulError::Size { .. })
+        ));
+        assert!(MatMulWeight::new(DType::F16, 2, 3, &[0; 12]).is_ok());
     }
 }

@@ -1,0 +1,494 @@
+//! Products on the legacy 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): packing, int8
+//! activations, and the portable tile kernel (the AVX2 one is in `legacy_avx2.rs`).
+//!
+//! **Packed layout.** Weight rows are taken in groups of [`GROUP`] = 8 (the last group padded
+//! with zero rows, whose scale 0 makes them contribute nothing). For each group and each block
+//! column `b`, the eight rows' blocks are stored together, `8 × block_bytes` bytes:
+//! - `d[8]` (f16), then for Q4_1/Q5_1 `m[8]` (f16): the scales of the eight rows, loaded as one
+//!   vector;
+//! - Q5 only, `h[32]`: the fifth bits, rearranged so that byte `4i + t` holds, in bit `k`, the
+//!   fifth bit of value `4k + t` of row `i`;
+//! - the codes as 32-byte registers: for Q4/Q5, register `j < 4` holds in bytes `4i..4i+4` the
+//!   GGUF bytes `qs[4j..4j+4]` of row `i` (low nibbles: values `4j..4j+4`, high nibbles: values
+//!   `16+4j..20+4j`); for Q8_0, register `k < 8` holds values `4k..4k+4` of row `i` in bytes
+//!   `4i..4i+4`.
+//!
+//! So once unpacked, "group register" `k` holds, in 32-bit lane `i`, values `4k..4k+4` of row
+//! `i`, and its product with the activation bytes `4k..4k+4` broadcast to every lane gives all
+//! eight rows' partial dot products in one `maddubs`: the weights are read once for every
+//! activation row, the scales come as one vector, and no horizontal sums are needed.
+//!
+//! **Activations** are quantized per call to int8 blocks of 32 (scale `d = max|x|/127`, f32;
+//! round-to-nearest-even, as GGML's SIMD quantizers do) with their code sums, which turn the
+//! unsigned weight codes into the signed or offset formats: Q4_0 and Q5_0 subtract
+//! `8·Σq` / `16·Σq` from the integer dot product, Q4_1 and Q5_1 add `m·d·Σq`.
+//!
+//! **Per block**, each (weight row, activation row) accumulates
+//! `acc = fma(d_w·d_x, dot, acc)` (plus `fma(m_w, d_x·Σq_x, acc)` for the formats with a min),
+//! blocks in order: the portable and AVX2 kernels do exactly this, so they agree bit for bit,
+//! and an activation row's result does not depend on how many rows share the call.
+
+use std::ops::Range;
+
+use half::f16;
+
+use super::{Isa, MatMulWeight, Prepared};
+use crate::quant::legacy::QK;
+use crate::quant::DType;
+
+/// Weight rows packed together.
+pub(crate) const GROUP: usize = 8;
+/// Activation rows processed together by one kernel call (register tile).
+const XR_MAX: usize = 4;
+/// Activation rows per outer block (larger calls loop over blocks of this many rows).
+const XB: usize = 64;
+/// Blocks per column chunk: the chunk of a weight group stays in L1 while every activation
+/// tile of the call uses it.
+const KC: usize = 64;
+
+/// Activation rows quantized to int8 blocks for one call.
+pub(crate) struct Q8Acts {
+    /// Blocks per row.
+    pub nb: usize,
+    /// `n × nb × 32` codes.
+    pub qs: Vec<i8>,
+    /// `n × nb` scales.
+    pub d: Vec<f32>,
+    /// Q4_0 / Q5_0: `n × nb` integer corrections `off·Σq` (empty otherwise).
+    pub corr: Vec<i32>,
+    /// Q4_1 / Q5_1: `n × nb` values `d·Σq` (empty otherwise).
+    pub s: Vec<f32>,
+}
+
+/// Byte offsets inside one packed 8-row block: (mins, high bits, codes).
+pub(crate) fn offsets(dtype: DType) -> (usize, usize, usize) {
+    match dtype {
+        DType::Q4_0 | DType::Q8_0 => (0, 0, 16),
+        DType::Q4_1 => (16, 0, 32),
+        DType::Q5_0 => (0, 16, 48),
+        DType::Q5_1 => (16, 32, 64),
+        _ => unreachable!("not a legacy format: {dtype}"),
+    }
+}
+
+/// Repacks GGUF-layout rows into 8-row groups (see the module documentation).
+pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let nb = cols / QK;
+    let row_bytes = nb * bb;
+    let groups = rows.div_ceil(GROUP);
+    let (m_off, h_off, q_off) = offsets(dtype);
+    let mut out = vec![0u8; groups * nb * GROUP * bb];
+    for (gb, dst) in out.chunks_exact_mut(GROUP * bb).enumerate() {
+        let (g, b) = (gb / nb, gb % nb);
+        for i in 0..GROUP {
+            let row = g * GROUP + i;
+            if row >= rows {
+                break;
+            }
+            let src = &bytes[row * row_bytes + b * bb..][..bb];
+            dst[2 * i..2 * i + 2].copy_from_slice(&src[0..2]);
+            match dtype {
+                DType::Q8_0 => {
+                    for k in 0..8 {
+                        dst[q_off + 32 * k + 4 * i..][..4].copy_from_slice(&src[2 + 4 * k..][..4]);
+                    }
+                }
+                _ => {
+                    let mut qs_at = 2;
+                    if m_off != 0 {
+                        dst[m_off + 2 * i..][..2].copy_from_slice(&src[2..4]);
+                        qs_at += 2;
+                    }
+                    if h_off != 0 {
+                        let qh = u32::from_le_bytes([
+                            src[qs_at],
+                            src[qs_at + 1],
+                            src[qs_at + 2],
+                            src[qs_at + 3],
+                        ]);
+                        qs_at += 4;
+                        for t in 0..4 {
+                            let mut byte = 0u8;
+                            for k in 0..8 {
+                                byte |= (((qh >> (4 * k + t)) & 1) as u8) << k;
+                            }
+                            dst[h_off + 4 * i + t] = byte;
+                        }
+                    }
+                    for j in 0..4 {
+                        dst[q_off + 32 * j + 4 * i..][..4]
+                            .copy_from_slice(&src[qs_at + 4 * j..][..4]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Quantizes one block of 32 activations: returns `(d, Σq)` and writes the codes. Rounds
+/// `x·(127/max|x|)` to nearest even (the AVX2 path's `cvtps2dq` does the same).
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (o, v) in q.iter_mut().zip(x) {
+        // Adding and removing 1.5·2^23 rounds to the nearest integer, ties to even.
+        let r = ((v * id + 12_582_912.0) - 12_582_912.0) as i32;
+        *o = r as i8;
+        sum += r;
+    }
+    (d, sum)
+}
+
+/// Quantizes `n` activation rows for a product with `dtype` weights.
+pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) -> Q8Acts {
+    let nb = cols / QK;
+    let mut acts = Q8Acts {
+        nb,
+        qs: vec![0; n * cols],
+        d: vec![0.0; n * nb],
+        corr: Vec::new(),
+        s: Vec::new(),
+    };
+    let mut sums = vec![0i32; n * nb];
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only chosen when AVX2 and FMA are present.
+        Isa::Avx2 => unsafe {
+            super::legacy_avx2::quantize_rows(x, &mut acts.qs, &mut acts.d, &mut sums)
+        },
+        _ => {
+            for (((xb, qb), d), s) in x
+                .chunks_exact(QK)
+                .zip(acts.qs.chunks_exact_mut(QK))
+                .zip(&mut acts.d)
+                .zip(&mut sums)
+            {
+                (*d, *s) = quantize_block(xb, qb);
+            }
+        }
+    }
+    match dtype {
+        DType::Q4_0 => acts.corr = sums.iter().map(|s| 8 * s).collect(),
+        DType::Q5_0 => acts.corr = sums.iter().map(|s| 16 * s).collect(),
+        DType::Q4_1 | DType::Q5_1 => {
+            acts.s = sums
+                .iter()
+                .zip(&acts.d)
+                .map(|(&s, &d)| d * s as f32)
+                .collect()
+        }
+        _ => {}
+    }
+    acts
+}
+
+/// Pointers a kernel needs for `xr` activation rows starting at row `r0`, block `kb`.
+pub(crate) struct XTile<'a> {
+    pub acts: &'a Q8Acts,
+    pub r0: usize,
+    pub kb: usize,
+}
+
+impl XTile<'_> {
+    pub fn qs(&self, r: usize, b: usize) -> &[i8] {
+        let at = ((self.r0 + r) * self.acts.nb + self.kb + b) * QK;
+        &self.acts.qs[at..at + QK]
+    }
+    pub fn idx(&self, r: usize, b: usize) -> usize {
+        (self.r0 + r) * self.acts.nb + self.kb + b
+    }
+}
+
+/// `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for the weight rows `rows` (which start on
+/// a group boundary).
+pub(crate) fn compute_tile(
+    w: &MatMulWeight,
+    act: &Prepared,
+    n: usize,
+    rows: Range<usize>,
+    tile: &mut [f32],
+    isa: Isa,
+) {
+    let Prepared::Q8(acts) = act else {
+        unreachable!("legacy formats prepare int8 activations")
+    };
+    debug_assert_eq!(rows.start % GROUP, 0);
+    let bb = w.dtype.block_bytes();
+    let nb = w.cols / QK;
+    let group_bytes = nb * GROUP * bb;
+    let len = rows.len();
+    let mut acc = vec![0f32; XB.min(n) * GROUP];
+    for xr0 in (0..n).step_by(XB) {
+        let xn = XB.min(n - xr0);
+        for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+            acc[..xn * GROUP].fill(0.0);
+            let gw = &w.packed[g * group_bytes..(g + 1) * group_bytes];
+            for kb in (0..nb).step_by(KC) {
+                let kn = KC.min(nb - kb);
+                let wchunk = &gw[kb * GROUP * bb..(kb + kn) * GROUP * bb];
+                for xt in (0..xn).step_by(XR_MAX) {
+                    let xr = XR_MAX.min(xn - xt);
+                    let x = XTile {
+                        acts,
+                        r0: xr0 + xt,
+                        kb,
+                    };
+                    let a = &mut acc[xt * GROUP..(xt + xr) * GROUP];
+                    kernel(w.dtype, isa, wchunk, kn, &x, xr, a);
+                }
+            }
+            for r in 0..xn {
+                for i in 0..GROUP {
+                    let j = g * GROUP + i;
+                    if j < rows.end {
+                        tile[(xr0 + r) * len + j - rows.start] = acc[r * GROUP + i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Accumulates `kn` blocks of one weight group into `acc[r][i]` for `xr` activation rows.
+fn kernel(dtype: DType, isa: Isa, w: &[u8], kn: usize, x: &XTile, xr: usize, acc: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only chosen when AVX2, FMA and F16C are present; `w` holds `kn`
+        // packed blocks and `x` covers `xr` rows of `kn` blocks (checked by slicing in debug).
+        Isa::Avx2 => unsafe { super::legacy_avx2::kernel(dtype, w, kn, x, xr, acc) },
+        _ => portable_kernel(dtype, w, kn, x, xr, acc),
+    }
+}
+
+/// The eight rows' codes of one packed block, as signed integers (unsigned codes for Q4/Q5).
+fn unpack_block(dtype: DType, p: &[u8]) -> [[i32; QK]; GROUP] {
+    let (_, h_off, q_off) = offsets(dtype);
+    let mut q = [[0i32; QK]; GROUP];
+    for (i, qi) in q.iter_mut().enumerate() {
+        for k in 0..8 {
+            for t in 0..4 {
+                let v = 4 * k + t;
+                qi[v] = if dtype == DType::Q8_0 {
+                    p[q_off + 32 * k + 4 * i + t] as i8 as i32
+                } else {
+                    let byte = p[q_off + 32 * (k % 4) + 4 * i + t];
+                    let nib = if k < 4 { byte & 15 } else { byte >> 4 };
+                    let high = if h_off != 0 {
+                        ((p[h_off + 4 * i + t] >> k) & 1) << 4
+                    } else {
+                        0
+                    };
+                    (nib | high) as i32
+                };
+            }
+        }
+    }
+    q
+}
+
+fn portable_kernel(dtype: DType, w: &[u8], kn: usize, x: &XTile, xr: usize, acc: &mut [f32]) {
+    let bb8 = dtype.block_bytes() * GROUP;
+    let (m_off, _, _) = offsets(dtype);
+    let f16_at = |p: &[u8], at: usize| f16::from_le_bytes([p[at], p[at + 1]]).to_f32();
+    for b in 0..kn {
+        let p = &w[b * bb8..(b + 1) * bb8];
+        let q = unpack_block(dtype, p);
+        for r in 0..xr {
+            let xq = x.qs(r, b);
+            let idx = x.idx(r, b);
+            let dx = x.acts.d[idx];
+            for i in 0..GROUP {
+                let mut dot: i32 = q[i].iter().zip(xq).map(|(&a, &b)| a * b as i32).sum();
+                if !x.acts.corr.is_empty() {
+                    dot -= x.acts.corr[idx];
+                }
+                let a = &mut acc[r * GROUP + i];
+                *a = (f16_at(p, 2 * i) * dx).mul_add(dot as f32, *a);
+                if m_off != 0 {
+                    *a = f16_at(p, m_off + 2 * i).mul_add(x.acts.s[idx], *a);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::matmul::{matmul_with, MatMulWeight};
+    use crate::quant::legacy::tests::{random_blocks, Rng};
+
+    const FORMATS: [DType; 5] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ];
+
+    fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+        random_blocks(rng, dtype.block_bytes(), rows * cols / QK)
+    }
+
+    /// `y = x·Wᵀ` in f64 from the reference dequantizer, with `x` first rounded through the
+    /// int8 activation quantizer (so only float rounding separates it from the kernels).
+    fn expected(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        wb: &[u8],
+        x: &[f32],
+        n: usize,
+    ) -> Vec<f64> {
+        let mut wf = vec![0f32; rows * cols];
+        crate::quant::dequantize(dtype, wb, &mut wf);
+        let mut xq = vec![0f32; n * cols];
+        for (xb, ob) in x.chunks_exact(QK).zip(xq.chunks_exact_mut(QK)) {
+            let mut q = [0i8; QK];
+            let (d, _) = quantize_block(xb, &mut q);
+            for (o, v) in ob.iter_mut().zip(q) {
+                *o = d * v as f32;
+            }
+        }
+        let mut y = vec![0f64; n * rows];
+        for r in 0..n {
+            for j in 0..rows {
+                y[r * rows + j] = (0..cols)
+                    .map(|c| xq[r * cols + c] as f64 * wf[j * cols + c] as f64)
+                    .sum();
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn quantize_block_rounds_to_nearest_even_and_sums() {
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        x[3] = 0.49;
+        x[4] = -127.0;
+        let mut q = [0i8; 32];
+        let (d, s) = quantize_block(&x, &mut q);
+        assert_eq!(d, 1.0);
+        assert_eq!(&q[..5], &[127, 2, -4, 0, -127]);
+        assert_eq!(s, 127 + 2 - 4 - 127);
+    }
+
+    #[test]
+    fn pack_then_unpack_gives_the_gguf_codes() {
+        let mut rng = Rng(11);
+        for dtype in FORMATS {
+            let (rows, cols) = (11, 64);
+            let wb = random_weight(&mut rng, dtype, rows, cols);
+            let packed = pack(dtype, rows, cols, &wb);
+            assert_eq!(packed.len(), 2 * 2 * GROUP * dtype.block_bytes());
+            let mut deq = vec![0f32; cols];
+            for j in 0..rows {
+                crate::quant::dequantize(
+                    dtype,
+                    &wb[j * 2 * dtype.block_bytes()..][..2 * dtype.block_bytes()],
+                    &mut deq,
+                );
+                for b in 0..2 {
+                    let (g, i) = (j / GROUP, j % GROUP);
+                    let p = &packed[(g * 2 + b) * GROUP * dtype.block_bytes()..]
+                        [..GROUP * dtype.block_bytes()];
+                    let q = unpack_block(dtype, p);
+                    let (m_off, _, _) = offsets(dtype);
+                    let d = f16::from_le_bytes([p[2 * i], p[2 * i + 1]]).to_f32();
+                    let m = if m_off != 0 {
+                        f16::from_le_bytes([p[m_off + 2 * i], p[m_off + 2 * i + 1]]).to_f32()
+                    } else {
+                        0.0
+                    };
+                    let off = match dtype {
+                        DType::Q4_0 => 8,
+                        DType::Q5_0 => 16,
+                        _ => 0,
+                    };
+                    for v in 0..QK {
+                        assert_eq!(
+                            deq[b * QK + v],
+                            d * (q[i][v] - off) as f32 + m,
+                            "{dtype} row {j} value {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_products_match_dequantize_then_f32() {
+        let mut rng = Rng(5);
+        for dtype in FORMATS {
+            let (rows, cols, n) = (16, 256, 3);
+            let wb = random_weight(&mut rng, dtype, rows, cols);
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+            let want = expected(dtype, rows, cols, &wb, &x, n);
+            // Also the unquantized product, to bound the int8 activation error.
+            let mut wf = vec![0f32; rows * cols];
+            crate::quant::dequantize(dtype, &wb, &mut wf);
+            for isa in Isa::available() {
+                let mut y = vec![0f32; n * rows];
+                matmul_with(&w, &x, n, &mut y, isa);
+                for r in 0..n {
+                    for j in 0..rows {
+                        let (a, b) = (y[r * rows + j] as f64, want[r * rows + j]);
+                        let scale: f64 = (0..cols)
+                            .map(|c| (x[r * cols + c] * wf[j * cols + c]).abs() as f64)
+                            .sum();
+                        assert!(
+                            (a - b).abs() <= 1e-5 * scale + 1e-6,
+                            "{dtype} {isa:?}: {a} vs {b}"
+                        );
+                        let exact: f64 = (0..cols)
+                            .map(|c| x[r * cols + c] as f64 * wf[j * cols + c] as f64)
+                            .sum();
+                        // int8 rounding: each activation moves by at most half a step (max|x|/254).
+                        assert!(
+                            (a - exact).abs() <= scale / 254.0 * 1.01 + 1e-6,
+                            "{dtype}: {a} vs exact {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simd_equals_portable_bit_for_bit() {
+        let mut rng = Rng(9);
+        let isas = Isa::available();
+        if isas.len() < 2 {
+            return;
+        }
+        for dtype in FORMATS {
+            let (rows, cols, n) = (40, 32 * 70, 9);
+            let wb = random_weight(&mut rng, dtype, rows, cols);
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
+            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+            let mut ys = Vec::new();
+            for &isa in &isas {
+                let mut y = vec![0f32; n * rows];
+                matmul_with(&w, &x, n, &mut y, isa);
+                ys.push(y);
+            }
+            for y in &ys[1..] {
+                assert!(
+                    y.iter()
+                        .zip(&ys[0])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dtype}"
+                );
+            }
+        }
+    }
+}
