@@ -40,6 +40,14 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `gate[i] = silu(gate[i]) · up[i]`, in place.
+pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: length mismatch");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
 /// `x[i] *= sigmoid(gate[i])` (the output gate of Qwen3.5's gated attention).
 pub fn sigmoid_gate(x: &mut [f32], gate: &[f32]) {
     assert_eq!(x.len(), gate.len(), "sigmoid_gate: length mismatch");
@@ -97,6 +105,9 @@ mod tests {
             let s = 1.0 / (1.0 + (-(g[i] as f64)).exp());
             assert!(close(out[i], g[i] as f64 * s * u[i] as f64, 1e-6));
         }
+        let mut inplace = g;
+        swiglu_inplace(&mut inplace, &u);
+        assert_eq!(inplace, out);
         let mut x = u;
         sigmoid_gate(&mut x, &g);
         for i in 0..4 {

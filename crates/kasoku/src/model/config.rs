@@ -1,0 +1,354 @@
+//! `ModelConfig`: everything about a model's shape and math that is not a tensor, read from
+//! GGUF metadata ([`ModelConfig::from_gguf`]) or a Hugging Face config.json
+//! ([`ModelConfig::from_hf`]), and checked for consistency before any weight is touched.
+//!
+//! Conventions that differ between the two sources are made explicit here, so that the
+//! layers never ask where their weights came from: the RoPE pair layout (GGUF llama permutes
+//! Q/K rows to interleaved pairs) and Qwen3.5's `(1 + w)` norms (GGUF folds the +1 in).
+
+use crate::format::gguf::GgufFile;
+use crate::format::TensorSource;
+pub use crate::kernels::rope::{RopeLayout, RopeScaling};
+
+use super::ModelError;
+
+/// Model families kasoku runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3, SmolLM2, Mistral (dense, plain attention).
+    Llama,
+    /// Qwen2 / Qwen2.5: QKV bias.
+    Qwen2,
+    /// Qwen3 dense: per-head q/k RMSNorm.
+    Qwen3,
+    /// Qwen3.5 hybrid: Gated DeltaNet layers + gated full attention with partial RoPE.
+    Qwen35,
+}
+
+/// Where the weights come from (some tensors are stored differently).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    Gguf,
+    Hf,
+}
+
+/// The token mixer of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    Attention,
+    GatedDeltaNet,
+}
+
+/// Shape and math of a model. Dimensions are counts of values, not bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub source: SourceKind,
+    pub hidden: usize,
+    pub n_layers: usize,
+    /// Query heads of the attention layers.
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Per attention head (explicit in Qwen3/Qwen3.5; never assume hidden / n_heads).
+    pub head_dim: usize,
+    /// MLP inner size.
+    pub ffn: usize,
+    pub vocab: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f64,
+    /// Rotated dims at the start of each head (head_dim · partial_rotary_factor).
+    pub rope_dim: usize,
+    pub rope_layout: RopeLayout,
+    pub rope_scaling: RopeScaling,
+    /// No `output.weight`: the head reuses `token_embd.weight`.
+    pub tied_embeddings: bool,
+    /// Q, K and V projections have biases (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm on q and k after projection, before RoPE (Qwen3, Qwen3.5).
+    pub qk_norm: bool,
+    /// Qwen3.5 gated attention: q projection yields [query | gate] per head.
+    pub attn_output_gate: bool,
+    /// Norm weights are stored as `w` for `(1 + w)` (HF Qwen3.5); the loader adds 1.
+    pub norm_offset_one: bool,
+    /// The mixer of each layer (`n_layers` entries).
+    pub layer_kinds: Vec<LayerKind>,
+    /// Gated DeltaNet dims (0 for models without GDN layers).
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_conv_kernel_dim: usize,
+    /// Context length the model was trained for.
+    pub max_context: usize,
+}
+
+impl ModelConfig {
+    /// Reads the configuration from a GGUF file's metadata (`{arch}.*` keys).
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+        let path = file.path().display().to_string();
+        let bad = |reason: String| ModelError::Config {
+            source_path: path.clone(),
+            reason,
+        };
+        let arch_name = file
+            .architecture()
+            .ok_or_else(|| bad("missing key 'general.architecture'".into()))?;
+        let arch = match arch_name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "qwen35" => Arch::Qwen35,
+            other => {
+                return Err(ModelError::UnsupportedArch {
+                    source_path: path.clone(),
+                    arch: other.into(),
+                })
+            }
+        };
+        let key = |s: &str| format!("{arch_name}.{s}");
+        let req =
+            |s: &str| -> Result<usize, ModelError> { Ok(to_usize(file.require_u64(&key(s))?)) };
+        let opt = |s: &str| -> Result<Option<usize>, ModelError> {
+            match file.get(&key(s)) {
+                None => Ok(None),
+                Some(v) => v.as_u64().map(|v| Some(to_usize(v))).ok_or_else(|| {
+                    bad(format!(
+                        "'{}' is {v:?}, expected a non-negative integer",
+                        key(s)
+                    ))
+                }),
+            }
+        };
+
+        let hidden = req("embedding_length")?;
+        let n_layers = req("block_count")?;
+        let n_heads = req("attention.head_count")?;
+        // head_count_kv is a scalar, or (hybrid converters) one value per layer with 0 for
+        // layers without attention.
+        let kv_key = key("attention.head_count_kv");
+        let (n_kv_heads, kv_per_layer) = match file.get(&kv_key) {
+            None => (n_heads, None),
+            Some(v) => match (v.as_u64(), v.as_array()) {
+                (Some(n), _) => (to_usize(n), None),
+                (None, Some(items)) => {
+                    let per: Option<Vec<usize>> =
+                        items.iter().map(|i| i.as_u64().map(to_usize)).collect();
+                    let per = per.ok_or_else(|| bad(format!("'{kv_key}' holds non-integers")))?;
+                    (per.iter().copied().max().unwrap_or(0), Some(per))
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "'{kv_key}' is {v:?}, expected an integer or an array"
+                    )))
+                }
+            },
+        };
+        let head_dim =
+            opt("attention.key_length")?.unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
+        let ffn = req("feed_forward_length")?;
+        let rms_eps = file.require_f64(&key("attention.layer_norm_rms_epsilon"))? as f32;
+        let rope_theta = match file.get(&key("rope.freq_base")) {
+            None => 10000.0,
+            Some(v) => v.as_f64().ok_or_else(|| {
+                bad(format!(
+                    "'{}' is {v:?}, expected a number",
+                    key("rope.freq_base")
+                ))
+            })?,
+        };
+        let rope_dim = opt("rope.dimension_count")?.unwrap_or(head_dim);
+        let rope_scaling = match file.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: file.require_f64(&key("rope.scaling.factor"))?,
+            },
+            Some(other) => {
+                return Err(ModelError::Unsupported(format!(
+                    "{path}: rope scaling '{other}'"
+                )))
+            }
+        };
+        let vocab = match file.tensor_info("token_embd.weight") {
+            Some(t) if t.shape.len() == 2 => t.shape[0],
+            _ => match opt("vocab_size")? {
+                Some(v) => v,
+                None => file.get_array("tokenizer.ggml.tokens").map(|a| a.len()).ok_or_else(|| {
+                    bad("no vocabulary size: no token_embd.weight, 'vocab_size' or 'tokenizer.ggml.tokens'".into())
+                })?,
+            },
+        };
+        let max_context = req("context_length")?;
+        let tied_embeddings = file.tensor_info("output.weight").is_none();
+        let qkv_bias =
+            arch == Arch::Qwen2 || file.names().iter().any(|n| n.ends_with(".attn_q.bias"));
+
+        let mut layer_kinds = vec![LayerKind::Attention; n_layers];
+        let (mut lnk, mut lnv, mut ldk, mut ldv, mut lconv) = (0, 0, 0, 0, 0);
+        if arch == Arch::Qwen35 {
+            if let Some(per) = &kv_per_layer {
+                if per.len() != n_layers {
+                    return Err(bad(format!(
+                        "'{kv_key}' has {} entries for {n_layers} layers",
+                        per.len()
+                    )));
+                }
+                for (k, &kv) in layer_kinds.iter_mut().zip(per) {
+                    *k = if kv == 0 {
+                        LayerKind::GatedDeltaNet
+                    } else {
+                        LayerKind::Attention
+                    };
+                }
+            } else {
+                let interval = opt("full_attention_interval")?.unwrap_or(4);
+                layer_kinds = kinds_from_interval(n_layers, interval).map_err(bad)?;
+            }
+            lconv = req("ssm.conv_kernel")?;
+            ldk = req("ssm.state_size")?;
+            lnk = req("ssm.group_count")?;
+            lnv = req("ssm.time_step_rank")?;
+            let inner = req("ssm.inner_size")?;
+            if lnv == 0 || !inner.is_multiple_of(lnv) {
+                return Err(bad(format!(
+                    "'{}' = {inner} is not a multiple of '{}' = {lnv}",
+                    key("ssm.inner_size"),
+                    key("ssm.time_step_rank")
+                )));
+            }
+            ldv = inner / lnv;
+        }
+
+        let cfg = ModelConfig {
+            arch,
+            source: SourceKind::Gguf,
+            hidden,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn,
+            vocab,
+            rms_eps,
+            rope_theta,
+            rope_dim,
+            rope_layout: if arch == Arch::Llama {
+                RopeLayout::Interleaved
+            } else {
+                RopeLayout::Neox
+            },
+            rope_scaling,
+            tied_embeddings,
+            qkv_bias,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen35),
+            attn_output_gate: arch == Arch::Qwen35,
+            norm_offset_one: false,
+            layer_kinds,
+            linear_num_key_heads: lnk,
+            linear_num_value_heads: lnv,
+            linear_key_head_dim: ldk,
+            linear_value_head_dim: ldv,
+            linear_conv_kernel_dim: lconv,
+            max_context,
+        };
+        cfg.validate().map_err(bad)?;
+        Ok(cfg)
+    }
+
+    /// Number of layers of each kind.
+    pub fn count(&self, kind: LayerKind) -> usize {
+        self.layer_kinds.iter().filter(|&&k| k == kind).count()
+    }
+
+    /// Checks that the dimensions fit together; the error says which do not.
+    pub fn validate(&self) -> Result<(), String> {
+        let nonzero = [
+            ("hidden size", self.hidden),
+            ("layer count", self.n_layers),
+            ("vocabulary size", self.vocab),
+            ("feed-forward size", self.ffn),
+        ];
+        for (what, v) in nonzero {
+            if v == 0 {
+                return Err(format!("{what} is 0"));
+            }
+        }
+        if self.layer_kinds.len() != self.n_layers {
+            return Err(format!(
+                "{} layer kinds for {} layers",
+                self.layer_kinds.len(),
+                self.n_layers
+            ));
+        }
+        if self.count(LayerKind::Attention) > 0 {
+            if self.n_heads == 0 || self.n_kv_heads == 0 || self.head_dim == 0 {
+                return Err(format!(
+                    "attention heads {}, kv heads {}, head dim {}: none may be 0",
+                    self.n_heads, self.n_kv_heads, self.head_dim
+                ));
+            }
+            if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+                return Err(format!(
+                    "{} heads is not a multiple of {} kv heads",
+                    self.n_heads, self.n_kv_heads
+                ));
+            }
+            if !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
+                return Err(format!(
+                    "rotary dims {} must be even and at most head dim {}",
+                    self.rope_dim, self.head_dim
+                ));
+            }
+        }
+        if self.count(LayerKind::GatedDeltaNet) > 0 {
+            let dims = [
+                self.linear_num_key_heads,
+                self.linear_num_value_heads,
+                self.linear_key_head_dim,
+                self.linear_value_head_dim,
+                self.linear_conv_kernel_dim,
+            ];
+            if dims.contains(&0) {
+                return Err(format!(
+                    "Gated DeltaNet dims (nk, nv, dk, dv, conv) = {dims:?}: none may be 0"
+                ));
+            }
+            if !self
+                .linear_num_value_heads
+                .is_multiple_of(self.linear_num_key_heads)
+            {
+                return Err(format!(
+                    "linear value heads {} is not a multiple of linear key heads {}",
+                    self.linear_num_value_heads, self.linear_num_key_heads
+                ));
+            }
+        }
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.rms_eps as f64) || !positive(self.rope_theta) {
+            return Err(format!(
+                "rms eps {} and rope theta {} must be positive",
+                self.rms_eps, self.rope_theta
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn to_usize(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// Qwen3.5's default layout: layer `i` is full attention iff `(i + 1) % interval == 0`.
+fn kinds_from_interval(n_layers: usize, interval: usize) -> Result<Vec<LayerKind>, String> {
+    if interval == 0 {
+        return Err("full_attention_interval is 0".into());
+    }
+    Ok((0..n_layers)
+        .map(|i| {
+            if (i + 1) % interval == 0 {
+                LayerKind::Attention
+            } else {
+                LayerKind::GatedDeltaNet
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,41 @@
+//! The dense SwiGLU MLP of every supported family: `down(silu(gate(x)) · up(x))`, no biases.
+
+use crate::format::Claims;
+use crate::kernels::activation::swiglu_inplace;
+use crate::kernels::matmul::{matmul, MatMulWeight};
+
+use super::{weights, ModelError};
+
+pub struct Mlp {
+    pub gate: MatMulWeight,
+    pub up: MatMulWeight,
+    pub down: MatMulWeight,
+}
+
+impl Mlp {
+    /// Loads `blk.{layer}.ffn_{gate,up,down}.weight`.
+    pub fn load(
+        claims: &Claims,
+        layer: usize,
+        hidden: usize,
+        ffn: usize,
+    ) -> Result<Mlp, ModelError> {
+        let name = |part: &str| format!("blk.{layer}.ffn_{part}.weight");
+        Ok(Mlp {
+            gate: weights::matrix(claims, &name("gate"), ffn, hidden)?,
+            up: weights::matrix(claims, &name("up"), ffn, hidden)?,
+            down: weights::matrix(claims, &name("down"), hidden, ffn)?,
+        })
+    }
+
+    /// `out = down(silu(gate(x)) · up(x))` for `n` rows of `x`.
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        let ffn = self.gate.rows;
+        let mut g = vec![0f32; n * ffn];
+        let mut u = vec![0f32; n * ffn];
+        matmul(&self.gate, x, n, &mut g);
+        matmul(&self.up, x, n, &mut u);
+        swiglu_inplace(&mut g, &u);
+        matmul(&self.down, &g, n, out);
+    }
+}

@@ -1,0 +1,57 @@
+//! Per-sequence state of a whole model: one entry per layer (a KV cache for attention
+//! layers, recurrent + conv state for Gated DeltaNet layers) and the number of positions
+//! it holds. Made by `Model::new_state`; the weights never change, so any number of states
+//! can run on one model.
+
+use super::config::LayerKind;
+use super::mixer::{GdnState, KvCache};
+
+/// The state of one layer.
+pub enum LayerState {
+    Kv(KvCache),
+    Gdn(GdnState),
+}
+
+impl LayerState {
+    pub fn kind(&self) -> LayerKind {
+        match self {
+            LayerState::Kv(_) => LayerKind::Attention,
+            LayerState::Gdn(_) => LayerKind::GatedDeltaNet,
+        }
+    }
+}
+
+/// The state of one sequence.
+pub struct ModelState {
+    pub layers: Vec<LayerState>,
+    /// Positions processed so far (the next token goes at position `len`).
+    pub len: usize,
+    /// Capacity: `forward` refuses to go past it.
+    pub max_len: usize,
+}
+
+impl ModelState {
+    /// Positions processed so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Drops positions `len..` from every KV cache. Only possible when every layer is an
+    /// attention layer (a recurrent state cannot be rewound); returns whether it was done.
+    pub fn truncate(&mut self, len: usize) -> bool {
+        if len > self.len || self.layers.iter().any(|l| !matches!(l, LayerState::Kv(_))) {
+            return false;
+        }
+        for l in &mut self.layers {
+            if let LayerState::Kv(c) = l {
+                c.truncate(len);
+            }
+        }
+        self.len = len;
+        true
+    }
+}

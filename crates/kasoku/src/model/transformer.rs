@@ -1,0 +1,509 @@
+//! `Model`: a decoder-only transformer assembled from parts, and its forward pass.
+//!
+//! ```text
+//! x = embed(tokens)
+//! for each layer:  x += mixer(attn_norm(x));  x += mlp(ffn_norm(x))
+//! logits = head(output_norm(x))
+//! ```
+//! The mixer is attention or Gated DeltaNet per `ModelConfig::layer_kinds`. A forward pass
+//! appends a batch of tokens to a `ModelState`; long batches run in chunks of `CHUNK` rows,
+//! each weight matrix multiplied once per chunk.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::gguf::GgufFile;
+use crate::format::{Claims, TensorSource};
+use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::rope::Rope;
+
+use super::config::{Arch, LayerKind, ModelConfig};
+use super::embedding::Embedding;
+use super::mixer::{Attention, GatedDeltaNet, Mixer};
+use super::mlp::Mlp;
+use super::state::ModelState;
+use super::{weights, ModelError, RmsNorm};
+
+/// Rows per forward chunk: bounds activation memory while keeping matmuls batched.
+pub const CHUNK: usize = 256;
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Every new position: `tokens.len() × vocab` values.
+    All,
+    /// Only the last new position: `vocab` values.
+    Last,
+}
+
+/// One decoder block.
+pub struct Layer {
+    pub attn_norm: RmsNorm,
+    pub mixer: Mixer,
+    /// The norm before the MLP (`ffn_norm`; Qwen3.5 calls it `post_attention_norm`).
+    pub ffn_norm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+/// Immutable weights of a model; share it (`Arc`) between any number of `ModelState`s.
+pub struct Model {
+    pub config: ModelConfig,
+    pub embedding: Embedding,
+    pub layers: Vec<Layer>,
+    pub output_norm: RmsNorm,
+    /// `output.weight`, or a packed copy of `token_embd.weight` when tied.
+    pub head: MatMulWeight,
+}
+
+impl Model {
+    /// Loads a GGUF file, or a Hugging Face directory (config.json + safetensors).
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Err(ModelError::Unsupported(format!(
+                "{}: Hugging Face directories are not wired up yet",
+                path.display()
+            )));
+        }
+        let file = GgufFile::open(path)?;
+        let config = ModelConfig::from_gguf(&file)?;
+        Model::from_source(config, &file)
+    }
+
+    /// Builds the model from `source` (tensors under GGUF names), claiming every tensor:
+    /// a tensor nobody uses is an error.
+    pub fn from_source(
+        mut config: ModelConfig,
+        source: &dyn TensorSource,
+    ) -> Result<Model, ModelError> {
+        config.validate().map_err(|reason| ModelError::Config {
+            source_path: source.path().display().to_string(),
+            reason,
+        })?;
+        let claims = Claims::new(source);
+        let (h, eps) = (config.hidden, config.rms_eps);
+        let embedding = Embedding::load(&claims, "token_embd.weight", config.vocab, h)?;
+
+        // One RoPE table for all attention layers; GGUF Llama 3 files carry the frequency
+        // factors of "llama3" scaling as a tensor.
+        let freq_factors =
+            weights::optional_vector(&claims, "rope_freqs.weight", config.rope_dim / 2)?;
+        let rope = Arc::new(Rope::new(
+            config.head_dim,
+            config.rope_dim,
+            config.rope_theta,
+            config.rope_layout,
+            &config.rope_scaling,
+            freq_factors.as_deref(),
+        ));
+
+        let ffn_norm_name = if config.arch == Arch::Qwen35 {
+            "post_attention_norm"
+        } else {
+            "ffn_norm"
+        };
+        let mut layers = Vec::with_capacity(config.n_layers);
+        for (i, kind) in config.layer_kinds.iter().enumerate() {
+            let norm = |name: &str| {
+                RmsNorm::load(
+                    &claims,
+                    &format!("blk.{i}.{name}.weight"),
+                    h,
+                    eps,
+                    config.norm_offset_one,
+                )
+            };
+            let mixer = match kind {
+                LayerKind::Attention => {
+                    Mixer::Attention(Attention::load(&claims, i, &config, rope.clone())?)
+                }
+                LayerKind::GatedDeltaNet => {
+                    Mixer::GatedDeltaNet(GatedDeltaNet::load(&claims, i, &config)?)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: norm("attn_norm")?,
+                mixer,
+                ffn_norm: norm(ffn_norm_name)?,
+                mlp: Mlp::load(&claims, i, h, config.ffn)?,
+            });
+        }
+        let output_norm = RmsNorm::load(
+            &claims,
+            "output_norm.weight",
+            h,
+            eps,
+            config.norm_offset_one,
+        )?;
+        let head = match weights::optional_matrix(&claims, "output.weight", config.vocab, h)? {
+            Some(m) => m,
+            None => {
+                let t = embedding.tensor();
+                MatMulWeight::new(t.dtype, config.vocab, h, t.data.as_slice()).map_err(
+                    |source| ModelError::Weight {
+                        tensor: "token_embd.weight (tied head)".into(),
+                        source,
+                    },
+                )?
+            }
+        };
+        config.tied_embeddings = !claims.has("output.weight");
+        // Multi-token-prediction blocks (Qwen3.5) are the drafter's business, not the trunk's.
+        claims.ignore_prefix(&format!("blk.{}.", config.n_layers));
+        claims.ignore_prefix("mtp.");
+        claims.finish()?;
+        Ok(Model {
+            config,
+            embedding,
+            layers,
+            output_norm,
+            head,
+        })
+    }
+
+    /// An empty state that can hold up to `max_len` positions.
+    pub fn new_state(&self, max_len: usize) -> ModelState {
+        ModelState {
+            layers: self.layers.iter().map(|l| l.mixer.new_state()).collect(),
+            len: 0,
+            max_len,
+        }
+    }
+
+    /// Appends `tokens` at positions `state.len..` and returns their logits (`Logits::All`:
+    /// `tokens.len() × vocab`, `Logits::Last`: `vocab`, or nothing for no tokens).
+    /// Invalid input (unknown token, too long, foreign state) is an error and leaves the
+    /// state untouched.
+    pub fn forward(
+        &self,
+        state: &mut ModelState,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.check(state, tokens)?;
+        let (h, vocab) = (self.config.hidden, self.config.vocab);
+        let mut out = Vec::with_capacity(match logits {
+            Logits::All => tokens.len() * vocab,
+            Logits::Last => vocab,
+        });
+        let n_chunks = tokens.len().div_ceil(CHUNK);
+        for (c, chunk) in tokens.chunks(CHUNK).enumerate() {
+            let x = self.trunk(state, chunk)?;
+            let rows = match logits {
+                Logits::All => &x[..],
+                Logits::Last if c + 1 == n_chunks => &x[(chunk.len() - 1) * h..],
+                Logits::Last => continue,
+            };
+            out.extend(self.logits(rows));
+        }
+        Ok(out)
+    }
+
+    /// Logits for final hidden rows (`rows`: `m × hidden`, before the output norm).
+    fn logits(&self, rows: &[f32]) -> Vec<f32> {
+        let m = rows.len() / self.config.hidden;
+        let mut normed = vec![0f32; rows.len()];
+        self.output_norm.forward(rows, &mut normed);
+        let mut logits = vec![0f32; m * self.config.vocab];
+        matmul(&self.head, &normed, m, &mut logits);
+        logits
+    }
+
+    /// Runs one chunk through the layers, advancing the state; returns the hidden rows.
+    fn trunk(&self, state: &mut ModelState, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let n = tokens.len();
+        let h = self.config.hidden;
+        let mut x = vec![0f32; n * h];
+        self.embedding.lookup(tokens, &mut x);
+        let mut normed = vec![0f32; n * h];
+        let mut delta = vec![0f32; n * h];
+        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
+            layer.attn_norm.forward(&x, &mut normed);
+            layer.mixer.forward(st, &normed, n, &mut delta)?;
+            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            layer.ffn_norm.forward(&x, &mut normed);
+            layer.mlp.forward(&normed, n, &mut delta);
+            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+        }
+        state.len += n;
+        Ok(x)
+    }
+
+    fn check(&self, state: &ModelState, tokens: &[u32]) -> Result<(), ModelError> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                token: bad,
+                vocab: self.config.vocab,
+            });
+        }
+        if state
+            .len
+            .checked_add(tokens.len())
+            .is_none_or(|end| end > state.max_len)
+        {
+            return Err(ModelError::ContextFull {
+                len: state.len,
+                new: tokens.len(),
+                max_len: state.max_len,
+            });
+        }
+        if state.layers.len() != self.layers.len() {
+            return Err(ModelError::StateMismatch(format!(
+                "{} layer states for {} layers",
+                state.layers.len(),
+                self.layers.len()
+            )));
+        }
+        for (i, (l, s)) in self.layers.iter().zip(&state.layers).enumerate() {
+            if l.mixer.kind() != s.kind() {
+                return Err(ModelError::StateMismatch(format!(
+                    "layer {i} is {:?}, state is {:?}",
+                    l.mixer.kind(),
+                    s.kind()
+                )));
+            }
+            if let (Mixer::Attention(a), super::state::LayerState::Kv(c)) = (&l.mixer, s) {
+                if c.kv_dim() != a.kv_dim() || c.len() != state.len {
+                    return Err(ModelError::StateMismatch(format!(
+                        "layer {i}: cache of {} positions × {} for a state of {} positions × {}",
+                        c.len(),
+                        c.kv_dim(),
+                        state.len,
+                        a.kv_dim()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::SourceKind;
+    use crate::model::testing::{
+        random_weights, reference_forward, rel_diff, tiny_config, MemSource, Rng,
+    };
+
+    const TOL: f64 = 1e-4;
+
+    fn variants() -> Vec<(&'static str, ModelConfig)> {
+        vec![
+            (
+                "llama gguf (interleaved rope)",
+                tiny_config(Arch::Llama, SourceKind::Gguf),
+            ),
+            (
+                "llama hf (neox rope)",
+                tiny_config(Arch::Llama, SourceKind::Hf),
+            ),
+            (
+                "qwen2 (qkv bias, untied)",
+                tiny_config(Arch::Qwen2, SourceKind::Gguf),
+            ),
+            (
+                "qwen3 (qk norm, head_dim != hidden/heads)",
+                tiny_config(Arch::Qwen3, SourceKind::Gguf),
+            ),
+            (
+                "qwen35 gguf attention (gate, partial rope)",
+                tiny_config(Arch::Qwen35, SourceKind::Gguf),
+            ),
+            (
+                "qwen35 hf attention ((1+w) norms)",
+                tiny_config(Arch::Qwen35, SourceKind::Hf),
+            ),
+        ]
+    }
+
+    fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+        let mut rng = Rng::new(seed);
+        (0..n)
+            .map(|_| ((rng.next() + 1.0) * 0.5 * vocab as f32) as u32 % vocab as u32)
+            .collect()
+    }
+
+    fn build(cfg: &ModelConfig, seed: u64) -> (Model, MemSource) {
+        let src = random_weights(cfg, seed);
+        (Model::from_source(cfg.clone(), &src).unwrap(), src)
+    }
+
+    #[test]
+    fn batched_forward_matches_f64_reference() {
+        for (what, cfg) in variants() {
+            let (model, src) = build(&cfg, 1);
+            let toks = tokens(13, cfg.vocab, 2);
+            let want = reference_forward(&cfg, &src, &toks);
+            let mut st = model.new_state(64);
+            let got = model.forward(&mut st, &toks, Logits::All).unwrap();
+            let d = rel_diff(&got, &want);
+            assert!(d < TOL, "{what}: batched vs reference rel diff {d}");
+            assert_eq!(st.len, toks.len());
+        }
+    }
+
+    #[test]
+    fn token_by_token_equals_batched() {
+        for (what, cfg) in variants() {
+            let (model, _) = build(&cfg, 3);
+            let toks = tokens(10, cfg.vocab, 4);
+            let mut batched = model.new_state(32);
+            let all = model.forward(&mut batched, &toks, Logits::All).unwrap();
+            let mut one = model.new_state(32);
+            for (i, &t) in toks.iter().enumerate() {
+                let l = model.forward(&mut one, &[t], Logits::Last).unwrap();
+                let want: Vec<f64> = all[i * cfg.vocab..(i + 1) * cfg.vocab]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                let d = rel_diff(&l, &want);
+                assert!(d < TOL, "{what}: position {i}: {d}");
+            }
+            // Prefill then a batch on top of the cache.
+            let mut mixed = model.new_state(32);
+            model.forward(&mut mixed, &toks[..4], Logits::Last).unwrap();
+            let rest = model.forward(&mut mixed, &toks[4..], Logits::All).unwrap();
+            let want: Vec<f64> = all[4 * cfg.vocab..].iter().map(|&v| v as f64).collect();
+            assert!(rel_diff(&rest, &want) < TOL, "{what}: prefill + batch");
+        }
+    }
+
+    #[test]
+    fn long_input_runs_in_chunks() {
+        let cfg = tiny_config(Arch::Qwen3, SourceKind::Gguf);
+        let (model, src) = build(&cfg, 5);
+        let toks = tokens(CHUNK + 37, cfg.vocab, 6);
+        let want = reference_forward(&cfg, &src, &toks);
+        let mut st = model.new_state(1024);
+        let got = model.forward(&mut st, &toks, Logits::All).unwrap();
+        assert!(rel_diff(&got, &want) < TOL);
+        let mut st2 = model.new_state(1024);
+        let last = model.forward(&mut st2, &toks, Logits::Last).unwrap();
+        assert!(rel_diff(&last, &want[(toks.len() - 1) * cfg.vocab..]) < TOL);
+    }
+
+    #[test]
+    fn two_states_on_one_model_are_independent() {
+        let cfg = tiny_config(Arch::Llama, SourceKind::Gguf);
+        let (model, _) = build(&cfg, 7);
+        let model = std::sync::Arc::new(model);
+        let (a, b) = (tokens(8, cfg.vocab, 8), tokens(8, cfg.vocab, 9));
+        let solo = |t: &[u32]| {
+            let mut s = model.new_state(16);
+            model.forward(&mut s, t, Logits::All).unwrap()
+        };
+        let (want_a, want_b) = (solo(&a), solo(&b));
+        let (mut sa, mut sb) = (model.new_state(16), model.new_state(16));
+        let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+        for i in 0..8 {
+            got_a.extend(model.forward(&mut sa, &a[i..i + 1], Logits::All).unwrap());
+            got_b.extend(model.forward(&mut sb, &b[i..i + 1], Logits::All).unwrap());
+        }
+        let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        assert!(rel_diff(&got_a, &f(&want_a)) < TOL);
+        assert!(rel_diff(&got_b, &f(&want_b)) < TOL);
+        // And from two threads at once.
+        let m2 = model.clone();
+        let a2 = a.clone();
+        let th = std::thread::spawn(move || {
+            let mut s = m2.new_state(16);
+            m2.forward(&mut s, &a2, Logits::All).unwrap()
+        });
+        let rb = solo(&b);
+        assert_eq!(th.join().unwrap(), want_a);
+        assert_eq!(rb, want_b);
+    }
+
+    #[test]
+    fn bad_input_is_an_error_and_leaves_the_state_alone() {
+        let cfg = tiny_config(Arch::Llama, SourceKind::Gguf);
+        let (model, _) = build(&cfg, 10);
+        let mut st = model.new_state(4);
+        model.forward(&mut st, &[1, 2], Logits::Last).unwrap();
+        let e = model
+            .forward(&mut st, &[1, cfg.vocab as u32], Logits::Last)
+            .unwrap_err();
+        assert!(
+            matches!(e, ModelError::TokenOutOfRange { token, .. } if token == cfg.vocab as u32),
+            "{e}"
+        );
+        let e = model
+            .forward(&mut st, &[1, 2, 3], Logits::Last)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ModelError::ContextFull {
+                    len: 2,
+                    new: 3,
+                    max_len: 4
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(st.len, 2);
+        assert_eq!(
+            model.forward(&mut st, &[3, 4], Logits::Last).unwrap().len(),
+            cfg.vocab
+        );
+        assert!(model
+            .forward(&mut st, &[], Logits::Last)
+            .unwrap()
+            .is_empty());
+        let other = Model::from_source(
+            tiny_config(Arch::Qwen3, SourceKind::Gguf),
+            &random_weights(&tiny_config(Arch::Qwen3, SourceKind::Gguf), 1),
+        )
+        .unwrap();
+        let mut foreign = other.new_state(8);
+        assert!(matches!(
+            model.forward(&mut foreign, &[1], Logits::Last),
+            Err(ModelError::StateMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn loading_is_strict() {
+        let cfg = tiny_config(Arch::Llama, SourceKind::Gguf);
+        let mut src = random_weights(&cfg, 11);
+        src.add_f32("blk.0.mystery.weight", &[2], &[1.0, 2.0]);
+        let e = Model::from_source(cfg.clone(), &src)
+            .err()
+            .expect("unclaimed tensor must fail");
+        assert!(e.to_string().contains("blk.0.mystery.weight"), "{e}");
+
+        let mut src = random_weights(&cfg, 11);
+        src.tensors.retain(|t| t.name != "blk.1.attn_k.weight");
+        let e = Model::from_source(cfg.clone(), &src)
+            .err()
+            .expect("missing tensor must fail");
+        assert!(e.to_string().contains("blk.1.attn_k.weight"), "{e}");
+
+        let mut src = random_weights(&cfg, 11);
+        let t = src
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "blk.0.ffn_up.weight")
+            .unwrap();
+        t.shape = vec![cfg.hidden, cfg.ffn];
+        let e = Model::from_source(cfg.clone(), &src)
+            .err()
+            .expect("wrong shape must fail");
+        assert!(e.to_string().contains("blk.0.ffn_up.weight"), "{e}");
+
+        // Untied: output.weight is used and the config says so.
+        let mut cfg2 = cfg.clone();
+        cfg2.tied_embeddings = false;
+        let src = random_weights(&cfg2, 12);
+        let m = Model::from_source(cfg.clone(), &src).unwrap();
+        assert!(!m.config.tied_embeddings);
+    }
+
+    #[test]
+    fn model_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Model>();
+        check::<ModelState>();
+    }
+}
