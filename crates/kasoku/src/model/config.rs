@@ -123,8 +123,8 @@ impl ModelConfig {
         let hidden = req("embedding_length")?;
         let n_layers = req("block_count")?;
         let n_heads = req("attention.head_count")?;
-        // head_count_kv is a scalar, or (hybrid converters) one value per layer with 0 for
-        // layers without attention.
+        // head_count_kv is a scalar, or (some hybrid converters) one value per layer with 0
+        // for layers without attention.
         let kv_key = key("attention.head_count_kv");
         let (n_kv_heads, kv_per_layer) = match file.get(&kv_key) {
             None => (n_heads, None),
@@ -185,7 +185,32 @@ impl ModelConfig {
         let mut layer_kinds = vec![LayerKind::Attention; n_layers];
         let (mut lnk, mut lnv, mut ldk, mut ldv, mut lconv) = (0, 0, 0, 0, 0);
         if arch == Arch::Qwen35 {
-            if let Some(per) = &kv_per_layer {
+            let recurrent_key = key("attention.recurrent_layers");
+            if let Some(v) = file.get(&recurrent_key) {
+                let flags: Option<Vec<bool>> = v.as_array().and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0)))
+                        .collect()
+                });
+                let flags = flags.ok_or_else(|| {
+                    bad(format!(
+                        "'{recurrent_key}' is {v:?}, expected an array of booleans"
+                    ))
+                })?;
+                if flags.len() != n_layers {
+                    return Err(bad(format!(
+                        "'{recurrent_key}' has {} entries for {n_layers} layers",
+                        flags.len()
+                    )));
+                }
+                for (k, &rec) in layer_kinds.iter_mut().zip(&flags) {
+                    *k = if rec {
+                        LayerKind::GatedDeltaNet
+                    } else {
+                        LayerKind::Attention
+                    };
+                }
+            } else if let Some(per) = &kv_per_layer {
                 if per.len() != n_layers {
                     return Err(bad(format!(
                         "'{kv_key}' has {} entries for {n_layers} layers",
@@ -351,4 +376,107 @@ fn kinds_from_interval(n_layers: usize, interval: usize) -> Result<Vec<LayerKind
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::golden::fixture_dir;
+
+    fn gguf_config(rel: &str) -> ModelConfig {
+        let file = GgufFile::open(fixture_dir(rel).join("model-f32.gguf")).unwrap();
+        ModelConfig::from_gguf(&file).unwrap()
+    }
+
+    // Expected values below are from each fixture's config.json (written by transformers).
+
+    #[test]
+    fn llama_gguf() {
+        let c = gguf_config("llama/tiny");
+        assert_eq!((c.arch, c.source), (Arch::Llama, SourceKind::Gguf));
+        assert_eq!(
+            (
+                c.hidden,
+                c.n_layers,
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim,
+                c.ffn,
+                c.vocab
+            ),
+            (64, 2, 4, 2, 16, 128, 384)
+        );
+        assert_eq!(
+            (c.rms_eps, c.rope_theta, c.rope_dim, c.max_context),
+            (1e-5, 10000.0, 16, 256)
+        );
+        assert_eq!(c.rope_layout, RopeLayout::Interleaved);
+        assert!(
+            !c.tied_embeddings
+                && !c.qkv_bias
+                && !c.qk_norm
+                && !c.attn_output_gate
+                && !c.norm_offset_one
+        );
+        assert_eq!(c.layer_kinds, vec![LayerKind::Attention; 2]);
+    }
+
+    #[test]
+    fn qwen2_and_qwen3_gguf() {
+        let c = gguf_config("qwen2/tiny");
+        assert_eq!(c.arch, Arch::Qwen2);
+        assert!(c.qkv_bias && c.tied_embeddings && !c.qk_norm);
+        assert_eq!((c.rope_layout, c.rope_theta), (RopeLayout::Neox, 1e6));
+        let c = gguf_config("qwen3/tiny");
+        assert_eq!(c.arch, Arch::Qwen3);
+        assert!(c.qk_norm && !c.qkv_bias);
+        assert_eq!((c.hidden, c.n_heads, c.head_dim), (64, 4, 32));
+    }
+
+    #[test]
+    fn qwen35_gguf_layer_kinds_and_gdn_dims() {
+        use LayerKind::{Attention as A, GatedDeltaNet as G};
+        let c = gguf_config("qwen3_5/tiny");
+        assert_eq!(c.arch, Arch::Qwen35);
+        assert_eq!(c.layer_kinds, vec![G, G, G, A]);
+        assert_eq!(
+            (c.head_dim, c.rope_dim, c.rope_layout),
+            (32, 8, RopeLayout::Neox)
+        );
+        assert!(c.attn_output_gate && c.qk_norm && !c.norm_offset_one && c.tied_embeddings);
+        let gdn = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+            c.linear_conv_kernel_dim,
+        );
+        assert_eq!(gdn, (2, 4, 16, 8, 4));
+        assert_eq!(c.rms_eps, 1e-6);
+        // layer_types [linear, full, linear]: not the every-4th default.
+        let c = gguf_config("qwen3_5/tiny_vl");
+        assert_eq!(c.layer_kinds, vec![G, A, G]);
+        assert_eq!((c.rope_dim, c.linear_num_value_heads), (16, 6));
+        assert!(!c.tied_embeddings);
+    }
+
+    #[test]
+    fn interval_layout() {
+        use LayerKind::{Attention as A, GatedDeltaNet as G};
+        assert_eq!(
+            kinds_from_interval(8, 4).unwrap(),
+            vec![G, G, G, A, G, G, G, A]
+        );
+        assert!(kinds_from_interval(8, 0).is_err());
+    }
+
+    #[test]
+    fn validate_names_the_problem() {
+        let mut c = gguf_config("llama/tiny");
+        c.n_kv_heads = 3;
+        assert!(c.validate().unwrap_err().contains("kv heads"));
+        let mut c = gguf_config("llama/tiny");
+        c.rope_dim = 7;
+        assert!(c.validate().unwrap_err().contains("rotary"));
+    }
 }

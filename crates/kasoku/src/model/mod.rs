@@ -20,6 +20,8 @@ pub mod transformer;
 pub mod weights;
 
 #[cfg(test)]
+pub(crate) mod golden;
+#[cfg(test)]
 pub(crate) mod testing;
 
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
