@@ -1,0 +1,466 @@
+//! Chat templates: the Jinja template a model ships (GGUF `tokenizer.chat_template`, HF
+//! `chat_template.jinja` or `tokenizer_config.json`), rendered with minijinja configured like
+//! Hugging Face's `apply_chat_template`: `trim_blocks` + `lstrip_blocks`, Python string/dict
+//! methods (minijinja-contrib pycompat), `raise_exception(msg)`, an HF-compatible `tojson`
+//! (Python `json.dumps` output: `", "`/`": "` separators, no HTML escaping, non-ASCII kept),
+//! and the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, plus any
+//! extra ones (`enable_thinking`, `tools`...).
+
+use std::path::Path;
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+use serde_json::Map;
+
+use super::TokenizerError;
+use crate::format::GgufFile;
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+const NAME: &str = "chat_template";
+
+/// A compiled chat template with the BOS/EOS texts it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    origin: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("origin", &self.origin)
+            .field("bytes", &self.source.len())
+            .finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. `origin` names where it came from, for error messages.
+    pub fn new(
+        source: &str,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+        origin: impl Into<String>,
+    ) -> Result<ChatTemplate, TokenizerError> {
+        let origin = origin.into();
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| TokenizerError::Template {
+                source_name: origin.clone(),
+                reason: describe(&e),
+            })?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_string(),
+            origin,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    /// The template of a GGUF file (`tokenizer.chat_template`), with its BOS/EOS token texts.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<ChatTemplate, TokenizerError> {
+        let origin = gguf.path().display().to_string();
+        let source =
+            gguf.get_str("tokenizer.chat_template")
+                .ok_or_else(|| TokenizerError::Template {
+                    source_name: origin.clone(),
+                    reason: "the file has no tokenizer.chat_template".into(),
+                })?;
+        let token = |key: &str| -> String {
+            let tokens = gguf.get_array("tokenizer.ggml.tokens");
+            gguf.get_u64(key)
+                .and_then(|id| tokens?.get(id as usize)?.as_str().map(str::to_string))
+                .unwrap_or_default()
+        };
+        let (bos, eos) = (
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        );
+        ChatTemplate::new(source, bos, eos, origin)
+    }
+
+    /// The template of a Hugging Face directory (`chat_template.jinja`, else
+    /// `tokenizer_config.json`'s `chat_template`), with bos/eos texts from tokenizer_config.json.
+    pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<ChatTemplate, TokenizerError> {
+        let dir = dir.as_ref();
+        let origin = dir.display().to_string();
+        let source = super::hf::dir_template(dir)?.ok_or_else(|| TokenizerError::Template {
+            source_name: origin.clone(),
+            reason: "no chat_template.jinja and no chat_template in tokenizer_config.json".into(),
+        })?;
+        let config: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let text = |key: &str| -> String {
+            match config.get(key) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(serde_json::Value::Object(o)) => o
+                    .get("content")
+                    .and_then(|c| c.as_str())
+                    .unwrap_or("")
+                    .into(),
+                _ => String::new(),
+            }
+        };
+        ChatTemplate::new(&source, text("bos_token"), text("eos_token"), origin)
+    }
+
+    /// Renders a conversation. `extra` adds variables (e.g. `enable_thinking`, `tools`); it may
+    /// not override `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &Map<String, serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
+        let messages = serde_json::to_value(messages).expect("messages serialize");
+        self.render_json(&messages, add_generation_prompt, extra)
+    }
+
+    /// Renders messages given as JSON (an array of objects, for tool calls or list contents).
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        extra: &Map<String, serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
+        let mut ctx = extra.clone();
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.insert("bos_token".into(), self.bos_token.clone().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().into());
+        let template = self.env.get_template(NAME).expect("added in new()");
+        template.render(ctx).map_err(|e| TokenizerError::Template {
+            source_name: self.origin.clone(),
+            reason: describe(&e),
+        })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+}
+
+/// The error and its causes on one line.
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        s.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    s
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// Hugging Face's `tojson`: Python `json.dumps(value, ensure_ascii=False, indent=indent,
+/// separators=separators, sort_keys=sort_keys)`, returned as safe (unescaped) text.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => {
+            if let Some(s) = v.as_str() {
+                Some(s.to_string())
+            } else {
+                let n = i64::try_from(v.clone()).map_err(|_| {
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: indent must be an int or str",
+                    )
+                })?;
+                Some(" ".repeat(n.max(0) as usize))
+            }
+        }
+    };
+    let (item_sep, key_sep) = match separators.as_deref() {
+        Some([a, b]) => (a.clone(), b.clone()),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+    };
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut w = PyJson {
+        out: String::new(),
+        indent,
+        item_sep,
+        key_sep,
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+        sort_keys: sort_keys.unwrap_or(false),
+    };
+    w.value(&json, 0);
+    Ok(Value::from_safe_string(w.out))
+}
+
+/// A writer of Python's `json.dumps` text.
+struct PyJson {
+    out: String,
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    ensure_ascii: bool,
+    sort_keys: bool,
+}
+
+impl PyJson {
+    fn newline(&mut self, depth: usize) {
+        if let Some(ind) = &self.indent {
+            self.out.push('\n');
+            for _ in 0..depth {
+                self.out.push_str(ind);
+            }
+        }
+    }
+
+    fn value(&mut self, v: &serde_json::Value, depth: usize) {
+        use serde_json::Value as J;
+        match v {
+            J::Null => self.out.push_str("null"),
+            J::Bool(b) => self.out.push_str(if *b { "true" } else { "false" }),
+            J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => self.out.push_str(&i.to_string()),
+                (_, Some(u), _) => self.out.push_str(&u.to_string()),
+                (_, _, Some(f)) => self.out.push_str(&python_float(f)),
+                _ => self.out.push_str(&n.to_string()),
+            },
+            J::String(s) => self.string(s),
+            J::Array(items) => {
+                if items.is_empty() {
+                    self.out.push_str("[]");
+                    return;
+                }
+                self.out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        let sep = self.item_sep.clone();
+                        self.out.push_str(&sep);
+                    }
+                    self.newline(depth + 1);
+                    self.value(item, depth + 1);
+                }
+                self.newline(depth);
+                self.out.push(']');
+            }
+            J::Object(map) => {
+                if map.is_empty() {
+                    self.out.push_str("{}");
+                    return;
+                }
+                let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                self.out.push('{');
+                for (i, (k, item)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        let sep = self.item_sep.clone();
+                        self.out.push_str(&sep);
+                    }
+                    self.newline(depth + 1);
+                    self.string(k);
+                    let sep = self.key_sep.clone();
+                    self.out.push_str(&sep);
+                    self.value(item, depth + 1);
+                }
+                self.newline(depth);
+                self.out.push('}');
+            }
+        }
+    }
+
+    fn string(&mut self, s: &str) {
+        self.out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => self.out.push_str("\\\""),
+                '\\' => self.out.push_str("\\\\"),
+                '\n' => self.out.push_str("\\n"),
+                '\r' => self.out.push_str("\\r"),
+                '\t' => self.out.push_str("\\t"),
+                '\u{8}' => self.out.push_str("\\b"),
+                '\u{c}' => self.out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && (c as u32) > 0x7e) => {
+                    let mut buf = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buf) {
+                        self.out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => self.out.push(c),
+            }
+        }
+        self.out.push('"');
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, positional for exponents -4..16,
+/// otherwise `d.ddde±XX`; `NaN`, `Infinity`, `-Infinity` as `json.dumps` writes them.
+fn python_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    let sci = format!("{f:e}"); // shortest digits: "-1.2345e-5"
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("integer exponent");
+    let (sign, mantissa) = mantissa
+        .strip_prefix('-')
+        .map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exp) {
+        let point = exp + 1; // digits before the decimal point
+        let body = if point <= 0 {
+            format!("0.{}{}", "0".repeat((-point) as usize), digits)
+        } else if point as usize >= digits.len() {
+            format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
+        } else {
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
+        };
+        format!("{sign}{body}")
+    } else {
+        let m = if digits.len() > 1 {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        } else {
+            digits
+        };
+        format!(
+            "{sign}{m}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, extra: serde_json::Value) -> Result<String, TokenizerError> {
+        let t = ChatTemplate::new(src, "<s>", "</s>", "test")?;
+        let extra = extra.as_object().cloned().unwrap_or_default();
+        t.render(&[ChatMessage::new("user", "Hi")], true, &extra)
+    }
+
+    #[test]
+    fn python_float_repr() {
+        // Expected strings are Python 3's repr() of the same floats.
+        for (f, py) in [
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (123456.789, "123456.789"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (-2.5, "-2.5"),
+            (1.5e-7, "1.5e-07"),
+            (0.0, "0.0"),
+        ] {
+            assert_eq!(python_float(f), py, "{f}");
+        }
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let extra =
+            serde_json::json!({"x": {"b": [1, 2.5, "é<&>\"\n"], "a": null, "c": true, "d": {}}});
+        assert_eq!(
+            render("{{ x | tojson }}", extra.clone()).unwrap(),
+            r#"{"b": [1, 2.5, "é<&>\"\n"], "a": null, "c": true, "d": {}}"#
+        );
+        assert_eq!(
+            render("{{ x | tojson(indent=2, sort_keys=true) }}", extra.clone()).unwrap(),
+            "{\n  \"a\": null,\n  \"b\": [\n    1,\n    2.5,\n    \"é<&>\\\"\\n\"\n  ],\n  \"c\": true,\n  \"d\": {}\n}"
+        );
+        assert_eq!(
+            render("{{ 'é' | tojson(ensure_ascii=true) }}", extra).unwrap(),
+            r#""\u00e9""#
+        );
+    }
+
+    #[test]
+    fn variables_methods_and_exceptions() {
+        let src = "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}:{{ m.content.strip() }}{% endfor %}\
+                   {% if add_generation_prompt %}>{% endif %}{% if enable_thinking is defined and not enable_thinking %}!{% endif %}";
+        assert_eq!(
+            render(src, serde_json::json!({"enable_thinking": false})).unwrap(),
+            "<s>USER:Hi>!"
+        );
+        assert_eq!(render(src, serde_json::json!({})).unwrap(), "<s>USER:Hi>");
+        let e = render(
+            "{{ raise_exception('roles must alternate') }}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("roles must alternate") && e.to_string().contains("test"),
+            "{e}"
+        );
+        let e = ChatTemplate::new("{% if %}", "", "", "broken.jinja").unwrap_err();
+        assert!(e.to_string().contains("broken.jinja"), "{e}");
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks() {
+        let src = "{% for m in messages %}\n    {% if true %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n";
+        assert_eq!(render(src, serde_json::json!({})).unwrap(), "[Hi]\n");
+    }
+}

@@ -1,0 +1,204 @@
+//! Tokenizer tests: real GGUF vocabularies against llama.cpp's ids
+//! (tests/fixtures/tokenizer/*.json, made by tools/tokenizer_reference.py; skipped when the
+//! model is not cached), the tiny HF fixtures (tokenizer.json vs the GGUF converted from it),
+//! and streaming.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::format::test_util::{cached_model, QWEN25_05B, SMOLLM2};
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture(name: &str) -> serde_json::Value {
+    let path = repo_root().join("tests/fixtures/tokenizer").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture JSON")
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Checks every case of a reference file; returns the tokenizer.
+fn check_against_llama_cpp(model: &str, fixture_name: &str) -> Option<Tokenizer> {
+    let path = cached_model(model)?;
+    let gguf = GgufFile::open(&path).unwrap();
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    let reference = fixture(fixture_name);
+    assert_eq!(
+        tok.token_count() as u64,
+        reference["n_vocab"].as_u64().unwrap()
+    );
+    assert_eq!(tok.bos().map(u64::from), reference["bos"].as_u64());
+    assert_eq!(tok.eos().map(u64::from), reference["eos"].as_u64());
+    assert!(tok.warnings().is_empty(), "{:?}", tok.warnings());
+    let cases = reference["cases"].as_array().unwrap();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let parse_special = case["parse_special"].as_bool().unwrap();
+        let expected = ids(&case["ids"]);
+        let got = tok.encode(text, parse_special).unwrap();
+        assert_eq!(
+            got, expected,
+            "{model}: encode({text:?}, parse_special={parse_special})"
+        );
+        let decoded = case["decoded"].as_str().unwrap();
+        assert_eq!(
+            tok.decode(&expected),
+            decoded,
+            "{model}: decode of {text:?}"
+        );
+        let mut stream = tok.stream_decoder();
+        let mut streamed: String = expected.iter().map(|&id| stream.push(id)).collect();
+        streamed.push_str(&stream.flush());
+        assert_eq!(streamed, decoded, "{model}: streamed decode of {text:?}");
+    }
+    Some(tok)
+}
+
+#[test]
+fn smollm2_gguf_matches_llama_cpp() {
+    let Some(tok) = check_against_llama_cpp(SMOLLM2, "smollm2-135m.json") else {
+        return;
+    };
+    assert!(!tok.add_bos());
+    // <|im_end|> (eos) and <|endoftext|> both end generation.
+    assert!(tok.is_eog(2) && tok.is_eog(0), "{:?}", tok.eos_ids());
+    assert!(!tok.is_eog(1));
+    assert_eq!(tok.id_to_piece(1), Some("<|im_start|>"));
+    assert_eq!(tok.piece_to_id("<|im_start|>"), Some(1));
+    assert_eq!(tok.decode_skip_special(&[1, 19556, 2]), "Hello");
+    assert_eq!(
+        tok.encode_with_bos("Hello", false).unwrap(),
+        tok.encode("Hello", false).unwrap()
+    );
+}
+
+#[test]
+fn qwen25_gguf_matches_llama_cpp() {
+    let Some(tok) = check_against_llama_cpp(QWEN25_05B, "qwen2.5-coder-0.5b.json") else {
+        return;
+    };
+    assert!(!tok.add_bos());
+    assert!(
+        tok.is_eog(151645) && tok.is_eog(151643),
+        "{:?}",
+        tok.eos_ids()
+    );
+    assert!(!tok.is_eog(151644));
+    assert!(
+        tok.is_control(151644) && !tok.is_control(151657),
+        "<tool_call> is user-defined, not control"
+    );
+}
+
+#[test]
+fn stream_decoder_waits_for_whole_characters() {
+    let Some(path) = cached_model(QWEN25_05B) else {
+        return;
+    };
+    let tok = Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap();
+    let text = "emoji 🤖🎉 and 日本語のテキスト, Привет";
+    let ids = tok.encode(text, false).unwrap();
+    // Some token holds part of a character (so the test exercises the waiting).
+    assert!(ids
+        .iter()
+        .any(|&id| std::str::from_utf8(tok.token_bytes(id).unwrap()).is_err()));
+    let mut stream = tok.stream_decoder();
+    let mut out = String::new();
+    let mut waited = false;
+    for &id in &ids {
+        let piece = stream.push(id);
+        assert!(
+            !piece.contains('\u{fffd}'),
+            "partial character emitted: {piece:?}"
+        );
+        waited |= piece.is_empty() && stream.pending_bytes() > 0;
+        out.push_str(&piece);
+    }
+    assert!(waited);
+    assert_eq!(stream.flush(), "");
+    assert_eq!(out, text);
+
+    // A stream cut mid-character flushes a replacement character.
+    let mut stream = tok.stream_decoder();
+    let partial = ids
+        .iter()
+        .position(|&id| std::str::from_utf8(tok.token_bytes(id).unwrap()).is_err())
+        .unwrap();
+    let head: String = ids[..=partial].iter().map(|&id| stream.push(id)).collect();
+    assert!(text.starts_with(&head));
+    assert_eq!(stream.flush(), "\u{fffd}");
+    // Control tokens are skipped on request.
+    let mut stream = tok.stream_decoder().skip_special(true);
+    assert_eq!(stream.push(151644), "");
+}
+
+/// The tiny fixtures' HF tokenizer.json and the GGUF llama.cpp converted from it agree.
+#[test]
+fn tiny_fixtures_hf_dir_and_gguf_agree() {
+    let texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "def f(x):\n    return x * 12345\n\n",
+        "  spaces   and\ttabs\n\n",
+        "<|im_start|>user\nHi<|im_end|>\n",
+        "naïve café 日本",
+    ];
+    for fixture in ["llama/tiny", "qwen2/tiny", "qwen3/tiny", "qwen3_5/tiny"] {
+        let dir = repo_root().join("tests/fixtures").join(fixture);
+        let hf = Tokenizer::from_hf_dir(&dir).unwrap();
+        let gguf =
+            Tokenizer::from_gguf(&GgufFile::open(dir.join("model-f32.gguf")).unwrap()).unwrap();
+        assert_eq!(hf.spelling(), Spelling::ByteLevel);
+        assert_eq!(hf.add_bos(), gguf.add_bos(), "{fixture}");
+        if hf.add_bos() {
+            // (Without BOS, llama.cpp's converter still records one where HF says none.)
+            assert_eq!(hf.bos(), gguf.bos(), "{fixture}");
+        }
+        for text in texts {
+            for special in [true, false] {
+                let a = hf.encode(text, special).unwrap();
+                let b = gguf.encode(text, special).unwrap();
+                assert_eq!(a, b, "{fixture}: {text:?} special={special}");
+                assert_eq!(hf.decode(&a), text, "{fixture}");
+            }
+        }
+        // The reference's tokens decode to its text.
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let tokens = ids(&reference["tokens"]);
+        assert_eq!(
+            hf.decode(&tokens),
+            reference["text"].as_str().unwrap(),
+            "{fixture}"
+        );
+        assert_eq!(
+            hf.encode_with_bos(reference["text"].as_str().unwrap(), true)
+                .unwrap(),
+            tokens,
+            "{fixture}"
+        );
+    }
+}
+
+#[test]
+fn hf_dir_special_tokens() {
+    let dir = repo_root().join("tests/fixtures/qwen3_5/tiny");
+    let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+    let im_end = tok.piece_to_id("<|im_end|>").unwrap();
+    let eot = tok.piece_to_id("<|endoftext|>").unwrap();
+    assert!(tok.is_eog(im_end) && tok.is_eog(eot), "{:?}", tok.eos_ids());
+    assert!(!tok.add_bos());
+    assert!(tok.chat_template_source().is_some());
+    let llama = Tokenizer::from_hf_dir(repo_root().join("tests/fixtures/llama/tiny")).unwrap();
+    assert!(llama.add_bos(), "the post-processor adds <|begin_of_text|>");
+    let missing = Tokenizer::from_hf_dir(repo_root().join("tests/fixtures")).unwrap_err();
+    assert!(missing.to_string().contains("tokenizer.json"), "{missing}");
+}
