@@ -294,7 +294,9 @@ pub fn recurrent_with(
         let out_row = |t: usize| unsafe { op.slice((t * d.nv + h) * d.dv, d.dv) };
         match path {
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 if d.dv.is_multiple_of(8) => unsafe { avx2::recurrent_head(&io, n, s, &out_row) },
+            Path::Avx2 if d.dv.is_multiple_of(8) => unsafe {
+                avx2::recurrent_head(&io, n, s, &out_row)
+            },
             _ => recurrent_head_portable(&io, n, s, &out_row),
         }
     });
@@ -1218,5 +1220,64 @@ mod tests {
         let mut x = [3.0f32, 4.0, 0.0, 0.0];
         l2norm_heads(&mut x, 2, 0.5);
         assert!((x[0] - 0.3).abs() < 1e-6 && (x[1] - 0.4).abs() < 1e-6 && x[2] == 0.0);
+    }
+
+    /// Single-thread timing of one head of Qwen3.5-9B size (dk = dv = 128) in both forms
+    /// (run with `--ignored --nocapture`). Best of several trials: the machine is shared.
+    #[test]
+    #[ignore]
+    fn bench_crossover() {
+        let d = dims(1, 1, 128, 128, HeadMap::Grouped);
+        for &n in &[1usize, 2, 4, 8, 16, 32, 64, 128, 256] {
+            let case = Case::new(d, n, 1);
+            let inp = case.inputs();
+            let io = HeadIo {
+                inp: &inp,
+                dims: d,
+                h: 0,
+                kh: 0,
+            };
+            let mut o = vec![0f32; n * d.dv];
+            let op = SyncPtr(o.as_mut_ptr());
+            let out_row = |t: usize| unsafe { op.slice(t * d.dv, d.dv) };
+            let reps = (64 / n).max(1);
+            let time = |f: &mut dyn FnMut(&mut [f32])| {
+                let mut s = case.s0.clone();
+                f(&mut s);
+                (0..60)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        for _ in 0..reps {
+                            f(&mut s);
+                        }
+                        t.elapsed().as_secs_f64() / (reps * n) as f64 * 1e9
+                    })
+                    .fold(f64::MAX, f64::min)
+            };
+            let mut line = format!("n={n:4} ns/token/head:");
+            for path in paths() {
+                let r = time(&mut |s| match path {
+                    #[cfg(target_arch = "x86_64")]
+                    Path::Avx2 => unsafe { avx2::recurrent_head(&io, n, s, &out_row) },
+                    _ => recurrent_head_portable(&io, n, s, &out_row),
+                });
+                line += &format!("  {path:?} recurrent {r:6.0}");
+                for chunk in [16, 32, 64] {
+                    if chunk <= n.max(16) {
+                        let mut w = ChunkScratch::new(chunk, d.dk, d.dv);
+                        let c = time(&mut |s| {
+                            let mut t0 = 0;
+                            while t0 < n {
+                                let c = chunk.min(n - t0);
+                                chunk_head(path, &io, t0, c, s, &mut w, &out_row);
+                                t0 += c;
+                            }
+                        });
+                        line += &format!(" chunk{chunk} {c:6.0}");
+                    }
+                }
+            }
+            println!("{line}");
+        }
     }
 }

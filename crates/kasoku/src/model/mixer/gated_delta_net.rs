@@ -1,30 +1,497 @@
-//! Gated DeltaNet mixer (Qwen3.5 linear-attention layers).
-//! Placeholder created by the model framework so the crate compiles; the Gated DeltaNet
-//! engineer owns this file and replaces it. Loading a model with GDN layers fails cleanly.
+//! Gated DeltaNet mixer: the linear-attention layers of Qwen3.5 (qwen35.md §5).
+//!
+//! ```text
+//! mixed = x·W_qkvᵀ  z = x·W_gateᵀ  b = x·W_betaᵀ  a = x·W_alphaᵀ      projections
+//! mixed = silu(causal_depthwise_conv(mixed))                       q,k,v channels only
+//! q, k, v = split(mixed, [nk·dk, nk·dk, nv·dv])                     then l2-norm q, k; q /= sqrt(dk)
+//! g = ssm_a · softplus(a + dt_bias);  β = sigmoid(b)
+//! o = gated_delta(q, k, v, g, β)                                   value head h reads key head map(h)
+//! o = rmsnorm(o per value head, ssm_norm) · silu(z)                plain weight, no (1 + w)
+//! y = o·W_outᵀ
+//! ```
+//! Sources differ in two ways, both settled at load: GGUF stores `ssm_a = −exp(A_log)` and
+//! re-orders value heads so that head `h` reads key head `h % nk` (HF: raw `A_log`, key head
+//! `h / (nv/nk)`).
+//!
+//! Per-sequence state ([`GdnState`]): the last `K−1` conv inputs (time-major rows, oldest
+//! first) and the recurrent state (`nv × dk × dv`, f32). Both are plain arrays, so a later
+//! tree verifier can commit an accepted path by picking conv rows of the path and replaying
+//! `S ← e^{g}·S + k ⊗ u` (see `kernels::gated_delta`).
 
 use crate::format::Claims;
+use crate::kernels::activation::silu;
+use crate::kernels::conv1d::{causal_conv1d_silu, ConvTaps};
+use crate::kernels::gated_delta::{self, gates, l2norm_heads, GdnDims, GdnInputs, HeadMap};
+use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::norm::rmsnorm_inplace;
 
-use super::super::{ModelConfig, ModelError};
+use super::super::config::SourceKind;
+use super::super::{weights, ModelConfig, ModelError};
 
-/// Weights of one Gated DeltaNet layer (placeholder).
-pub struct GatedDeltaNet;
+/// Weights of one Gated DeltaNet layer. Immutable; shared by every sequence.
+pub struct GatedDeltaNet {
+    dims: GdnDims,
+    hidden: usize,
+    eps: f32,
+    /// `attn_qkv`: `[2·nk·dk + nv·dv, hidden]`, rows `[q | k | v]`.
+    qkv: MatMulWeight,
+    /// `attn_gate` (z): `[nv·dv, hidden]`.
+    gate: MatMulWeight,
+    /// `ssm_beta` (b): `[nv, hidden]`.
+    beta: MatMulWeight,
+    /// `ssm_alpha` (a): `[nv, hidden]`.
+    alpha: MatMulWeight,
+    conv: ConvTaps,
+    /// `−exp(A_log)` per value head.
+    ssm_a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// Gated RMSNorm weight over `dv` (plain, shared by all value heads).
+    norm: Vec<f32>,
+    /// `ssm_out`: `[hidden, nv·dv]`.
+    out: MatMulWeight,
+}
 
-/// Recurrent + conv state of one Gated DeltaNet layer (placeholder).
-pub struct GdnState;
+/// Per-sequence state of one Gated DeltaNet layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GdnState {
+    /// The last `K−1` inputs of the conv (pre-activation q,k,v channels): `(K−1) × conv_dim`,
+    /// oldest row first; zeros for a fresh sequence.
+    pub conv: Vec<f32>,
+    /// Recurrent state: `nv × dk × dv` (key dimension first), f32.
+    pub ssm: Vec<f32>,
+}
 
 impl GatedDeltaNet {
-    pub fn load(_claims: &Claims, layer: usize, _cfg: &ModelConfig) -> Result<Self, ModelError> {
-        Err(ModelError::Unsupported(format!(
-            "layer {layer}: Gated DeltaNet is not implemented yet"
-        )))
+    /// Claims layer `layer`'s tensors (GGUF names; the format layer maps HF names).
+    pub fn load(claims: &Claims, layer: usize, cfg: &ModelConfig) -> Result<Self, ModelError> {
+        let (nk, nv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads);
+        let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+        let kernel = cfg.linear_conv_kernel_dim;
+        if nk == 0 || dk == 0 || dv == 0 || kernel == 0 || nv == 0 || !nv.is_multiple_of(nk) {
+            return Err(ModelError::Unsupported(format!(
+                "layer {layer}: Gated DeltaNet dims nk={nk} nv={nv} dk={dk} dv={dv} conv={kernel}"
+            )));
+        }
+        let h = cfg.hidden;
+        let conv_dim = 2 * nk * dk + nv * dv;
+        let name = |s: &str| format!("blk.{layer}.{s}");
+
+        let qkv = weights::matrix(claims, &name("attn_qkv.weight"), conv_dim, h)?;
+        let gate = weights::matrix(claims, &name("attn_gate.weight"), nv * dv, h)?;
+        let beta = weights::matrix(claims, &name("ssm_beta.weight"), nv, h)?;
+        let alpha = weights::matrix(claims, &name("ssm_alpha.weight"), nv, h)?;
+        let out = weights::matrix(claims, &name("ssm_out.weight"), h, nv * dv)?;
+
+        let conv_name = name("ssm_conv1d.weight");
+        let t = claims.take(&conv_name, &[conv_dim, kernel])?;
+        let taps = weights::to_f32(&conv_name, t.dtype, t.data.as_slice(), conv_dim * kernel)?;
+        let conv = ConvTaps::from_channel_major(&taps, conv_dim, kernel);
+
+        let dt_bias = weights::vector(claims, &name("ssm_dt.bias"), nv)?;
+        let mut ssm_a = weights::vector(claims, &name("ssm_a"), nv)?;
+        let map = match cfg.source {
+            SourceKind::Gguf => HeadMap::Tiled,
+            SourceKind::Hf => {
+                // HF stores A_log; the recurrence wants the (negative) rate −exp(A_log).
+                ssm_a.iter_mut().for_each(|a| *a = -a.exp());
+                HeadMap::Grouped
+            }
+        };
+        let norm = weights::vector(claims, &name("ssm_norm.weight"), dv)?;
+
+        Ok(GatedDeltaNet {
+            dims: GdnDims {
+                nk,
+                nv,
+                dk,
+                dv,
+                map,
+            },
+            hidden: h,
+            eps: cfg.rms_eps,
+            qkv,
+            gate,
+            beta,
+            alpha,
+            conv,
+            ssm_a,
+            dt_bias,
+            norm,
+            out,
+        })
     }
 
+    /// Head counts and sizes.
+    pub fn dims(&self) -> GdnDims {
+        self.dims
+    }
+
+    /// Channels of the conv: `2·nk·dk + nv·dv`.
+    pub fn conv_dim(&self) -> usize {
+        self.conv.channels()
+    }
+
+    /// A fresh state (zeros) for one sequence.
     pub fn new_state(&self) -> GdnState {
-        GdnState
+        GdnState {
+            conv: vec![0.0; self.conv.state_len()],
+            ssm: vec![0.0; self.dims.state_len()],
+        }
     }
 
-    /// `x`: `n × hidden` (already normed); `out`: `n × hidden`.
-    pub fn forward(&self, _state: &mut GdnState, _x: &[f32], _n: usize, _out: &mut [f32]) {
-        unreachable!("a placeholder GatedDeltaNet is never constructed")
+    /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
+    /// `state` advances past the tokens.
+    pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
+        let GdnDims { nk, nv, dk, dv, .. } = self.dims;
+        let (kd, vd, cd) = (nk * dk, nv * dv, self.conv_dim());
+        assert_eq!(x.len(), n * self.hidden, "gated delta net: x length");
+        assert_eq!(out.len(), n * self.hidden, "gated delta net: out length");
+        assert!(
+            state.conv.len() == self.conv.state_len() && state.ssm.len() == self.dims.state_len(),
+            "gated delta net: state of another layer shape"
+        );
+        if n == 0 {
+            return;
+        }
+
+        // Projections.
+        let mut mixed = vec![0f32; n * cd];
+        let mut z = vec![0f32; n * vd];
+        let mut b = vec![0f32; n * nv];
+        let mut a = vec![0f32; n * nv];
+        matmul(&self.qkv, x, n, &mut mixed);
+        matmul(&self.gate, x, n, &mut z);
+        matmul(&self.beta, x, n, &mut b);
+        matmul(&self.alpha, x, n, &mut a);
+
+        // Short causal conv + SiLU over [q | k | v].
+        let mut conv_out = vec![0f32; n * cd];
+        causal_conv1d_silu(&self.conv, &mut state.conv, &mixed, n, &mut conv_out);
+
+        // Split into contiguous q, k, v; normalise q and k per head.
+        let (mut q, mut k, mut v) = (vec![0f32; n * kd], vec![0f32; n * kd], vec![0f32; n * vd]);
+        for t in 0..n {
+            let row = &conv_out[t * cd..(t + 1) * cd];
+            q[t * kd..(t + 1) * kd].copy_from_slice(&row[..kd]);
+            k[t * kd..(t + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
+            v[t * vd..(t + 1) * vd].copy_from_slice(&row[2 * kd..]);
+        }
+        l2norm_heads(&mut q, dk, 1.0 / (dk as f32).sqrt());
+        l2norm_heads(&mut k, dk, 1.0);
+
+        // Gates, then the recurrence.
+        let (mut g, mut beta) = (vec![0f32; n * nv], vec![0f32; n * nv]);
+        gates(&a, &b, &self.ssm_a, &self.dt_bias, &mut g, &mut beta);
+        let mut o = vec![0f32; n * vd];
+        let inputs = GdnInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        gated_delta::gated_delta(&self.dims, &inputs, n, &mut state.ssm, &mut o);
+
+        // Gated RMSNorm per value head, then the output projection.
+        rmsnorm_inplace(&mut o, &self.norm, self.eps);
+        for (v, &zg) in o.iter_mut().zip(&z) {
+            *v *= silu(zg);
+        }
+        matmul(&self.out, &o, n, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::{Arch, LayerKind};
+    use crate::model::testing::{tiny_config, MemSource, Rng};
+
+    /// A config with one GDN layer of the given dims.
+    fn config(source: SourceKind, nk: usize, nv: usize, dk: usize, dv: usize) -> ModelConfig {
+        let mut cfg = tiny_config(Arch::Qwen35, source);
+        cfg.layer_kinds = vec![LayerKind::GatedDeltaNet; cfg.n_layers];
+        cfg.linear_num_key_heads = nk;
+        cfg.linear_num_value_heads = nv;
+        cfg.linear_key_head_dim = dk;
+        cfg.linear_value_head_dim = dv;
+        cfg.linear_conv_kernel_dim = 4;
+        cfg
+    }
+
+    /// Random weights for layer 0 under GGUF names. `ssm_a` holds −exp(A_log) for GGUF and
+    /// A_log for HF, as the real files do.
+    fn random_layer(cfg: &ModelConfig, seed: u64) -> MemSource {
+        let mut r = Rng::new(seed);
+        let (nk, nv, dk, dv) = (
+            cfg.linear_num_key_heads,
+            cfg.linear_num_value_heads,
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+        );
+        let (h, kern) = (cfg.hidden, cfg.linear_conv_kernel_dim);
+        let cd = 2 * nk * dk + nv * dv;
+        let mut s = MemSource::new();
+        s.add_f32("blk.0.attn_qkv.weight", &[cd, h], &r.vec(cd * h, 0.3));
+        s.add_f32(
+            "blk.0.attn_gate.weight",
+            &[nv * dv, h],
+            &r.vec(nv * dv * h, 0.3),
+        );
+        s.add_f32("blk.0.ssm_beta.weight", &[nv, h], &r.vec(nv * h, 0.3));
+        s.add_f32("blk.0.ssm_alpha.weight", &[nv, h], &r.vec(nv * h, 0.3));
+        s.add_f32(
+            "blk.0.ssm_conv1d.weight",
+            &[cd, 1, kern],
+            &r.vec(cd * kern, 0.6),
+        );
+        s.add_f32("blk.0.ssm_dt.bias", &[nv], &r.vec(nv, 1.0));
+        let a_log: Vec<f32> = r.vec(nv, 1.0);
+        let ssm_a: Vec<f32> = match cfg.source {
+            SourceKind::Gguf => a_log.iter().map(|x| -x.exp()).collect(),
+            SourceKind::Hf => a_log,
+        };
+        s.add_f32("blk.0.ssm_a", &[nv], &ssm_a);
+        let norm: Vec<f32> = r.vec(dv, 0.5).iter().map(|x| 1.0 + x).collect();
+        s.add_f32("blk.0.ssm_norm.weight", &[dv], &norm);
+        s.add_f32(
+            "blk.0.ssm_out.weight",
+            &[h, nv * dv],
+            &r.vec(h * nv * dv, 0.3),
+        );
+        s
+    }
+
+    fn load(cfg: &ModelConfig, src: &MemSource) -> GatedDeltaNet {
+        let claims = Claims::new(src);
+        let m = GatedDeltaNet::load(&claims, 0, cfg).unwrap();
+        claims.finish().unwrap();
+        m
+    }
+
+    /// The whole layer written out directly from qwen35.md §5, in f64, token by token,
+    /// reading the weights straight from the source: full-sequence conv with zero padding,
+    /// recurrence in the reference's order (decay, read, delta, update, read).
+    fn naive_layer(cfg: &ModelConfig, src: &MemSource, x: &[f32], n: usize) -> Vec<f64> {
+        let (nk, nv, dk, dv) = (
+            cfg.linear_num_key_heads,
+            cfg.linear_num_value_heads,
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+        );
+        let (h, kern, eps) = (cfg.hidden, cfg.linear_conv_kernel_dim, cfg.rms_eps as f64);
+        let cd = 2 * nk * dk + nv * dv;
+        let w = |name: &str| src.f32(&format!("blk.0.{name}")).unwrap();
+        let (wqkv, wz, wb, wa, wconv, dt, araw, wn, wo) = (
+            w("attn_qkv.weight"),
+            w("attn_gate.weight"),
+            w("ssm_beta.weight"),
+            w("ssm_alpha.weight"),
+            w("ssm_conv1d.weight"),
+            w("ssm_dt.bias"),
+            w("ssm_a"),
+            w("ssm_norm.weight"),
+            w("ssm_out.weight"),
+        );
+        let rate: Vec<f64> = match cfg.source {
+            SourceKind::Gguf => araw.clone(),
+            SourceKind::Hf => araw.iter().map(|a| -a.exp()).collect(),
+        };
+        let lin = |wt: &[f64], rows: usize, xr: &[f64]| -> Vec<f64> {
+            (0..rows)
+                .map(|j| (0..xr.len()).map(|c| wt[j * xr.len() + c] * xr[c]).sum())
+                .collect()
+        };
+        let xs: Vec<Vec<f64>> = (0..n)
+            .map(|t| x[t * h..(t + 1) * h].iter().map(|&v| v as f64).collect())
+            .collect();
+        let mixed: Vec<Vec<f64>> = xs.iter().map(|xr| lin(&wqkv, cd, xr)).collect();
+        let mut state = vec![0f64; nv * dk * dv];
+        let mut y = Vec::with_capacity(n * h);
+        for (t, xt) in xs.iter().enumerate() {
+            let zt = lin(&wz, nv * dv, xt);
+            let bt = lin(&wb, nv, xt);
+            let at = lin(&wa, nv, xt);
+            // Conv over the zero-padded history, then SiLU.
+            let c: Vec<f64> = (0..cd)
+                .map(|ch| {
+                    let mut s = 0.0;
+                    for j in 0..kern {
+                        let ti = t as isize - (kern as isize - 1) + j as isize;
+                        if ti >= 0 {
+                            s += wconv[ch * kern + j] * mixed[ti as usize][ch];
+                        }
+                    }
+                    s / (1.0 + (-s).exp())
+                })
+                .collect();
+            let mut o = vec![0f64; nv * dv];
+            for hv in 0..nv {
+                let kh = match cfg.source {
+                    SourceKind::Gguf => hv % nk,
+                    SourceKind::Hf => hv / (nv / nk),
+                };
+                let norm = |v: &[f64]| -> Vec<f64> {
+                    let r = (v.iter().map(|x| x * x).sum::<f64>() + 1e-6).sqrt();
+                    v.iter().map(|x| x / r).collect()
+                };
+                let q: Vec<f64> = norm(&c[kh * dk..(kh + 1) * dk])
+                    .iter()
+                    .map(|x| x / (dk as f64).sqrt())
+                    .collect();
+                let k = norm(&c[nk * dk + kh * dk..nk * dk + (kh + 1) * dk]);
+                let v = &c[2 * nk * dk + hv * dv..2 * nk * dk + (hv + 1) * dv];
+                let beta = 1.0 / (1.0 + (-bt[hv]).exp());
+                let sp = (at[hv] + dt[hv]).exp().ln_1p();
+                let g = rate[hv] * sp;
+                let s = &mut state[hv * dk * dv..(hv + 1) * dk * dv];
+                s.iter_mut().for_each(|e| *e *= g.exp());
+                let mem: Vec<f64> = (0..dv)
+                    .map(|j| (0..dk).map(|i| s[i * dv + j] * k[i]).sum())
+                    .collect();
+                let delta: Vec<f64> = (0..dv).map(|j| (v[j] - mem[j]) * beta).collect();
+                for i in 0..dk {
+                    for j in 0..dv {
+                        s[i * dv + j] += k[i] * delta[j];
+                    }
+                }
+                let oh: Vec<f64> = (0..dv)
+                    .map(|j| (0..dk).map(|i| s[i * dv + j] * q[i]).sum())
+                    .collect();
+                // Gated RMSNorm with the plain weight.
+                let ms = oh.iter().map(|x| x * x).sum::<f64>() / dv as f64;
+                for j in 0..dv {
+                    let zz = zt[hv * dv + j];
+                    o[hv * dv + j] = wn[j] * oh[j] / (ms + eps).sqrt() * (zz / (1.0 + (-zz).exp()));
+                }
+            }
+            y.extend(lin(&wo, h, &o));
+        }
+        y
+    }
+
+    fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+        let num = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (*x as f64 - y).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let den = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+        num / den.max(1e-30)
+    }
+
+    fn input(cfg: &ModelConfig, n: usize, seed: u64) -> Vec<f32> {
+        Rng::new(seed).vec(n * cfg.hidden, 1.0)
+    }
+
+    #[test]
+    fn matches_naive_layer() {
+        // nv = 2·nk so the head map matters; dv = 8 (AVX2 path) and 12 (portable fallback);
+        // n = 40 runs the chunked form, n = 7 the recurrent one.
+        for source in [SourceKind::Gguf, SourceKind::Hf] {
+            for &(nk, nv, dk, dv) in &[(2, 4, 16, 8), (1, 3, 8, 12)] {
+                let cfg = config(source, nk, nv, dk, dv);
+                let src = random_layer(&cfg, 11);
+                let m = load(&cfg, &src);
+                for n in [7, 40] {
+                    let x = input(&cfg, n, 5);
+                    let want = naive_layer(&cfg, &src, &x, n);
+                    let mut st = m.new_state();
+                    let mut y = vec![0f32; n * cfg.hidden];
+                    m.forward(&mut st, &x, n, &mut y);
+                    let e = rel_err(&y, &want);
+                    assert!(
+                        e < 1e-4,
+                        "{source:?} nk={nk} nv={nv} dk={dk} dv={dv} n={n}: rel err {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_head_map_is_detected() {
+        // Loading HF weights as if they were GGUF (tiled map, ssm_a taken as the rate) must
+        // not match the reference: the test above can tell the conventions apart.
+        let cfg = config(SourceKind::Hf, 2, 4, 16, 8);
+        let src = random_layer(&cfg, 11);
+        let gguf_cfg = ModelConfig {
+            source: SourceKind::Gguf,
+            ..cfg.clone()
+        };
+        let m = load(&gguf_cfg, &src);
+        let x = input(&cfg, 6, 5);
+        let want = naive_layer(&cfg, &src, &x, 6);
+        let mut y = vec![0f32; 6 * cfg.hidden];
+        m.forward(&mut m.new_state(), &x, 6, &mut y);
+        assert!(rel_err(&y, &want) > 1e-2);
+    }
+
+    #[test]
+    fn batched_equals_token_by_token() {
+        let cfg = config(SourceKind::Gguf, 2, 4, 16, 8);
+        let src = random_layer(&cfg, 3);
+        let m = load(&cfg, &src);
+        let n = 45;
+        let h = cfg.hidden;
+        let x = input(&cfg, n, 9);
+        let mut batched_state = m.new_state();
+        let mut batched = vec![0f32; n * h];
+        m.forward(&mut batched_state, &x, n, &mut batched);
+
+        let mut st = m.new_state();
+        let mut one = vec![0f32; n * h];
+        for t in 0..n {
+            m.forward(
+                &mut st,
+                &x[t * h..(t + 1) * h],
+                1,
+                &mut one[t * h..(t + 1) * h],
+            );
+        }
+        let want: Vec<f64> = batched.iter().map(|&v| v as f64).collect();
+        assert!(
+            rel_err(&one, &want) < 1e-5,
+            "token by token: {}",
+            rel_err(&one, &want)
+        );
+        // Same final state (conv rows exactly; recurrent state to rounding).
+        assert_eq!(st.conv, batched_state.conv);
+        let sw: Vec<f64> = batched_state.ssm.iter().map(|&v| v as f64).collect();
+        assert!(rel_err(&st.ssm, &sw) < 1e-5);
+
+        // Prefill in uneven pieces (3, 20, 1, 21): chunked and recurrent forms interleaved.
+        let mut st = m.new_state();
+        let mut pieces = vec![0f32; n * h];
+        let mut t0 = 0;
+        for p in [3, 20, 1, 21] {
+            m.forward(
+                &mut st,
+                &x[t0 * h..(t0 + p) * h],
+                p,
+                &mut pieces[t0 * h..(t0 + p) * h],
+            );
+            t0 += p;
+        }
+        assert!(rel_err(&pieces, &want) < 1e-5);
+    }
+
+    #[test]
+    fn missing_or_misshapen_tensor_is_an_error() {
+        let cfg = config(SourceKind::Gguf, 2, 4, 16, 8);
+        let mut src = random_layer(&cfg, 1);
+        src.tensors.retain(|t| t.name != "blk.0.ssm_dt.bias");
+        assert!(GatedDeltaNet::load(&Claims::new(&src), 0, &cfg).is_err());
+        let mut src = random_layer(&cfg, 1);
+        for t in &mut src.tensors {
+            if t.name == "blk.0.ssm_norm.weight" {
+                t.shape = vec![2, 4];
+            }
+        }
+        let err = GatedDeltaNet::load(&Claims::new(&src), 0, &cfg)
+            .err()
+            .expect("wrong shape accepted");
+        assert!(err.to_string().contains("ssm_norm"), "{err}");
     }
 }
