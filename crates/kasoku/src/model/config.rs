@@ -7,6 +7,7 @@
 //! Q/K rows to interleaved pairs) and Qwen3.5's `(1 + w)` norms (GGUF folds the +1 in).
 
 use crate::format::gguf::GgufFile;
+use crate::format::hf_config::HfConfig;
 use crate::format::TensorSource;
 pub use crate::kernels::rope::{RopeLayout, RopeScaling};
 
@@ -279,6 +280,154 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// Reads the configuration from a Hugging Face `config.json` (text fields of
+    /// vision-language checkpoints come from `text_config`). RoPE parameters are read from
+    /// `rope_parameters` (transformers 5) or `rope_theta` / `rope_scaling` (older files).
+    pub fn from_hf(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
+        let path = hf.path().display().to_string();
+        let bad = |reason: String| ModelError::Config {
+            source_path: path.clone(),
+            reason,
+        };
+        let arch = match hf.model_type() {
+            "llama" | "mistral" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "qwen3_5" => Arch::Qwen35,
+            other => {
+                return Err(ModelError::UnsupportedArch {
+                    source_path: path.clone(),
+                    arch: other.into(),
+                })
+            }
+        };
+        let hidden = hf.usize("hidden_size")?;
+        let n_layers = hf.usize("num_hidden_layers")?;
+        let n_heads = hf.usize("num_attention_heads")?;
+        let n_kv_heads = hf.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
+        let head_dim = match hf.opt_usize("head_dim")? {
+            Some(d) => d,
+            None => hidden.checked_div(n_heads).unwrap_or(0),
+        };
+        if hf.opt_bool("mlp_bias")? == Some(true) {
+            return Err(ModelError::Unsupported(format!("{path}: mlp_bias")));
+        }
+
+        // rope_parameters (transformers 5) or rope_scaling (older); keys inside either.
+        let rope_obj = hf
+            .value("rope_parameters")
+            .or_else(|| hf.value("rope_scaling"))
+            .and_then(|v| v.as_object());
+        let rope_num = |key: &str| -> Result<Option<f64>, ModelError> {
+            match rope_obj.and_then(|o| o.get(key)).filter(|v| !v.is_null()) {
+                Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                    bad(format!("rope parameter '{key}' is {v}, expected a number"))
+                }),
+                None => Ok(None),
+            }
+        };
+        let rope_theta = match rope_num("rope_theta")? {
+            Some(t) => t,
+            None => hf.opt_f64("rope_theta")?.unwrap_or(10000.0),
+        };
+        let default_partial = if arch == Arch::Qwen35 { 0.25 } else { 1.0 };
+        let partial = match rope_num("partial_rotary_factor")? {
+            Some(p) => p,
+            None => hf
+                .opt_f64("partial_rotary_factor")?
+                .unwrap_or(default_partial),
+        };
+        let rope_dim = (head_dim as f64 * partial) as usize;
+        let rope_type = rope_obj
+            .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let need = |key: &str| -> Result<f64, ModelError> {
+            rope_num(key)?.ok_or_else(|| bad(format!("rope type '{rope_type}' needs '{key}'")))
+        };
+        let rope_scaling = match rope_type {
+            // M-RoPE on text-only input is plain RoPE (all three position streams are equal).
+            "default" | "mrope" => RopeScaling::None,
+            "linear" => RopeScaling::Linear {
+                factor: need("factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position: need("original_max_position_embeddings")?,
+            },
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "{path}: rope type '{other}'"
+                )))
+            }
+        };
+
+        let mut layer_kinds = vec![LayerKind::Attention; n_layers];
+        let (mut lnk, mut lnv, mut ldk, mut ldv, mut lconv) = (0, 0, 0, 0, 0);
+        if arch == Arch::Qwen35 {
+            layer_kinds = match hf.value("layer_types") {
+                Some(v) => {
+                    let items = v
+                        .as_array()
+                        .ok_or_else(|| bad(format!("'layer_types' is {v}, expected a list")))?;
+                    let kinds: Result<Vec<LayerKind>, ModelError> = items
+                        .iter()
+                        .map(|t| match t.as_str() {
+                            Some("full_attention") => Ok(LayerKind::Attention),
+                            Some("linear_attention") => Ok(LayerKind::GatedDeltaNet),
+                            _ => Err(bad(format!("'layer_types' has unknown entry {t}"))),
+                        })
+                        .collect();
+                    kinds?
+                }
+                None => {
+                    let interval = hf.opt_usize("full_attention_interval")?.unwrap_or(4);
+                    kinds_from_interval(n_layers, interval).map_err(bad)?
+                }
+            };
+            lnk = hf.usize("linear_num_key_heads")?;
+            lnv = hf.usize("linear_num_value_heads")?;
+            ldk = hf.usize("linear_key_head_dim")?;
+            ldv = hf.usize("linear_value_head_dim")?;
+            lconv = hf.usize("linear_conv_kernel_dim")?;
+        }
+
+        let cfg = ModelConfig {
+            arch,
+            source: SourceKind::Hf,
+            hidden,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn: hf.usize("intermediate_size")?,
+            vocab: hf.usize("vocab_size")?,
+            rms_eps: hf.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_dim,
+            rope_layout: RopeLayout::Neox,
+            rope_scaling,
+            tied_embeddings: hf.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            // Qwen2's q/k/v projections always carry a bias in transformers.
+            qkv_bias: arch == Arch::Qwen2 || hf.opt_bool("attention_bias")?.unwrap_or(false),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen35),
+            attn_output_gate: arch == Arch::Qwen35
+                && hf.opt_bool("attn_output_gate")?.unwrap_or(true),
+            norm_offset_one: arch == Arch::Qwen35,
+            layer_kinds,
+            linear_num_key_heads: lnk,
+            linear_num_value_heads: lnv,
+            linear_key_head_dim: ldk,
+            linear_value_head_dim: ldv,
+            linear_conv_kernel_dim: lconv,
+            max_context: hf.opt_usize("max_position_embeddings")?.unwrap_or(4096),
+        };
+        cfg.validate().map_err(bad)?;
+        Ok(cfg)
+    }
+
     /// Number of layers of each kind.
     pub fn count(&self, kind: LayerKind) -> usize {
         self.layer_kinds.iter().filter(|&&k| k == kind).count()
@@ -458,6 +607,38 @@ mod tests {
         assert_eq!(c.layer_kinds, vec![G, A, G]);
         assert_eq!((c.rope_dim, c.linear_num_value_heads), (16, 6));
         assert!(!c.tied_embeddings);
+    }
+
+    /// The HF config.json and the GGUF conversion of the same fixture describe the same
+    /// model; only the documented source conventions differ.
+    #[test]
+    fn hf_and_gguf_agree() {
+        for rel in [
+            "llama/tiny",
+            "llama/tiny_rope_llama3",
+            "qwen2/tiny",
+            "qwen3/tiny",
+            "qwen3_5/tiny",
+            "qwen3_5/tiny_vl",
+        ] {
+            let g = gguf_config(rel);
+            let h = ModelConfig::from_hf(&HfConfig::load(fixture_dir(rel)).unwrap()).unwrap();
+            assert_eq!(h.source, SourceKind::Hf);
+            assert_eq!(h.rope_layout, RopeLayout::Neox);
+            assert_eq!(h.norm_offset_one, h.arch == Arch::Qwen35, "{rel}");
+            let mut h2 = h.clone();
+            h2.source = g.source;
+            h2.rope_layout = g.rope_layout;
+            h2.norm_offset_one = g.norm_offset_one;
+            if rel.ends_with("llama3") {
+                // GGUF carries llama3 scaling as the rope_freqs tensor instead.
+                assert!(
+                    matches!(h2.rope_scaling, RopeScaling::Llama3 { factor, original_max_position, .. } if factor == 8.0 && original_max_position == 64.0)
+                );
+                h2.rope_scaling = RopeScaling::None;
+            }
+            assert_eq!(h2, g, "{rel}");
+        }
     }
 
     #[test]

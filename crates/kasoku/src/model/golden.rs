@@ -116,6 +116,41 @@ mod tests {
         check_fixture(&dir, &dir.join("model-f32.gguf"));
     }
 
+    fn hf(rel: &str) {
+        let dir = fixture_dir(rel);
+        check_fixture(&dir, &dir);
+    }
+
+    #[test]
+    fn llama_tiny_hf() {
+        hf("llama/tiny");
+    }
+
+    #[test]
+    fn llama3_rope_scaling_hf() {
+        hf("llama/tiny_rope_llama3");
+    }
+
+    #[test]
+    fn qwen2_tiny_hf() {
+        hf("qwen2/tiny");
+    }
+
+    #[test]
+    fn qwen3_tiny_hf() {
+        hf("qwen3/tiny");
+    }
+
+    #[test]
+    fn qwen35_tiny_hf() {
+        hf("qwen3_5/tiny");
+    }
+
+    #[test]
+    fn qwen35_tiny_vl_hf() {
+        hf("qwen3_5/tiny_vl");
+    }
+
     #[test]
     fn llama_tiny_gguf() {
         gguf("llama/tiny");

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::gguf::GgufFile;
+use crate::format::HfCheckpoint;
 use crate::format::{Claims, TensorSource};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::rope::Rope;
@@ -60,10 +61,9 @@ impl Model {
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
         let path = path.as_ref();
         if path.is_dir() {
-            return Err(ModelError::Unsupported(format!(
-                "{}: Hugging Face directories are not wired up yet",
-                path.display()
-            )));
+            let ckpt = HfCheckpoint::open(path)?;
+            let config = ModelConfig::from_hf(ckpt.config())?;
+            return Model::from_source(config, &ckpt);
         }
         let file = GgufFile::open(path)?;
         let config = ModelConfig::from_gguf(&file)?;
