@@ -9,6 +9,7 @@ libllama.so (LLAMA_CPP_LIB_PATH), so no pip build of llama-cpp-python is needed.
   python tools/llama_logits.py greedy MODEL.gguf --tokens 1,2,3 -n 8
 
 `logits` evaluates the whole sequence in one batch with logits for every position (logits_all).
+KV cache f32, flash attention off (see load()).
 `greedy` evaluates the prompt, then appends argmax tokens one at a time (decode with KV cache).
 """
 from __future__ import annotations
@@ -40,8 +41,11 @@ def _import_llama():
 
 def load(path: str | Path, n_ctx: int = 512, n_threads: int = 2, logits_all: bool = True):
     Llama = _import_llama()
+    # KV cache in f32 and no flash attention: llama.cpp's defaults (f16 cache, FA auto) add ~1e-3
+    # rounding to attention, which would blur a reference. GGML_TYPE_F32 == 0.
     return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
-                 n_threads_batch=n_threads, logits_all=logits_all, verbose=False, seed=0)
+                 n_threads_batch=n_threads, logits_all=logits_all, verbose=False, seed=0,
+                 type_k=0, type_v=0, flash_attn=False)
 
 
 def logits(llm, tokens: list[int]) -> np.ndarray:

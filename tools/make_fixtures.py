@@ -88,12 +88,13 @@ SPECS = [
          cfg=dict(COMMON, num_hidden_layers=4, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=True,
                   layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                  linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                  linear_value_head_dim=16, linear_conv_kernel_dim=4,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                                    "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
          gguf_pre="qwen35", convert_args=["--no-mtp"],
          notes="Qwen3.5 text (Qwen3_5ForCausalLM, names model.*): 3 GDN + 1 gated full-attention layer, "
-               "GDN nk=2 nv=4 (head mapping), partial rotary 0.25 of head_dim 32, tied"),
+               "GDN nk=2 nv=4 (head mapping), dk=dv=16 (as in real checkpoints; llama.cpp's qwen35 requires it), "
+               "partial rotary 0.25 of head_dim 32, tied"),
     Spec("qwen3_5/tiny_vl", "qwen3_5", "qwen3_5_vl", seed=6,
          cfg=dict(COMMON, num_hidden_layers=3, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=False,
                   layer_types=["linear_attention", "full_attention", "linear_attention"],
@@ -101,9 +102,10 @@ SPECS = [
                   linear_value_head_dim=8, linear_conv_kernel_dim=4,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.5,
                                    "mrope_section": [4, 2, 2], "mrope_interleaved": True}),
-         gguf_pre="qwen35", convert_args=["--no-mtp"],
+         gguf_pre=None,  # dk != dv: the converter writes it, but llama.cpp's qwen35 loader assumes dv == dk
          notes="Qwen3.5 VL-wrapped (Qwen3_5ForConditionalGeneration, names model.language_model.* + a tiny "
-               "model.visual.*): layer_types [lin, full, lin], GDN nk=2 nv=6, partial rotary 0.5, untied"),
+               "model.visual.*): layer_types [lin, full, lin], GDN nk=2 nv=6, dk=16 != dv=8, partial rotary 0.5, untied. No GGUF: llama.cpp's qwen35 "
+               "derives the V head dim from ssm.state_size (= dk), so dk != dv cannot be loaded there"),
 ]
 
 # ---------------------------------------------------------------------------------------------
