@@ -70,6 +70,21 @@ def main() -> None:
     batch_next = int(np.argmax(llama_logits.logits(llm, gtoks)[-1]))
     assert batch_next == cont[0]
 
+    # How much the reference moves with llama.cpp's settings (guides test tolerances): the default
+    # f16 KV cache + auto flash attention, and 1 thread instead of a.threads.
+    Llama = llama_logits._import_llama()
+    llm16 = Llama(model_path=str(path), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=a.threads,
+                  n_threads_batch=a.threads, logits_all=True, verbose=False)
+    l16 = llama_logits.logits(llm16, tokens).astype(np.float64)
+    l1 = llama_logits.logits(llama_logits.load(path, n_ctx=512, n_threads=1), tokens).astype(np.float64)
+    idx = np.array([p["top_ids"] for p in positions])
+    sens = {
+        "f16_kv_default_fa": {"top1_agree": int((l16.argmax(1) == logits.argmax(1)).sum()),
+                              "max_abs_diff_top_k": float(np.abs(np.take_along_axis(l16 - logits, idx, 1)).max())},
+        "one_thread": {"top1_agree": int((l1.argmax(1) == logits.argmax(1)).sum()),
+                       "max_abs_diff_all": float(np.abs(l1 - logits).max())},
+    }
+
     version = (llama_logits.ROOT / "VERSION").read_text().strip().splitlines() \
         if (llama_logits.ROOT / "VERSION").exists() else []
     ref = {
@@ -79,7 +94,9 @@ def main() -> None:
         "source": "llama.cpp CPU backend (tools/build_llama_cpp.sh), llama-cpp-python 0.3.36 API, "
                   f"logits_all, one batch, n_threads={a.threads}",
         "llama_cpp": version,
-        "gguf_add_bos_token": meta.get("tokenizer.ggml.add_bos_token"),
+        "gguf_add_bos_token": str(meta.get("tokenizer.ggml.add_bos_token")).lower() == "true",
+        "kv_cache": "f32, flash attention off",
+        "sensitivity": sens,
         "vocab_size": int(logits.shape[1]),
         "prompt": PROMPT,
         "tokens": tokens,
