@@ -36,6 +36,8 @@ pub enum Command {
         #[arg(long)]
         tensors: bool,
     },
+    /// Measure one engine run: prefill, decode and the multi-row verify curve (JSON output).
+    Bench(BenchArgs),
     /// Download known models into the cache (lists them without names).
     Fetch {
         names: Vec<String>,
@@ -99,4 +101,28 @@ pub struct RunArgs {
     /// Print only the answer, no statistics or progress.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// GGUF file, Hugging Face directory, or a known model name.
+    #[arg(long)]
+    pub model: String,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens to generate for the decode measurement.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Forward-pass sizes for the verify curve (empty: skip it).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub verify: Vec<usize>,
+    /// Print where a decode step's time goes, per kernel kind.
+    #[arg(long)]
+    pub profile: bool,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write the result as JSON to this file (also printed).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }

@@ -413,14 +413,16 @@ fn print_table(v: &Value) {
     );
     eprintln!(
         "  prefill  {:>5} tokens  {:>9.1} t/s",
-        f("/prefill/tokens"),
+        v.pointer("/prefill/tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
         f("/prefill/tokens_per_second")
     );
     if let Some(at) = v.pointer("/decode/at").and_then(Value::as_array) {
         for a in at {
             eprintln!(
                 "  decode   {:>5} tokens  {:>9.1} t/s",
-                a["tokens"],
+                a["tokens"].as_u64().unwrap_or(0),
                 a["tokens_per_second"].as_f64().unwrap_or(f64::NAN)
             );
         }

@@ -2,7 +2,11 @@
 //! logits for reference checks, inspect a checkpoint, fetch known models.
 
 mod args;
+mod bench;
+mod inspect;
+mod logits;
 mod progress;
+mod run;
 
 use kasoku::fetch;
 
@@ -31,6 +35,16 @@ fn run(cli: args::Cli) -> Result<()> {
             }
             Ok(())
         }
-        _ => anyhow::bail!("not implemented yet"),
+        args::Command::Inspect { path, tensors } => {
+            let path = progress::resolve_model(&path, false)?;
+            inspect::inspect(&path, tensors)
+        }
+        args::Command::Bench(args) => bench::bench(&args),
+        args::Command::Run(args) => run::run(&args),
+        args::Command::Logits {
+            model,
+            tokens,
+            threads,
+        } => logits::logits(&model, &tokens, threads),
     }
 }

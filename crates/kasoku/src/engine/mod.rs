@@ -1,10 +1,15 @@
-//! Sessions, sampling, the decode loop and its statistics.
+//! Sessions, sampling, the decode loop and its statistics, and the text layer over them
+//! (chat templates, streaming, stop strings).
 
+pub mod loader;
 pub mod sampler;
 pub mod session;
 pub mod stats;
 pub mod stop;
+pub mod text;
 
+pub use loader::{LoadError, LoadedModel};
 pub use sampler::SamplingParams;
 pub use session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 pub use stats::GenerationStats;
+pub use text::{generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError};

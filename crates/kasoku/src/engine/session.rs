@@ -78,7 +78,11 @@ pub struct Session {
 impl Session {
     pub fn new(model: Arc<Model>, ctx_size: usize) -> Self {
         let state = model.new_state(ctx_size);
-        Session { model, state, tokens: Vec::new() }
+        Session {
+            model,
+            state,
+            tokens: Vec::new(),
+        }
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -114,7 +118,10 @@ impl Session {
             return Err(EngineError::EmptyPrompt);
         }
         if prompt.len() >= self.ctx_size() {
-            return Err(EngineError::PromptTooLong { prompt: prompt.len(), ctx: self.ctx_size() });
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                ctx: self.ctx_size(),
+            });
         }
         let start = Instant::now();
         let mut stats = GenerationStats::default();
@@ -158,13 +165,22 @@ impl Session {
         stats.generated_tokens = generated.len();
         stats.decode_time = first_token_at.map(|t| end - t).unwrap_or_default();
         stats.total_time = end - start;
-        Ok(Generation { tokens: generated, finish, stats })
+        Ok(Generation {
+            tokens: generated,
+            finish,
+            stats,
+        })
     }
 
     /// Keeps the longest common prefix of the cache and `prompt` (at most `prompt.len() - 1`
     /// tokens, so that the last prompt token is computed and yields logits). Returns its length.
     fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         let keep = common.min(prompt.len() - 1);
         if keep == self.tokens.len() {
             return keep;

@@ -1,0 +1,183 @@
+//! `kasoku run`: one prompt (`-m`) streamed to stdout, or an interactive chat that keeps its
+//! conversation and cache between turns; statistics after each answer.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use kasoku::engine::{self, GenerateOptions, LoadedModel, PromptOptions, SamplingParams, Session};
+use kasoku::tokenizer::ChatMessage;
+
+use crate::args::RunArgs;
+use crate::progress;
+
+/// Default context when the model's own is larger: bounds the KV cache's memory.
+const DEFAULT_CTX: usize = 8192;
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let name = args
+        .model
+        .as_deref()
+        .unwrap_or(kasoku::fetch::DEFAULT_MODEL);
+    let model = load(name, args.threads, args.quiet)?;
+    let ctx = args
+        .ctx_size
+        .unwrap_or(model.model.config.max_context.clamp(1, DEFAULT_CTX));
+    let mut session = Session::new(Arc::clone(&model.model), ctx);
+    let options = generate_options(args, &model)?;
+    let prompt_options = PromptOptions {
+        raw: args.raw,
+        think: args.think,
+    };
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system.clone()));
+    }
+    match &args.message {
+        Some(message) => {
+            messages.push(ChatMessage::new("user", message.clone()));
+            answer(
+                &mut session,
+                &model,
+                &messages,
+                &prompt_options,
+                &options,
+                args,
+            )?;
+            Ok(())
+        }
+        None => chat(
+            &mut session,
+            &model,
+            messages,
+            &prompt_options,
+            &options,
+            args,
+        ),
+    }
+}
+
+/// Resolves and loads a model with a progress line, after setting the thread count.
+pub fn load(name: &str, threads: Option<usize>, quiet: bool) -> Result<LoadedModel> {
+    if let Some(n) = threads {
+        kasoku::kernels::threads::set_threads(n);
+    }
+    let path = progress::resolve_model(name, quiet)?;
+    let spinner = (!quiet).then(|| {
+        let s = indicatif::ProgressBar::new_spinner();
+        s.set_message(format!("loading {}", path.display()));
+        s.enable_steady_tick(std::time::Duration::from_millis(120));
+        s
+    });
+    let start = Instant::now();
+    let model = LoadedModel::load(&path)?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+        let cfg = &model.model.config;
+        eprintln!(
+            "loaded {} ({:?}, {} layers, vocab {}) in {:.2} s, {} threads",
+            path.display(),
+            cfg.arch,
+            cfg.n_layers,
+            cfg.vocab,
+            start.elapsed().as_secs_f64(),
+            kasoku::kernels::threads::num_threads()
+        );
+    }
+    Ok(model)
+}
+
+fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptions> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        penalty_last_n: args.penalty_last_n,
+        seed: args.seed,
+    };
+    sampling.validate()?;
+    let stop_tokens = if args.ignore_eos {
+        Vec::new()
+    } else {
+        engine::stop_tokens(model)
+    };
+    Ok(GenerateOptions {
+        sampling,
+        max_tokens: args.max_tokens,
+        stop_tokens,
+    })
+}
+
+/// Generates one answer to the conversation, streaming it; returns the answer text.
+fn answer(
+    session: &mut Session,
+    model: &LoadedModel,
+    messages: &[ChatMessage],
+    prompt_options: &PromptOptions,
+    options: &GenerateOptions,
+    args: &RunArgs,
+) -> Result<String> {
+    let prompt = engine::prompt_tokens(model, messages, prompt_options)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let (generation, text) =
+        engine::generate_text(session, model, &prompt, options, &args.stop, &mut |piece| {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        })?;
+    let _ = writeln!(out);
+    drop(out);
+    if !args.quiet {
+        eprintln!(
+            "\n[{}] {}",
+            generation.finish.as_str(),
+            generation.stats.summary()
+        );
+    }
+    Ok(text)
+}
+
+fn chat(
+    session: &mut Session,
+    model: &LoadedModel,
+    mut messages: Vec<ChatMessage>,
+    prompt_options: &PromptOptions,
+    options: &GenerateOptions,
+    args: &RunArgs,
+) -> Result<()> {
+    eprintln!("chat with the model: type a message and press Enter; /reset starts over, /exit or Ctrl-D quits.");
+    let system = messages.clone();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = system.clone();
+                session.reset();
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", line.to_string()));
+        match answer(session, model, &messages, prompt_options, options, args) {
+            Ok(text) => messages.push(ChatMessage::new("assistant", text)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                messages.pop();
+            }
+        }
+    }
+    Ok(())
+}
