@@ -68,6 +68,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TokenizerError::Template {
                 source_name: origin.clone(),
@@ -151,6 +152,10 @@ impl ChatTemplate {
         extra: &Map<String, serde_json::Value>,
     ) -> Result<String, TokenizerError> {
         let mut ctx = extra.clone();
+        // Hugging Face always passes these (None when not given).
+        for key in ["tools", "documents"] {
+            ctx.entry(key).or_insert(serde_json::Value::Null);
+        }
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos_token.clone().into());
@@ -189,6 +194,87 @@ fn describe(e: &Error) -> String {
 
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// Hugging Face's `strftime_now(format)` (used by Llama 3.x templates for today's date), in UTC.
+/// Supports `%d %m %Y %y %b %B %a %A %H %M %S %j %%`; other specifiers are kept as written.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(&format, secs)
+}
+
+/// Formats `secs` since the Unix epoch (UTC) like Python's `strftime` (subset, English names).
+fn strftime(format: &str, secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let before: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = before[(month - 1) as usize] + day + i64::from(leap && month > 2);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('b') => out.push_str(&MONTHS[(month - 1) as usize][..3]),
+            Some('B') => out.push_str(MONTHS[(month - 1) as usize]),
+            Some('a') => out.push_str(&DAYS[weekday][..3]),
+            Some('A') => out.push_str(DAYS[weekday]),
+            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rem % 3600 / 60)),
+            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// Hugging Face's `tojson`: Python `json.dumps(value, ensure_ascii=False, indent=indent,
@@ -456,6 +542,30 @@ mod tests {
         );
         let e = ChatTemplate::new("{% if %}", "", "", "broken.jinja").unwrap_err();
         assert!(e.to_string().contains("broken.jinja"), "{e}");
+    }
+
+    #[test]
+    fn strftime_subset() {
+        // Python: datetime.fromtimestamp(1796038107, timezone.utc).strftime(...) for each format.
+        let t = 1_796_038_107;
+        assert_eq!(strftime("%d %b %Y", t), "30 Nov 2026");
+        assert_eq!(
+            strftime("%A %B %j %H:%M:%S %y %m %a %%", t),
+            "Monday November 334 11:28:27 26 11 Mon %"
+        );
+        assert_eq!(strftime("%d %b %Y", 951_782_400), "29 Feb 2000");
+    }
+
+    #[test]
+    fn tools_default_to_none() {
+        assert_eq!(
+            render(
+                "{{ tools is none }}/{{ documents is none }}",
+                serde_json::json!({})
+            )
+            .unwrap(),
+            "True/True"
+        );
     }
 
     #[test]

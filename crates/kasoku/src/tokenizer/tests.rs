@@ -202,3 +202,62 @@ fn hf_dir_special_tokens() {
     let missing = Tokenizer::from_hf_dir(repo_root().join("tests/fixtures")).unwrap_err();
     assert!(missing.to_string().contains("tokenizer.json"), "{missing}");
 }
+
+/// Templates rendered by transformers' apply_chat_template (tools/chat_template_reference.py).
+#[test]
+fn chat_templates_match_transformers() {
+    let reference = fixture("chat_templates.json");
+    let mut checked = 0;
+    for t in reference["templates"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let source = t["template"].as_str().unwrap();
+        let (bos, eos) = (
+            t["bos_token"].as_str().unwrap(),
+            t["eos_token"].as_str().unwrap(),
+        );
+        let template = ChatTemplate::new(source, bos, eos, name).unwrap();
+        for case in t["cases"].as_array().unwrap() {
+            let messages: Vec<ChatMessage> =
+                serde_json::from_value(case["messages"].clone()).unwrap();
+            let extra = case["extra"].as_object().unwrap();
+            let gen = case["add_generation_prompt"].as_bool().unwrap();
+            let got = template.render(&messages, gen, extra).unwrap();
+            assert_eq!(
+                got,
+                case["expected"].as_str().unwrap(),
+                "{name}: {}",
+                case["name"]
+            );
+            checked += 1;
+        }
+        // The template is the one the model file carries.
+        if let Some(file) = t["gguf"].as_str() {
+            if let Some(path) = cached_model(file) {
+                let gguf = GgufFile::open(path).unwrap();
+                let from_file = ChatTemplate::from_gguf(&gguf).unwrap();
+                assert_eq!(
+                    (
+                        from_file.source(),
+                        from_file.bos_token(),
+                        from_file.eos_token()
+                    ),
+                    (source, bos, eos)
+                );
+                let tok = Tokenizer::from_gguf(&gguf).unwrap();
+                assert_eq!(tok.chat_template_source(), Some(source));
+            }
+        }
+        if let Some(dir) = t["hf_dir"].as_str() {
+            let from_dir = ChatTemplate::from_hf_dir(repo_root().join(dir)).unwrap();
+            assert_eq!(
+                (
+                    from_dir.source(),
+                    from_dir.bos_token(),
+                    from_dir.eos_token()
+                ),
+                (source, bos, eos)
+            );
+        }
+    }
+    assert_eq!(checked, 14);
+}
