@@ -481,3 +481,60 @@ mod tests {
         ));
     }
 }
+
+/// The committed tiny fixtures: each HF checkpoint, read under GGUF names, has exactly the
+/// tensors (and shapes) of the GGUF llama.cpp's converter made from it.
+#[cfg(test)]
+mod fixture_tests {
+    use super::*;
+    use crate::format::GgufFile;
+
+    #[test]
+    fn hf_names_agree_with_llama_cpp_converter() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for fixture in [
+            "llama/tiny",
+            "llama/tiny_rope_llama3",
+            "qwen2/tiny",
+            "qwen3/tiny",
+            "qwen3_5/tiny",
+            "qwen3_5/tiny_vl",
+        ] {
+            let dir = root.join(fixture);
+            let hf = HfCheckpoint::open(&dir).unwrap();
+            if fixture.ends_with("_vl") {
+                // No GGUF for the VL wrapper: every text tensor translates, the tower is skipped.
+                assert!(
+                    !hf.skipped().is_empty()
+                        && hf.skipped().iter().all(|n| n.starts_with("model.visual."))
+                );
+                let names = hf.names();
+                assert!(names.iter().all(|n| !n.starts_with("model.")), "{names:?}");
+                assert!(
+                    names.contains(&"blk.0.ssm_a".to_string())
+                        && names.contains(&"output.weight".to_string())
+                );
+                continue;
+            }
+            let gguf = GgufFile::open(dir.join("model-f32.gguf")).unwrap();
+            let mut hf_names = hf.names();
+            hf_names.sort();
+            // llama.cpp's converter adds a precomputed `rope_freqs` for llama3 rope scaling.
+            let mut gguf_names: Vec<String> = gguf
+                .names()
+                .into_iter()
+                .filter(|n| n != "rope_freqs.weight")
+                .collect();
+            gguf_names.sort();
+            assert_eq!(hf_names, gguf_names, "{fixture}");
+            for name in &hf_names {
+                let (a, b) = (
+                    hf.get(name).unwrap(),
+                    TensorSource::get(&gguf, name).unwrap(),
+                );
+                let strip = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+                assert_eq!(strip(&a.shape), strip(&b.shape), "{fixture}: {name}");
+            }
+        }
+    }
+}
