@@ -261,3 +261,28 @@ fn chat_templates_match_transformers() {
     }
     assert_eq!(checked, 14);
 }
+
+/// Load times of the real files (run with --ignored --nocapture).
+#[test]
+#[ignore]
+fn load_timing() {
+    for model in [SMOLLM2, QWEN25_05B] {
+        let Some(path) = cached_model(model) else { continue };
+        let t0 = std::time::Instant::now();
+        let gguf = GgufFile::open(&path).unwrap();
+        let t1 = std::time::Instant::now();
+        let tok = Tokenizer::from_gguf(&gguf).unwrap();
+        let t2 = std::time::Instant::now();
+        let text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n".repeat(100);
+        let ids = tok.encode(&text, true).unwrap();
+        let t3 = std::time::Instant::now();
+        eprintln!(
+            "{model}: GgufFile::open {:?}, Tokenizer::from_gguf {:?}, encode {} bytes -> {} tokens {:?}",
+            t1 - t0,
+            t2 - t1,
+            text.len(),
+            ids.len(),
+            t3 - t2
+        );
+    }
+}
