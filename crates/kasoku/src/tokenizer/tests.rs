@@ -267,13 +267,17 @@ fn chat_templates_match_transformers() {
 #[ignore]
 fn load_timing() {
     for model in [SMOLLM2, QWEN25_05B] {
-        let Some(path) = cached_model(model) else { continue };
+        let Some(path) = cached_model(model) else {
+            continue;
+        };
         let t0 = std::time::Instant::now();
         let gguf = GgufFile::open(&path).unwrap();
         let t1 = std::time::Instant::now();
         let tok = Tokenizer::from_gguf(&gguf).unwrap();
         let t2 = std::time::Instant::now();
-        let text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n".repeat(100);
+        let text =
+            "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+                .repeat(100);
         let ids = tok.encode(&text, true).unwrap();
         let t3 = std::time::Instant::now();
         eprintln!(
@@ -285,4 +289,48 @@ fn load_timing() {
             t3 - t2
         );
     }
+}
+
+/// A SentencePiece vocabulary (tools/spm_fixture.py) against llama.cpp's ids.
+#[test]
+fn sentencepiece_gguf_matches_llama_cpp() {
+    let dir = repo_root().join("tests/fixtures/tokenizer");
+    let gguf = GgufFile::open(dir.join("spm-tiny.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    let reference = fixture("spm-tiny.json");
+    assert_eq!(
+        tok.token_count() as u64,
+        reference["n_vocab"].as_u64().unwrap()
+    );
+    assert_eq!(tok.spelling(), Spelling::SentencePiece);
+    assert!(tok.add_bos());
+    assert_eq!((tok.bos(), tok.eos()), (Some(1), Some(2)));
+    for case in reference["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let special = case["parse_special"].as_bool().unwrap();
+        let expected = ids(&case["ids"]);
+        assert_eq!(
+            tok.encode(text, special).unwrap(),
+            expected,
+            "{text:?} special={special}"
+        );
+        // A stream keeps the prefix space; decode drops it (as sentencepiece's decoder does).
+        let pieces = case["pieces_concat"].as_str().unwrap();
+        let mut stream = tok.stream_decoder();
+        let mut streamed: String = expected.iter().map(|&id| stream.push(id)).collect();
+        streamed.push_str(&stream.flush());
+        assert_eq!(streamed, pieces, "{text:?}");
+        assert_eq!(
+            tok.decode(&expected),
+            pieces.strip_prefix(' ').unwrap_or(pieces),
+            "{text:?}"
+        );
+        if let Some(sp) = case["sentencepiece_decoded"].as_str() {
+            assert_eq!(tok.decode(&expected), sp, "{text:?}");
+        }
+    }
+    assert_eq!(
+        tok.encode_with_bos("hello world", true).unwrap(),
+        [1, 282, 283]
+    );
 }
