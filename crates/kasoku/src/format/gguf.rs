@@ -427,8 +427,15 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// A metadata value. (Not a tensor: for tensors use [`GgufFile::tensor`] or
+    /// [`TensorSource::get`].)
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.metadata.get(key)
+    }
+
+    /// A tensor by name (same as [`TensorSource::get`]).
+    pub fn tensor(&self, name: &str) -> Option<RawTensor> {
+        TensorSource::get(self, name)
     }
 
     pub fn get_u64(&self, key: &str) -> Option<u64> {
@@ -626,7 +633,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A length-prefixed string; the length is checked against the remaining bytes before
-    /// anything is allocated. Invalid UTF-8 is an error.
+    /// anything is allocated. Invalid UTF-8 is an error (keys and tensor names).
     fn string(&mut self, what: &str) -> Result<String, String> {
         let len = self.u64(what)?;
         if len > self.remaining() as u64 {
@@ -639,6 +646,21 @@ impl<'a> Reader<'a> {
         let raw = self.take(len as usize, what)?;
         String::from_utf8(raw.to_vec())
             .map_err(|_| format!("{what}: invalid UTF-8 at byte {}", self.pos - raw.len()))
+    }
+
+    /// A string value: invalid UTF-8 sequences become U+FFFD rather than failing the file
+    /// (a vocabulary with one odd token should still load).
+    fn lossy_string(&mut self, what: &str) -> Result<String, String> {
+        let len = self.u64(what)?;
+        if len > self.remaining() as u64 {
+            return Err(format!(
+                "{what}: string length {len} at byte {} exceeds the {} bytes left",
+                self.pos - 8,
+                self.remaining()
+            ));
+        }
+        let raw = self.take(len as usize, what)?;
+        Ok(String::from_utf8_lossy(raw).into_owned())
     }
 
     fn value(&mut self, ty: u32, depth: u32, key: &str) -> Result<MetaValue, String> {
@@ -656,7 +678,7 @@ impl<'a> Reader<'a> {
                 1 => MetaValue::Bool(true),
                 b => return Err(format!("metadata '{key}': invalid bool byte {b}")),
             },
-            8 => MetaValue::String(self.string(&what())?),
+            8 => MetaValue::String(self.lossy_string(&what())?),
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
                     return Err(format!(
@@ -1086,6 +1108,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("nested"), "{msg}");
+        // Invalid UTF-8: fatal in a key, replaced in a value.
+        let mut raw = Raw::new(3, 0, 1).u64(2);
+        raw.0.extend_from_slice(&[0xff, 0xfe]);
+        let msg = raw
+            .u32(0)
+            .u32(7)
+            .data(8)
+            .open(&dir)
+            .1
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("invalid UTF-8"), "{msg}");
+        let mut raw = Raw::new(3, 0, 1).str("k").u32(8).u64(3);
+        raw.0.extend_from_slice(&[b'a', 0xff, b'b']);
+        let f = raw.data(8).open(&dir).1.unwrap();
+        assert_eq!(f.get_str("k"), Some("a\u{fffd}b"));
         // A bool byte other than 0 or 1.
         let mut raw = Raw::new(3, 0, 1).str("b").u32(7);
         raw.0.push(2);

@@ -53,5 +53,4 @@ pub fn cached_model(file: &str) -> Option<PathBuf> {
 }
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-#[allow(dead_code)] // used by the tokenizer tests
 pub const QWEN25_05B: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
