@@ -91,6 +91,25 @@ def bytes_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_tables(r: dict) -> str:
+    parts = []
+    for m in r["models"]:
+        p = m.get("profile")
+        if not p or "entries" not in p:
+            continue
+        lines = [f"**{m['name']}**: {p['ms_per_step']:.2f} ms per instrumented step "
+                 f"({p['forward_ms_per_step']:.2f} ms through Model::forward"
+                 f"{'' if p.get('matches_forward') else '; WARNING: the instrumented path picked other tokens'})", "",
+                 "| kind | ms / step | share | GB/s |", "|---|---|---|---|"]
+        for e in p["entries"]:
+            if e["share"] < 0.005:
+                continue
+            g = f"{e['gbps']:.1f}" if e.get("gbps") else "–"
+            lines.append(f"| {e['kind']} | {e['ms_per_step']:.3f} | {100 * e['share']:.1f}% | {g} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def notes(r: dict) -> list[str]:
     out = []
     for m in r["models"]:
@@ -99,6 +118,8 @@ def notes(r: dict) -> list[str]:
         for eng, st in m.get("status", {}).items():
             if st != "ok":
                 out.append(f"- {m['name']}: {eng} {st}")
+        if m.get("profile", {}).get("error"):
+            out.append(f"- {m['name']}: kasoku --profile failed: {m['profile']['error']}")
     for eng, why in r.get("engine_notes", {}).items():
         out.append(f"- {eng}: {why}")
     return out
@@ -119,6 +140,10 @@ def markdown(r: dict) -> str:
         parts += [f"Verify curve: time of one forward pass over k tokens after {s['context']} tokens of context "
                   f"(median; × = relative to k=1).", "", v, ""]
     parts += ["Bytes a decode step reads:", "", bytes_table(r), ""]
+    pt = profile_tables(r)
+    if pt:
+        parts += ["Where a kasoku decode step's time goes (`kasoku bench --profile`, 32 steps after "
+                  f"{s['context']} tokens; GB/s = bytes the kind reads / its time):", "", pt, ""]
     n = notes(r)
     if n:
         parts += ["Notes:", "", *n, ""]

@@ -247,6 +247,20 @@ class Kasoku:
         return res
 
 
+    def profile(self, model: Path, a: argparse.Namespace) -> dict:
+        """Where a decode step's time goes (kasoku bench --profile), or {'error': ...}."""
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "profile.json"
+            cmd = [str(self.binary), "bench", "--model", str(model), "--prompt-tokens", "16", "--gen-tokens", "8",
+                   "--verify", "1", "--threads", str(a.threads), "--profile", "--json", str(out)]
+            p = run_proc(cmd, timeout=a.timeout)
+            if p.rc != 0 or not out.exists():
+                return {"error": p.tail(), "cmd": shlex.join(cmd)}
+            prof = json.loads(out.read_text()).get("profile") or {}
+            prof["cmd"] = shlex.join(cmd)
+            return prof
+
+
 class LlamaCpp:
     name = "llama.cpp"
 
@@ -340,6 +354,10 @@ def bench_model(name: str, path: Path, engines: list, a: argparse.Namespace, bw:
             f"{e.name} pp {_f(entry['runs'][e.name][-1].get('prefill'))} tg{a.gen[0]} "
             f"{_f(entry['runs'][e.name][-1].get(f'decode_{a.gen[0]}'))}" for e in live))
     entry["metrics"] = metrics(entry, a, bw)
+    kas = next((e for e in live if e.name == "kasoku"), None)
+    if kas and not a.no_profile:
+        log(f"{name}: kasoku bench --profile")
+        entry["profile"] = kas.profile(path, a)
     return entry
 
 
@@ -403,6 +421,9 @@ def main() -> None:
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release first")
     ap.add_argument("--fetch-optional", action="store_true", help="also fetch optional models (gemma3-270m)")
     ap.add_argument("--bandwidth-reps", type=int, default=7)
+    ap.add_argument("--bandwidth-json", type=Path,
+                    help="reuse a bandwidth measurement (e.g. bench/results/bandwidth.json from a quiet moment)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the kasoku bench --profile pass per model")
     ap.add_argument("--bandwidth-mib", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine invocation")
     ap.add_argument("--out", type=Path, default=HERE / "results")
@@ -452,8 +473,16 @@ def main() -> None:
     for eng, why in engine_notes.items():
         log(f"{eng}: {why}")
 
-    log(f"bandwidth meter ({a.bandwidth_mib} MiB, threads 1 and {a.threads})")
-    bw = bandwidth(a.threads, a.bandwidth_reps, a.bandwidth_mib)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.bandwidth_json:
+        bw = json.loads(a.bandwidth_json.read_text())
+        if bw.get("threads_used") != a.threads:
+            raise SystemExit(f"{a.bandwidth_json} was measured with {bw.get('threads_used')} threads, not {a.threads}")
+        bw["reused_from"] = str(a.bandwidth_json)
+    else:
+        log(f"bandwidth meter ({a.bandwidth_mib} MiB, threads 1 and {a.threads})")
+        bw = bandwidth(a.threads, a.bandwidth_reps, a.bandwidth_mib)
+        (a.out / "bandwidth.json").write_text(json.dumps(bw, indent=1) + "\n")
     log(f"bandwidth: {bw['gbps_1thread']:.1f} GB/s (1 thread), {bw['gbps']:.1f} GB/s ({a.threads} threads)")
 
     result = {
@@ -470,7 +499,6 @@ def main() -> None:
         "models": [],
         "load_average": {"before": load_before},
     }
-    a.out.mkdir(parents=True, exist_ok=True)
     for spec in specs:
         path, note = resolve(spec, a.fetch_optional)
         name = spec if path is None or Path(spec).name != path.name else path.stem

@@ -36,6 +36,8 @@ use crate::args::BenchArgs;
 pub const CONTEXT: usize = 16;
 /// Timed repetitions of each verify size (the median is reported).
 pub const VERIFY_REPS: usize = 7;
+/// Decode steps timed by `--profile`.
+pub const PROFILE_STEPS: usize = 32;
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
     if let Some(n) = args.threads {
@@ -91,7 +93,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let verify = verify_curve(model, &context, &args.verify, ctx)?;
 
     let profile = if args.profile {
-        Some(profile::decode_profile(model, &context, ctx, 32)?)
+        let gdn = gdn_weight_bytes(&path, model);
+        let steps = PROFILE_STEPS;
+        let pctx = ctx.max(CONTEXT + steps + 1);
+        Some(profile::decode_profile(model, &context, pctx, steps, &gdn)?)
     } else {
         None
     };
@@ -377,6 +382,34 @@ fn report(r: Report) -> Value {
         },
         "profile": r.profile.map(profile::to_json),
     })
+}
+
+/// Per layer, the GGUF bytes of its Gated DeltaNet tensors (`blk.N.*` except the MLP and the
+/// norms); 0 for attention layers; empty when the checkpoint is not a GGUF file.
+fn gdn_weight_bytes(path: &Path, model: &Model) -> Vec<u64> {
+    let Ok(file) = GgufFile::open(path) else {
+        return Vec::new();
+    };
+    let mut out = vec![0u64; model.layers.len()];
+    for t in file.tensor_infos() {
+        let Some(rest) = t.name.strip_prefix("blk.") else {
+            continue;
+        };
+        let Some((idx, part)) = rest.split_once('.') else {
+            continue;
+        };
+        let Ok(i) = idx.parse::<usize>() else {
+            continue;
+        };
+        let gdn = matches!(
+            model.layers.get(i).map(|l| &l.mixer),
+            Some(Mixer::GatedDeltaNet(_))
+        );
+        if gdn && !part.starts_with("ffn_") && !part.contains("norm") {
+            out[i] += t.nbytes as u64;
+        }
+    }
+    out
 }
 
 /// Sum of the packed matrices' sizes (attention, MLP, head); `false` when some layer kind's

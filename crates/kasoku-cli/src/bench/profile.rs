@@ -62,7 +62,16 @@ impl Timers {
 /// Profiles `steps` greedy decode steps after `context`. The instrumented steps and the same
 /// steps through `Model::forward` run in alternating blocks of `BLOCK`, so that a machine whose
 /// speed drifts affects both alike.
-pub fn decode_profile(model: &Model, context: &[u32], ctx: usize, steps: usize) -> Result<Profile> {
+///
+/// `gdn_weight_bytes[i]`: the checkpoint bytes of layer `i`'s Gated DeltaNet tensors (their
+/// packed matrices are private to the library), for the achieved GB/s; empty if unknown.
+pub fn decode_profile(
+    model: &Model,
+    context: &[u32],
+    ctx: usize,
+    steps: usize,
+    gdn_weight_bytes: &[u64],
+) -> Result<Profile> {
     const BLOCK: usize = 8;
     let first = first_token(model, context, ctx)?;
     let mut ref_state = super::context_state(model, context, ctx)?;
@@ -86,7 +95,7 @@ pub fn decode_profile(model: &Model, context: &[u32], ctx: usize, steps: usize) 
         forward_total += t.elapsed();
         let t = Instant::now();
         for _ in 0..n {
-            let logits = step(model, &mut state, next, &mut timers)?;
+            let logits = step(model, &mut state, next, &mut timers, gdn_weight_bytes)?;
             next = timers.time("argmax", 0, || argmax(&logits));
             picked.push(next);
         }
@@ -108,7 +117,13 @@ fn first_token(model: &Model, context: &[u32], ctx: usize) -> Result<u32> {
 }
 
 /// One decode step through the model's parts, mirroring `Model::forward` for one token.
-fn step(model: &Model, state: &mut ModelState, token: u32, tm: &mut Timers) -> Result<Vec<f32>> {
+fn step(
+    model: &Model,
+    state: &mut ModelState,
+    token: u32,
+    tm: &mut Timers,
+    gdn_weight_bytes: &[u64],
+) -> Result<Vec<f32>> {
     let cfg = &model.config;
     let h = cfg.hidden;
     anyhow::ensure!(state.len < state.max_len, "profile: context full");
@@ -119,7 +134,7 @@ fn step(model: &Model, state: &mut ModelState, token: u32, tm: &mut Timers) -> R
     });
     let mut normed = vec![0f32; h];
     let mut delta = vec![0f32; h];
-    for (layer, st) in model.layers.iter().zip(state.layers.iter_mut()) {
+    for (i, (layer, st)) in model.layers.iter().zip(state.layers.iter_mut()).enumerate() {
         tm.time("rmsnorm", 0, || layer.attn_norm.forward(&x, &mut normed));
         let (kind, bytes) = match (&layer.mixer, &*st) {
             (Mixer::Attention(a), LayerState::Kv(c)) => {
@@ -130,7 +145,12 @@ fn step(model: &Model, state: &mut ModelState, token: u32, tm: &mut Timers) -> R
                 let kv = (c.len() + 1) * c.kv_dim() * 2 * 4;
                 ("attention layer (qkv/o + rope + kv)", (w + kv) as u64)
             }
-            _ => ("gated deltanet layer (all)", 0),
+            (_, LayerState::Gdn(g)) => {
+                let w = gdn_weight_bytes.get(i).copied().unwrap_or(0);
+                let st = ((g.ssm.len() + g.conv.len()) * 4) as u64;
+                ("gated deltanet layer (all)", if w > 0 { w + st } else { 0 })
+            }
+            _ => ("mixer (state mismatch)", 0),
         };
         tm.time(kind, bytes, || {
             layer.mixer.forward(st, &normed, 1, &mut delta)
