@@ -1192,7 +1192,8 @@ mod tests {
             matches!(&e, FormatError::UnsupportedType { tensor, .. } if tensor == "iq"),
             "{e}"
         );
-        assert!(e.to_string().contains("IQ2_XXS"), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("IQ2_XXS") && msg.contains("'iq'") && msg.contains("raw.gguf"), "{msg}");
         let msg = Raw::new(3, 1, 0)
             .tensor("u", &[4], 999, 0)
             .data(64)
