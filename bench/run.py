@@ -329,7 +329,7 @@ def summarize(values: list[float]) -> dict | None:
 def bench_model(name: str, path: Path, engines: list, a: argparse.Namespace, bw: dict | None) -> dict:
     info = gguf_info.decode_bytes(path)
     entry: dict = {"name": name, "path": str(path), "info": info, "status": {}, "runs": {e.name: [] for e in engines},
-                   "warmup": {}}
+                   "warmup": {}, "load_average": {"before": load_average()}}
     live = []
     for e in engines:  # warm-up: page the file in, and find out whether the engine runs this model
         log(f"{name}: warm-up {e.name}")
@@ -354,6 +354,7 @@ def bench_model(name: str, path: Path, engines: list, a: argparse.Namespace, bw:
             f"{e.name} pp {_f(entry['runs'][e.name][-1].get('prefill'))} tg{a.gen[0]} "
             f"{_f(entry['runs'][e.name][-1].get(f'decode_{a.gen[0]}'))}" for e in live))
     entry["metrics"] = metrics(entry, a, bw)
+    entry["load_average"]["after"] = load_average()
     kas = next((e for e in live if e.name == "kasoku"), None)
     if kas and not a.no_profile:
         log(f"{name}: kasoku bench --profile")
