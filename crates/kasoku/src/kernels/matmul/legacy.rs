@@ -171,6 +171,10 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
             }
         }
     }
+    // GGML stores activation scales as f16 (Q8_0 `d`; Q8_1 `d` and `s = d·Σq`, both rounded
+    // from the f32 `d`). Rounding them the same way makes kasoku's products equal llama.cpp's
+    // on the same file, not merely close to the f32 reference.
+    let to_f16 = |v: f32| half::f16::from_f32(v).to_f32();
     match dtype {
         DType::Q4_0 => acts.corr = sums.iter().map(|s| 8 * s).collect(),
         DType::Q5_0 => acts.corr = sums.iter().map(|s| 16 * s).collect(),
@@ -178,10 +182,13 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
             acts.s = sums
                 .iter()
                 .zip(&acts.d)
-                .map(|(&s, &d)| d * s as f32)
+                .map(|(&s, &d)| to_f16(d * s as f32))
                 .collect()
         }
         _ => {}
+    }
+    for d in &mut acts.d {
+        *d = to_f16(*d);
     }
     acts
 }
@@ -334,8 +341,9 @@ mod tests {
         random_blocks(rng, dtype.block_bytes(), rows * cols / QK)
     }
 
-    /// `y = x·Wᵀ` in f64 from the reference dequantizer, with `x` first rounded through the
-    /// int8 activation quantizer (so only float rounding separates it from the kernels).
+    /// `y = x·Wᵀ` in f64 from the weights' codes and scales, with `x` first rounded through the
+    /// activation quantizer as the kernels use it (f16-rounded `d`, and `s = f16(d·Σq)` for the
+    /// formats with a min), so only float rounding separates it from the kernels.
     fn expected(
         dtype: DType,
         rows: usize,
@@ -344,22 +352,38 @@ mod tests {
         x: &[f32],
         n: usize,
     ) -> Vec<f64> {
-        let mut wf = vec![0f32; rows * cols];
-        crate::quant::dequantize(dtype, wb, &mut wf);
-        let mut xq = vec![0f32; n * cols];
-        for (xb, ob) in x.chunks_exact(QK).zip(xq.chunks_exact_mut(QK)) {
-            let mut q = [0i8; QK];
-            let (d, _) = quantize_block(xb, &mut q);
-            for (o, v) in ob.iter_mut().zip(q) {
-                *o = d * v as f32;
-            }
-        }
+        let bb = dtype.block_bytes();
+        let nb = cols / QK;
+        let f16r = |v: f32| f16::from_f32(v).to_f32() as f64;
         let mut y = vec![0f64; n * rows];
         for r in 0..n {
             for j in 0..rows {
-                y[r * rows + j] = (0..cols)
-                    .map(|c| xq[r * cols + c] as f64 * wf[j * cols + c] as f64)
-                    .sum();
+                let mut total = 0f64;
+                for b in 0..nb {
+                    let mut q = [0i8; QK];
+                    let (d, sum) = quantize_block(&x[r * cols + b * QK..][..QK], &mut q);
+                    let blk = &wb[(j * nb + b) * bb..][..bb];
+                    let dw = crate::quant::legacy::f16_at(blk, 0) as f64;
+                    let codes: [i32; QK] = match dtype {
+                        DType::Q8_0 => std::array::from_fn(|v| blk[2 + v] as i8 as i32),
+                        _ => crate::quant::legacy::block_codes(blk).map(|c| c as i32),
+                    };
+                    let off = match dtype {
+                        DType::Q4_0 => 8,
+                        DType::Q5_0 => 16,
+                        _ => 0,
+                    };
+                    let dot: f64 = codes
+                        .iter()
+                        .zip(q)
+                        .map(|(&c, qx)| ((c - off) * qx as i32) as f64)
+                        .sum();
+                    total += dw * f16r(d) * dot;
+                    if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
+                        total += crate::quant::legacy::f16_at(blk, 2) as f64 * f16r(d * sum as f32);
+                    }
+                }
+                y[r * rows + j] = total;
             }
         }
         y
@@ -452,9 +476,17 @@ mod tests {
                         let exact: f64 = (0..cols)
                             .map(|c| x[r * cols + c] as f64 * wf[j * cols + c] as f64)
                             .sum();
-                        // int8 rounding: each activation moves by at most half a step (max|x|/254).
+                        // int8 rounding: each activation moves by at most half a step of its
+                        // block (max|x|/254), plus the f16 rounding of the step (2^-12 relative).
+                        let bound: f64 = (0..cols)
+                            .map(|c| {
+                                let blk = &x[r * cols + c / QK * QK..][..QK];
+                                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                                wf[j * cols + c].abs() as f64 * amax * (1.0 / 254.0 + 1.0 / 4096.0)
+                            })
+                            .sum();
                         assert!(
-                            (a - exact).abs() <= scale / 254.0 * 1.01 + 1e-6,
+                            (a - exact).abs() <= bound + 1e-6,
                             "{dtype}: {a} vs exact {exact}"
                         );
                     }
