@@ -1,0 +1,27 @@
+//! Shared helpers for integration tests: fixture paths and real models.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// `tests/fixtures/<rel>` at the repository root.
+pub fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
+}
+
+/// A real model by its known name, fetched into the cache if absent (pinned, hashed).
+/// With `KASOKU_OFFLINE=1` a missing model skips the test instead (returns `None`).
+pub fn real_model(name: &str) -> Option<PathBuf> {
+    if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") {
+        let known = kasoku::fetch::find(name).expect("known model");
+        let path = kasoku::fetch::models_dir().join(known.file);
+        if !path.exists() {
+            eprintln!("skipping: {name} is not cached and KASOKU_OFFLINE=1");
+            return None;
+        }
+        return Some(path);
+    }
+    Some(kasoku::fetch::ensure(name).unwrap_or_else(|e| panic!("fetching {name}: {e}")))
+}
