@@ -1,0 +1,176 @@
+//! The `kasoku` binary end to end on committed fixtures: run, logits, inspect, and clear
+//! errors (exit code 1, a message, never a panic) for bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+fn kasoku(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kasoku"))
+        .args(args)
+        .output()
+        .expect("run kasoku")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn run_streams_an_answer_and_prints_statistics() {
+    for model in [
+        fixture("llama/tiny"),
+        fixture("qwen3_5/tiny/model-f32.gguf"),
+    ] {
+        let out = kasoku(&[
+            "run",
+            "--model",
+            &model,
+            "-m",
+            "hello there",
+            "-n",
+            "8",
+            "--threads",
+            "1",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let err = stderr(&out);
+        for field in [
+            "time to first token",
+            "prefill",
+            "generation",
+            "tokens/pass",
+            "peak memory",
+            "total",
+        ] {
+            assert!(err.contains(field), "statistics lack '{field}': {err}");
+        }
+        assert!(!out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn interactive_chat_answers_each_turn() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kasoku"))
+        .args(["run", "--model", &fixture("llama/tiny"), "-n", "4"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello\nand again\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.matches("tokens/pass").count(), 2, "{err}");
+    // The second turn reuses the first turn's cache.
+    assert!(err.contains("cached"), "{err}");
+}
+
+#[test]
+fn logits_match_the_transformers_reference() {
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("llama/tiny/reference.json")).unwrap(),
+    )
+    .unwrap();
+    let tokens: Vec<String> = reference["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let out = kasoku(&[
+        "logits",
+        "--model",
+        &fixture("llama/tiny/model-f32.gguf"),
+        "--tokens",
+        &tokens.join(","),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ours["tokens"], reference["tokens"]);
+    let (ours, theirs) = (
+        ours["logits"].as_array().unwrap(),
+        reference["logits"].as_array().unwrap(),
+    );
+    assert_eq!(ours.len(), theirs.len());
+    for (a, b) in ours.iter().zip(theirs) {
+        for (x, y) in a.as_array().unwrap().iter().zip(b.as_array().unwrap()) {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn inspect_describes_gguf_and_hf_checkpoints() {
+    let out = kasoku(&["inspect", &fixture("qwen3_5/tiny/model-f32.gguf")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("qwen35")
+            && text.contains("Gated DeltaNet")
+            && text.contains("chat template"),
+        "{text}"
+    );
+    let out = kasoku(&["inspect", &fixture("qwen2/tiny")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn bad_input_gives_a_clear_error_not_a_panic() {
+    let dir = std::env::temp_dir().join(format!("kasoku-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let truncated = dir.join("truncated.gguf");
+    let bytes = std::fs::read(fixture("llama/tiny/model-f32.gguf")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let garbage = dir.join("garbage.gguf");
+    std::fs::write(&garbage, b"this is not a model").unwrap();
+    let truncated = truncated.display().to_string();
+    let garbage = garbage.display().to_string();
+    let tiny_gguf = fixture("llama/tiny/model-f32.gguf");
+    let tiny_dir = fixture("llama/tiny");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "--model", "no-such-model", "-m", "hi"],
+            "known model",
+        ),
+        (
+            vec!["run", "--model", &truncated, "-m", "hi"],
+            "truncated.gguf",
+        ),
+        (vec!["run", "--model", &garbage, "-m", "hi"], "garbage.gguf"),
+        (
+            vec!["logits", "--model", &tiny_gguf, "--tokens", "1,99999999"],
+            "vocabulary",
+        ),
+        (
+            vec!["run", "--model", &tiny_dir, "-m", "hi", "--top-p", "2"],
+            "top_p",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = kasoku(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{args:?}: error should mention '{expected}': {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
