@@ -1193,7 +1193,10 @@ mod tests {
             "{e}"
         );
         let msg = e.to_string();
-        assert!(msg.contains("IQ2_XXS") && msg.contains("'iq'") && msg.contains("raw.gguf"), "{msg}");
+        assert!(
+            msg.contains("IQ2_XXS") && msg.contains("'iq'") && msg.contains("raw.gguf"),
+            "{msg}"
+        );
         let msg = Raw::new(3, 1, 0)
             .tensor("u", &[4], 999, 0)
             .data(64)
