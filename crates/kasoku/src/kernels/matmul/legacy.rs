@@ -54,7 +54,8 @@ pub(crate) struct Q8Acts {
     pub qs: Vec<i8>,
     /// `n × nb` scales.
     pub d: Vec<f32>,
-    /// Q4_0 / Q5_0: `n × nb` integer corrections `off·Σq` (empty otherwise).
+    /// Q4_0 / Q5_0 / Q8_0: `n × nb` integer corrections `off·Σq` with `off` = 8, 16, 128
+    /// (empty otherwise).
     pub corr: Vec<i32>,
     /// Q4_1 / Q5_1: `n × nb` values `d·Σq` (empty otherwise).
     pub s: Vec<f32>,
@@ -178,6 +179,8 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
     match dtype {
         DType::Q4_0 => acts.corr = sums.iter().map(|s| 8 * s).collect(),
         DType::Q5_0 => acts.corr = sums.iter().map(|s| 16 * s).collect(),
+        // Only the VNNI kernel uses it (it makes the Q8_0 weights unsigned by adding 128).
+        DType::Q8_0 => acts.corr = sums.iter().map(|s| 128 * s).collect(),
         DType::Q4_1 | DType::Q5_1 => {
             acts.s = sums
                 .iter()
@@ -220,6 +223,63 @@ pub(crate) fn compute_tile(
     tile: &mut [f32],
     isa: Isa,
 ) {
+    compute_tile_path(w, act, n, rows, tile, Path::for_isa(isa));
+}
+
+/// The kernel that computes tiles: `Isa::Avx2` runs the VNNI kernels where the CPU has
+/// AVX512-VNNI (same results, fewer instructions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl Path {
+    pub(crate) fn for_isa(isa: Isa) -> Path {
+        match isa {
+            Isa::Portable => Path::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                // `KASOKU_NO_VNNI=1` keeps the AVX2 kernels (for comparisons).
+                let vnni = || {
+                    super::legacy_vnni::available() && std::env::var_os("KASOKU_NO_VNNI").is_none()
+                };
+                if *VNNI.get_or_init(vnni) {
+                    Path::Vnni
+                } else {
+                    Path::Avx2
+                }
+            }
+        }
+    }
+
+    /// Every path this CPU runs.
+    #[cfg(test)]
+    fn available() -> Vec<Path> {
+        let mut v = vec![Path::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx2 {
+            v.push(Path::Avx2);
+            if super::legacy_vnni::available() {
+                v.push(Path::Vnni);
+            }
+        }
+        v
+    }
+}
+
+fn compute_tile_path(
+    w: &MatMulWeight,
+    act: &Prepared,
+    n: usize,
+    rows: Range<usize>,
+    tile: &mut [f32],
+    path: Path,
+) {
     let Prepared::Q8(acts) = act else {
         unreachable!("legacy formats prepare int8 activations")
     };
@@ -245,7 +305,7 @@ pub(crate) fn compute_tile(
                         kb,
                     };
                     let a = &mut acc[xt * GROUP..(xt + xr) * GROUP];
-                    kernel(w.dtype, isa, wchunk, kn, &x, xr, a);
+                    kernel(w.dtype, path, wchunk, kn, &x, xr, a);
                 }
             }
             for r in 0..xn {
@@ -261,13 +321,16 @@ pub(crate) fn compute_tile(
 }
 
 /// Accumulates `kn` blocks of one weight group into `acc[r][i]` for `xr` activation rows.
-fn kernel(dtype: DType, isa: Isa, w: &[u8], kn: usize, x: &XTile, xr: usize, acc: &mut [f32]) {
-    match isa {
+fn kernel(dtype: DType, path: Path, w: &[u8], kn: usize, x: &XTile, xr: usize, acc: &mut [f32]) {
+    match path {
+        Path::Portable => portable_kernel(dtype, w, kn, x, xr, acc),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only chosen when AVX2, FMA and F16C are present; `w` holds `kn`
-        // packed blocks and `x` covers `xr` rows of `kn` blocks (checked by slicing in debug).
-        Isa::Avx2 => unsafe { super::legacy_avx2::kernel(dtype, w, kn, x, xr, acc) },
-        _ => portable_kernel(dtype, w, kn, x, xr, acc),
+        // SAFETY: `Path::Avx2` is only chosen when AVX2, FMA and F16C are present; the kernel
+        // checks that `w`, `x` and `acc` cover `kn` blocks and `xr` rows.
+        Path::Avx2 => unsafe { super::legacy_avx2::kernel(dtype, w, kn, x, xr, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Path::Vnni` is only chosen when `legacy_vnni::available()`; as above.
+        Path::Vnni => unsafe { super::legacy_vnni::kernel(dtype, w, kn, x, xr, acc) },
     }
 }
 
@@ -310,7 +373,7 @@ fn portable_kernel(dtype: DType, w: &[u8], kn: usize, x: &XTile, xr: usize, acc:
             let dx = x.acts.d[idx];
             for i in 0..GROUP {
                 let mut dot: i32 = q[i].iter().zip(xq).map(|(&a, &b)| a * b as i32).sum();
-                if !x.acts.corr.is_empty() {
+                if matches!(dtype, DType::Q4_0 | DType::Q5_0) {
                     dot -= x.acts.corr[idx];
                 }
                 let a = &mut acc[r * GROUP + i];
@@ -496,30 +559,32 @@ mod tests {
     }
 
     #[test]
-    fn simd_equals_portable_bit_for_bit() {
+    fn every_path_gives_the_same_bits() {
         let mut rng = Rng(9);
-        let isas = Isa::available();
-        if isas.len() < 2 {
-            return;
-        }
+        let paths = Path::available();
         for dtype in FORMATS {
-            let (rows, cols, n) = (40, 32 * 70, 9);
+            let (rows, cols) = (40, 32 * 70);
             let wb = random_weight(&mut rng, dtype, rows, cols);
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
             let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-            let mut ys = Vec::new();
-            for &isa in &isas {
-                let mut y = vec![0f32; n * rows];
-                matmul_with(&w, &x, n, &mut y, isa);
-                ys.push(y);
-            }
-            for y in &ys[1..] {
-                assert!(
-                    y.iter()
-                        .zip(&ys[0])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{dtype}"
-                );
+            for n in [1, 2, 3, 4, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
+                // Both activation quantizers, every kernel.
+                let mut tiles = Vec::new();
+                for isa in Isa::available() {
+                    let act = Prepared::Q8(prepare(dtype, &x, n, cols, isa));
+                    for &path in &paths {
+                        let mut tile = vec![f32::NAN; n * rows];
+                        compute_tile_path(&w, &act, n, 0..rows, &mut tile, path);
+                        tiles.push((isa, path, tile));
+                    }
+                }
+                let (_, _, first) = &tiles[0];
+                for (isa, path, t) in &tiles[1..] {
+                    assert!(
+                        t.iter().zip(first).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{dtype} n={n}: {isa:?} {path:?} differs from portable"
+                    );
+                }
             }
         }
     }
