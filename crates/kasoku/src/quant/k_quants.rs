@@ -157,6 +157,13 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 
+/// Rounds to the nearest integer, ties to even, for |v| < 2^22 (GGML's `nearest_int`): adding
+/// 1.5·2^23 leaves no fraction bits, so the addition itself rounds.
+#[inline]
+fn nearest_int(v: f32) -> i32 {
+    ((v + 12_582_912.0) - 12_582_912.0) as i32
+}
+
 /// Quantizes 256 values to Q8_K exactly as GGML's `quantize_row_q8_K_ref`: the value of
 /// largest magnitude `max` maps to −127 (`d = −max/127`), others round half to even and are
 /// clamped to 127 (whatever the sign of `max`); an all-zero block gets `d = 0`.
@@ -180,7 +187,7 @@ pub fn quantize_block_q8_k(x: &[f32]) -> BlockQ8K {
     }
     let iscale = -127.0 / max;
     for (q, &v) in out.qs.iter_mut().zip(x) {
-        *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        *q = nearest_int(iscale * v).min(127) as i8;
     }
     for (s, q) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
         *s = q.iter().map(|&v| v as i16).sum();

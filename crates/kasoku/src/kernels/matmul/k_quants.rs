@@ -5,30 +5,28 @@
 //! **Packed layout.** Weight rows are taken in groups of [`GROUP`] = 8 (the last group padded
 //! with zero rows, whose scales 0 make them contribute nothing). For each group and each
 //! 256-value super-block column, the eight rows' blocks are stored together ("packed
-//! super-block", 8 × the GGUF block size). Inside it the values are stored in *packed order*:
-//! position `p` of a unit of `U` values (U = 64 for Q4_K/Q5_K, 32 for Q6_K) holds the value
-//! [`natural_index`]`(U, p)`, chosen so that each 4-byte lane chunk holds two values of
-//! sub-block `2k` followed by two of sub-block `2k+1`. A `maddubs` of a 32-byte code register
-//! (lane `i` = row `i`) with four activation bytes broadcast to every lane then gives, per row,
-//! one 16-bit partial sum for each of the two sub-blocks, and one `madd` with the vector of
-//! (scale `2k`, scale `2k+1`) pairs applies the scales of all eight rows at once. Activations
-//! are stored in the same packed order (see [`prepare`]), so no horizontal sums are needed and
-//! every weight byte is read once per call, for all activation rows.
-//!
+//! super-block", 8 × the GGUF block size) so that a 32-byte register holds four consecutive
+//! codes of one sub-block for each of the eight rows (32-bit lane `i` = row `i`): multiplied
+//! with the four matching activation bytes broadcast to every lane (`maddubs`, or `vpdpbusd`
+//! with VNNI) it gives the partial dot products of all eight rows, and one multiply by the
+//! vector of the eight rows' sub-block scales finishes them: no horizontal sums, and every
+//! weight byte is read once per call for all activation rows.
 //! - Q4_K (1152 bytes): `d[8]` f16, `dmin[8]` f16; 96 bytes of 6-bit scales and mins (see
-//!   [`scale_pos`]); then per 64-value group `g`, eight 32-byte code registers: register `c`,
-//!   lane `i`, byte `t` holds positions `64g + 8c + t` (low nibble) and `64g + 8c + 4 + t`
-//!   (high nibble) of row `i`.
-//! - Q5_K (1408 bytes): as Q4_K, but each group is followed by two 32-byte fifth-bit registers:
-//!   register `c / 4`, lane `i`, byte `t`, bit `c % 4` (low nibble) or `4 + c % 4` (high nibble).
-//! - Q6_K (1680 bytes): `d[8]` f16; per pair `k` of 16-value sub-blocks, 16 bytes of i8 scales
-//!   (row `i`: bytes `2i`, `2i+1` = scales `2k`, `2k+1`); then per 32-value unit `k`, four code
-//!   registers (register `v`: positions `32k + 8v + t` / `32k + 8v + 4 + t`) and two registers
-//!   of top bits (register `v / 2`, shift `4(v % 2)` for the low nibble, `+2` for the high one).
+//!   [`scale_pos`]); then per 64-value group `g`, eight code registers: register `c`, lane `i`,
+//!   byte `t` is the GGUF byte `qs[32g + 4c + t]` of row `i` (low nibble: value `64g + 4c + t`,
+//!   sub-block `2g`; high nibble: value `64g + 32 + 4c + t`, sub-block `2g + 1`).
+//! - Q5_K (1408 bytes): as Q4_K, but each group is followed by two fifth-bit registers:
+//!   register `c / 4`, lane `i`, byte `t`, bit `c % 4` (low nibble) or `4 + c % 4` (high).
+//! - Q6_K (1680 bytes): `d[8]` f16; 128 bytes of i8 scales (`16 + 8k + i`: sub-block `k`, row
+//!   `i`); then per 32-value unit `p`, four code registers (register `v`, lane `i`, byte `t`:
+//!   low 4 bits of value `32p + 4v + t` (sub-block `2p`) in the low nibble, of value
+//!   `32p + 16 + 4v + t` (sub-block `2p + 1`) in the high nibble) and two registers of top bits
+//!   (register `v / 2`, shift `4(v % 2)` for the low nibble's value, `+2` for the high one's).
 //!
 //! **Activations** become Q8_K blocks (GGML's quantizer) of [`ACT_BLOCK`] bytes: `d` (f32), the
-//! 256 codes in packed order, `bsums[16]` (i16, natural order) and the sums of each 32 codes
-//! `bsums32[8]` (i16).
+//! 256 codes, `bsums[16]` (i16) and the sums of each 32 codes `bsums32[8]` (i16), stored
+//! super-block by super-block (block of row `r`, column `s` at `(s·n + r)·ACT_BLOCK`), so that a
+//! tile's rows are adjacent and one pointer per super-block reaches them all.
 //!
 //! **Per super-block**, each (weight row, activation row) pair does, in this order,
 //! `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` (Q4_K, Q5_K) and `acc += (d·d_x)·sumi` with the
@@ -48,6 +46,9 @@ use crate::quant::DType;
 #[cfg(target_arch = "x86_64")]
 #[path = "k_quants_avx2.rs"]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[path = "k_quants_vnni.rs"]
+mod vnni;
 
 /// Weight rows packed together.
 pub(crate) const GROUP: usize = 8;
@@ -64,24 +65,6 @@ const XB: usize = 32;
 /// Bytes of one packed super-block (eight rows).
 pub(crate) fn packed_block_bytes(dtype: DType) -> usize {
     GROUP * dtype.block_bytes()
-}
-
-/// Values per packing unit: 64 for Q4_K/Q5_K (a pair of 32-value sub-blocks), 32 for Q6_K.
-pub(crate) fn unit(dtype: DType) -> usize {
-    match dtype {
-        DType::Q4K | DType::Q5K => 64,
-        DType::Q6K => 32,
-        _ => unreachable!("not a K-quant format: {dtype}"),
-    }
-}
-
-/// The natural (GGUF) index of the value at packed position `p` (0..256) for units of `u`
-/// values: 4-byte chunk `q = (p mod u) / 4`, byte `t = p mod 4` holds value `2q + (t & 1)` of
-/// the unit's first half (t < 2) or second half (t ≥ 2).
-pub(crate) fn natural_index(u: usize, p: usize) -> usize {
-    let (base, r) = (p - p % u, p % u);
-    let (q, t) = (r / 4, r % 4);
-    base + (u / 2) * (t >> 1) + 2 * q + (t & 1)
 }
 
 /// Where scale/min `j` (sub-block 0..8) of row `i` lives in the 96 scale bytes of a packed
@@ -143,53 +126,105 @@ fn pack_q45(dtype: DType, blk: &[u8], i: usize, sb: &mut [u8]) {
         DType::Q4K => (&blk[16..144], None, 256),
         _ => (&blk[48..176], Some(&blk[16..48]), 320),
     };
-    for p in 0..QK_K {
-        let code = q45_code(qs, qh, natural_index(64, p));
-        let (g, c, h, t) = (p / 64, (p % 64) / 8, (p % 8) / 4, p % 4);
-        let at = 128 + g * gstride + 32 * c + 4 * i + t;
-        sb[at] |= (code & 15) << (4 * h);
-        if qh.is_some() {
-            let hb = 128 + g * gstride + 256 + 32 * (c / 4) + 4 * i + t;
-            sb[hb] |= (code >> 4) << (c % 4 + 4 * h);
+    for g in 0..4 {
+        for c in 0..8 {
+            for t in 0..4 {
+                sb[128 + g * gstride + 32 * c + 4 * i + t] = qs[32 * g + 4 * c + t];
+                if qh.is_some() {
+                    let lo = q45_code(qs, qh, 64 * g + 4 * c + t) >> 4;
+                    let hi = q45_code(qs, qh, 64 * g + 32 + 4 * c + t) >> 4;
+                    sb[128 + g * gstride + 256 + 32 * (c / 4) + 4 * i + t] |=
+                        (lo << (c % 4)) | (hi << (4 + c % 4));
+                }
+            }
         }
     }
 }
 
 fn pack_q6(blk: &[u8], i: usize, sb: &mut [u8]) {
     sb[2 * i..2 * i + 2].copy_from_slice(&blk[208..210]);
-    for k in 0..8 {
-        sb[16 + 16 * k + 2 * i] = blk[192 + 2 * k];
-        sb[16 + 16 * k + 2 * i + 1] = blk[192 + 2 * k + 1];
+    for k in 0..16 {
+        sb[16 + 8 * k + i] = blk[192 + k];
     }
-    for p in 0..QK_K {
-        let code = kq::q6_k_quant(blk, natural_index(32, p));
-        let (k, v, h, t) = (p / 32, (p % 32) / 8, (p % 8) / 4, p % 4);
-        let base = 144 + 192 * k;
-        sb[base + 32 * v + 4 * i + t] |= (code & 15) << (4 * h);
-        sb[base + 128 + 32 * (v / 2) + 4 * i + t] |= (code >> 4) << (4 * (v % 2) + 2 * h);
+    for p in 0..8 {
+        let base = 144 + 192 * p;
+        for v in 0..4 {
+            for t in 0..4 {
+                for h in 0..2 {
+                    let code = kq::q6_k_quant(blk, 32 * p + 16 * h + 4 * v + t);
+                    sb[base + 32 * v + 4 * i + t] |= (code & 15) << (4 * h);
+                    sb[base + 128 + 32 * (v / 2) + 4 * i + t] |=
+                        (code >> 4) << (4 * (v % 2) + 2 * h);
+                }
+            }
+        }
     }
 }
 
-/// Quantizes `n` activation rows to Q8_K blocks in the packed order of `w`'s format.
+/// Quantizes `n` activation rows to Q8_K blocks (see the module documentation).
 pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize) -> Prepared {
-    let u = unit(w.dtype);
     let nb = w.cols / QK_K;
     let mut out = vec![0u8; n * nb * ACT_BLOCK];
-    for (blk, xs) in out.chunks_exact_mut(ACT_BLOCK).zip(x.chunks_exact(QK_K)) {
-        let q = kq::quantize_block_q8_k(xs);
-        blk[0..4].copy_from_slice(&q.d.to_le_bytes());
-        for p in 0..QK_K {
-            blk[ACT_QS + p] = q.qs[natural_index(u, p)] as u8;
-        }
-        for (k, s) in q.bsums.iter().enumerate() {
-            blk[ACT_BSUMS + 2 * k..ACT_BSUMS + 2 * k + 2].copy_from_slice(&s.to_le_bytes());
-        }
-        for k in 0..8 {
-            let s = q.bsums[2 * k] + q.bsums[2 * k + 1];
-            blk[ACT_BSUMS32 + 2 * k..ACT_BSUMS32 + 2 * k + 2].copy_from_slice(&s.to_le_bytes());
+    for (r, xr) in x.chunks_exact(w.cols).enumerate() {
+        for (s, xs) in xr.chunks_exact(QK_K).enumerate() {
+            let at = (s * n + r) * ACT_BLOCK;
+            write_act_block(&kq::quantize_block_q8_k(xs), &mut out[at..at + ACT_BLOCK]);
         }
     }
     Prepared::Bytes(out)
+}
+
+fn write_act_block(q: &kq::BlockQ8K, blk: &mut [u8]) {
+    blk[0..4].copy_from_slice(&q.d.to_le_bytes());
+    for (o, &v) in blk[ACT_QS..ACT_QS + QK_K].iter_mut().zip(&q.qs) {
+        *o = v as u8;
+    }
+    for (k, s) in q.bsums.iter().enumerate() {
+        blk[ACT_BSUMS + 2 * k..ACT_BSUMS + 2 * k + 2].copy_from_slice(&s.to_le_bytes());
+    }
+    for k in 0..8 {
+        let s = q.bsums[2 * k] + q.bsums[2 * k + 1];
+        blk[ACT_BSUMS32 + 2 * k..ACT_BSUMS32 + 2 * k + 2].copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+/// The kernel that computes tiles: `Isa::Avx2` runs the VNNI kernels where the CPU has
+/// AVX512-VNNI (same arithmetic, fewer instructions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl Path {
+    fn for_isa(isa: Isa) -> Path {
+        match isa {
+            Isa::Portable => Path::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                if *VNNI.get_or_init(vnni::available) {
+                    Path::Vnni
+                } else {
+                    Path::Avx2
+                }
+            }
+        }
+    }
+
+    /// Activation rows per kernel call.
+    fn tile(self) -> usize {
+        match self {
+            Path::Portable => 4,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => avx2::TILE,
+            #[cfg(target_arch = "x86_64")]
+            Path::Vnni => vnni::TILE,
+        }
+    }
 }
 
 /// Computes `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for `r < n`, `j ∈ rows`, on the
@@ -201,6 +236,17 @@ pub(crate) fn compute_tile(
     rows: Range<usize>,
     tile: &mut [f32],
     isa: Isa,
+) {
+    compute_tile_on(Path::for_isa(isa), w, act, n, rows, tile)
+}
+
+fn compute_tile_on(
+    path: Path,
+    w: &MatMulWeight,
+    act: &Prepared,
+    n: usize,
+    rows: Range<usize>,
+    tile: &mut [f32],
 ) {
     let Prepared::Bytes(acts) = act else {
         unreachable!("K-quant formats prepare Q8_K activations")
@@ -217,8 +263,9 @@ pub(crate) fn compute_tile(
     if len == 0 {
         return;
     }
-    let row_acts = nb * ACT_BLOCK;
-    let mut buf = [[0f32; GROUP]; 4];
+    let stride = n * ACT_BLOCK;
+    let mut buf = [[0f32; GROUP]; 8];
+    let xt = path.tile();
     for x0 in (0..n).step_by(XB) {
         let x1 = (x0 + XB).min(n);
         for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
@@ -229,9 +276,9 @@ pub(crate) fn compute_tile(
             );
             let mut r = x0;
             while r < x1 {
-                let xr = (x1 - r).min(4);
-                let a = &acts[r * row_acts..(r + xr) * row_acts];
-                kernel(isa, w.dtype, wg, a, row_acts, &mut buf[..xr]);
+                let xr = (x1 - r).min(xt);
+                let a = &acts[r * ACT_BLOCK..(nb - 1) * stride + (r + xr) * ACT_BLOCK];
+                kernel(path, w.dtype, wg, a, stride, &mut buf[..xr]);
                 for (k, res) in buf[..xr].iter().enumerate() {
                     let dst = &mut tile[(r + k) * len..(r + k + 1) * len];
                     dst[j0 - rows.start..j1 - rows.start]
@@ -243,27 +290,31 @@ pub(crate) fn compute_tile(
     }
 }
 
-/// One packed row group (`wg`, all super-blocks) times `out.len()` ≤ 4 activation rows
-/// (`acts`, rows of `row_acts` bytes): `out[r][i]` = dot of activation row `r` and weight row `i`.
+/// One packed row group (`wg`, all super-blocks) times `out.len()` ≤ `path.tile()` activation rows
+/// (`acts`: the block of row `r` for super-block `s` at `s·stride + r·ACT_BLOCK`): `out[r][i]` =
+/// dot of activation row `r` and weight row `i`.
 fn kernel(
-    isa: Isa,
+    path: Path,
     dtype: DType,
     wg: &[u8],
     acts: &[u8],
-    row_acts: usize,
+    stride: usize,
     out: &mut [[f32; GROUP]],
 ) {
-    match isa {
+    match path {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only chosen when the CPU has AVX2, FMA and F16C; the slices hold
-        // whole packed super-blocks and activation blocks (checked by the caller).
-        Isa::Avx2 => unsafe { avx2::kernel(dtype, wg, acts, row_acts, out) },
-        Isa::Portable => {
+        // SAFETY: `Path::Avx2` is only chosen when the CPU has AVX2, FMA and F16C; the slices
+        // hold whole packed super-blocks and activation blocks (checked by the caller).
+        Path::Avx2 => unsafe { avx2::kernel(dtype, wg, acts, stride, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Path::Vnni` is only chosen when `vnni::available()`; slices as above.
+        Path::Vnni => unsafe { vnni::kernel(dtype, wg, acts, stride, out) },
+        Path::Portable => {
             let pbb = packed_block_bytes(dtype);
             for (r, o) in out.iter_mut().enumerate() {
-                let a = &acts[r * row_acts..(r + 1) * row_acts];
                 *o = [0.0; GROUP];
-                for (sb, ab) in wg.chunks_exact(pbb).zip(a.chunks_exact(ACT_BLOCK)) {
+                for (s, sb) in wg.chunks_exact(pbb).enumerate() {
+                    let ab = &acts[s * stride + r * ACT_BLOCK..s * stride + (r + 1) * ACT_BLOCK];
                     match dtype {
                         DType::Q4K => portable_q45(sb, None, ab, o),
                         DType::Q5K => portable_q45(sb, Some(()), ab, o),
@@ -299,19 +350,18 @@ fn portable_q45(sb: &[u8], five: Option<()>, ab: &[u8], acc: &mut [f32; GROUP]) 
             let sc = ((lo & 15) | ((hi & 3) << 4)) as i32;
             let mn = ((lo >> 4) | (((hi >> 2) & 3) << 4)) as i32;
             summ += mn * i16_at(ab, ACT_BSUMS32 + 2 * j);
-            // Sub-block j = 2g + s: positions 64g + 4q + 2s + (0, 1) for q in 0..16.
-            let (g, s) = (j / 2, j % 2);
+            // Sub-block j = 2g + h: nibble h of the group's code registers.
+            let (g, h) = (j / 2, j % 2);
             let mut dot = 0i32;
-            for q in 0..16 {
-                let (c, hn) = (q / 2, q % 2);
-                for t in 2 * s..2 * s + 2 {
+            for c in 0..8 {
+                for t in 0..4 {
                     let byte = sb[128 + g * gstride + 32 * c + 4 * i + t];
-                    let mut code = (byte >> (4 * hn)) & 15;
+                    let mut code = (byte >> (4 * h)) & 15;
                     if five.is_some() {
                         let hb = sb[128 + g * gstride + 256 + 32 * (c / 4) + 4 * i + t];
-                        code |= ((hb >> (c % 4 + 4 * hn)) & 1) << 4;
+                        code |= ((hb >> (c % 4 + 4 * h)) & 1) << 4;
                     }
-                    dot += code as i32 * xq[64 * g + 4 * q + t] as i8 as i32;
+                    dot += code as i32 * xq[64 * g + 32 * h + 4 * c + t] as i8 as i32;
                 }
             }
             sumi += sc * dot;
@@ -330,18 +380,17 @@ fn portable_q6(sb: &[u8], ab: &[u8], acc: &mut [f32; GROUP]) {
     for (i, acc) in acc.iter_mut().enumerate() {
         let mut sumi = 0i32;
         for j in 0..16 {
-            let sc = sb[16 + 16 * (j / 2) + 2 * i + j % 2] as i8 as i32;
-            // Sub-block j = 2k + s: positions 32k + 4q + 2s + (0, 1) for q in 0..8.
-            let (k, s) = (j / 2, j % 2);
-            let base = 144 + 192 * k;
+            let sc = sb[16 + 8 * j + i] as i8 as i32;
+            // Sub-block j = 2p + h: nibble h of unit p's code registers.
+            let (p, h) = (j / 2, j % 2);
+            let base = 144 + 192 * p;
             let mut dot = 0i32;
-            for q in 0..8 {
-                let (v, hn) = (q / 2, q % 2);
-                for t in 2 * s..2 * s + 2 {
-                    let lo = (sb[base + 32 * v + 4 * i + t] >> (4 * hn)) & 15;
+            for v in 0..4 {
+                for t in 0..4 {
+                    let lo = (sb[base + 32 * v + 4 * i + t] >> (4 * h)) & 15;
                     let hi =
-                        (sb[base + 128 + 32 * (v / 2) + 4 * i + t] >> (4 * (v % 2) + 2 * hn)) & 3;
-                    dot += (lo | (hi << 4)) as i32 * xq[32 * k + 4 * q + t] as i8 as i32;
+                        (sb[base + 128 + 32 * (v / 2) + 4 * i + t] >> (4 * (v % 2) + 2 * h)) & 3;
+                    dot += (lo | (hi << 4)) as i32 * xq[32 * p + 16 * h + 4 * v + t] as i8 as i32;
                 }
             }
             sumi += sc * (dot - 32 * i16_at(ab, ACT_BSUMS + 2 * j));
@@ -354,7 +403,7 @@ fn portable_q6(sb: &[u8], ab: &[u8], acc: &mut [f32; GROUP]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::matmul::{matmul, matmul_with};
+    use crate::kernels::matmul::matmul;
     use crate::quant::k_quants::{quantize_row_q8_k, vec_dot, BlockQ8K};
 
     const DTYPES: [DType; 3] = [DType::Q4K, DType::Q5K, DType::Q6K];
@@ -411,26 +460,18 @@ mod tests {
         y
     }
 
-    fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Portable];
-        if Isa::detect() != Isa::Portable {
-            v.push(Isa::detect());
-        }
-        v
-    }
-
-    #[test]
-    fn natural_index_is_a_permutation_pairing_sub_blocks() {
-        for u in [32, 64] {
-            let mut seen = [false; QK_K];
-            for p in 0..QK_K {
-                let v = natural_index(u, p);
-                assert!(!seen[v]);
-                seen[v] = true;
-                // Bytes 0, 1 of a chunk come from the unit's first half, bytes 2, 3 from its second.
-                assert_eq!((v % u) / (u / 2), (p % 4) / 2, "u={u} p={p}");
+    /// Every kernel this CPU runs.
+    fn paths() -> Vec<Path> {
+        #[allow(unused_mut)]
+        let mut v = vec![Path::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx2 {
+            v.push(Path::Avx2);
+            if vnni::available() {
+                v.push(Path::Vnni);
             }
         }
+        v
     }
 
     #[test]
@@ -440,22 +481,22 @@ mod tests {
         for dtype in DTYPES {
             let wb = random_rows(dtype, rows, cols, &mut rng);
             let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-            for n in [1, 2, 3, 4, 5, 7, 9] {
+            for n in [1, 2, 3, 4, 5, 7, 8, 9, 13] {
                 let x = random_x(n * cols, &mut rng);
                 let expect = reference(dtype, &wb, rows, cols, &x, n);
                 let act = prepare(&w, &x, n);
-                for isa in isas() {
+                for path in paths() {
                     // Whole range, and a range that starts and ends inside row groups.
                     for range in [0..rows, 3..19, 8..16, 20..21] {
                         let len = range.len();
                         let mut tile = vec![f32::NAN; n * len];
-                        compute_tile(&w, &act, n, range.clone(), &mut tile, isa);
+                        compute_tile_on(path, &w, &act, n, range.clone(), &mut tile);
                         for r in 0..n {
                             for (k, j) in range.clone().enumerate() {
                                 assert_eq!(
                                     tile[r * len + k].to_bits(),
                                     expect[r * rows + j].to_bits(),
-                                    "{dtype} {isa:?} n={n} r={r} j={j}"
+                                    "{dtype} {path:?} n={n} r={r} j={j}"
                                 );
                             }
                         }
@@ -483,10 +524,11 @@ mod tests {
                 for xv in [1.0f32, -1.0] {
                     let x = vec![xv; 3 * cols];
                     let expect = reference(dtype, &wb, rows, cols, &x, 3);
-                    for isa in isas() {
+                    let act = prepare(&w, &x, 3);
+                    for path in paths() {
                         let mut y = vec![0f32; 3 * rows];
-                        matmul_with(&w, &x, 3, &mut y, isa);
-                        assert_eq!(y, expect, "{dtype} fill={fill:#x} x={xv} {isa:?}");
+                        compute_tile_on(path, &w, &act, 3, 0..rows, &mut y);
+                        assert_eq!(y, expect, "{dtype} fill={fill:#x} x={xv} {path:?}");
                     }
                 }
             }

@@ -1,91 +1,119 @@
 //! AVX2 kernels for the K-quant formats: one packed 8-row group times up to 4 activation rows,
 //! the same arithmetic as the portable kernel in `k_quants.rs` (see its documentation for the
 //! layouts). Each code register is unpacked once and multiplied (`maddubs`) with every
-//! activation row of the tile; 16-bit partial sums are widened and scaled with one `madd` per
-//! pair of sub-blocks before they could overflow.
+//! activation row of the tile; 16-bit partial sums are widened and scaled with one `madd`
+//! per sub-block before they could overflow. The helpers here are shared with the VNNI
+//! kernels (`k_quants_vnni.rs`).
+
+// Tile loops index several per-row register arrays at once.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
 use super::{packed_block_bytes, ACT_BLOCK, ACT_BSUMS, ACT_BSUMS32, ACT_QS, GROUP};
 use crate::quant::DType;
 
+/// Largest activation tile of these kernels.
+pub(super) const TILE: usize = 4;
+
 /// See `k_quants::kernel`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C. `wg` must hold whole packed super-blocks of
-/// `dtype`, and `acts` `out.len()` rows of `row_acts` bytes, each with one activation block
-/// per super-block of `wg`.
+/// `dtype`, and `acts` the activation blocks of `out.len()` rows
+/// for each super-block of `wg`, super-block `s` at `s·stride`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn kernel(
     dtype: DType,
     wg: &[u8],
     acts: &[u8],
-    row_acts: usize,
+    stride: usize,
     out: &mut [[f32; GROUP]],
 ) {
     let nsb = wg.len() / packed_block_bytes(dtype);
-    assert!(acts.len() >= out.len() * row_acts && row_acts >= nsb * ACT_BLOCK);
+    assert!(nsb > 0 && acts.len() >= (nsb - 1) * stride + out.len() * ACT_BLOCK);
     let w = wg.as_ptr();
     let a = acts.as_ptr();
     match (dtype, out.len()) {
-        (DType::Q4K, 1) => store(q4k::<1>(w, a, row_acts, nsb), out),
-        (DType::Q4K, 2) => store(q4k::<2>(w, a, row_acts, nsb), out),
-        (DType::Q4K, 3) => store(q4k::<3>(w, a, row_acts, nsb), out),
-        (DType::Q4K, 4) => store(q4k::<4>(w, a, row_acts, nsb), out),
-        (DType::Q5K, 1) => store(q5k::<1>(w, a, row_acts, nsb), out),
-        (DType::Q5K, 2) => store(q5k::<2>(w, a, row_acts, nsb), out),
-        (DType::Q5K, 3) => store(q5k::<3>(w, a, row_acts, nsb), out),
-        (DType::Q5K, 4) => store(q5k::<4>(w, a, row_acts, nsb), out),
-        (DType::Q6K, 1) => store(q6k::<1>(w, a, row_acts, nsb), out),
-        (DType::Q6K, 2) => store(q6k::<2>(w, a, row_acts, nsb), out),
-        (DType::Q6K, 3) => store(q6k::<3>(w, a, row_acts, nsb), out),
-        (DType::Q6K, 4) => store(q6k::<4>(w, a, row_acts, nsb), out),
+        (DType::Q4K, 1) => store(q4k::<1>(w, a, stride, nsb), out),
+        (DType::Q4K, 2) => store(q4k::<2>(w, a, stride, nsb), out),
+        (DType::Q4K, 3) => store(q4k::<3>(w, a, stride, nsb), out),
+        (DType::Q4K, 4) => store(q4k::<4>(w, a, stride, nsb), out),
+        (DType::Q5K, 1) => store(q5k::<1>(w, a, stride, nsb), out),
+        (DType::Q5K, 2) => store(q5k::<2>(w, a, stride, nsb), out),
+        (DType::Q5K, 3) => store(q5k::<3>(w, a, stride, nsb), out),
+        (DType::Q5K, 4) => store(q5k::<4>(w, a, stride, nsb), out),
+        (DType::Q6K, 1) => store(q6k::<1>(w, a, stride, nsb), out),
+        (DType::Q6K, 2) => store(q6k::<2>(w, a, stride, nsb), out),
+        (DType::Q6K, 3) => store(q6k::<3>(w, a, stride, nsb), out),
+        (DType::Q6K, 4) => store(q6k::<4>(w, a, stride, nsb), out),
         _ => unreachable!("k_quants avx2: {dtype} with {} activation rows", out.len()),
     }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn store<const R: usize>(acc: [__m256; R], out: &mut [[f32; GROUP]]) {
+#[inline(always)]
+pub(super) unsafe fn store<const R: usize>(acc: [__m256; R], out: &mut [[f32; GROUP]]) {
     for (o, v) in out.iter_mut().zip(acc) {
         _mm256_storeu_ps(o.as_mut_ptr(), v);
     }
 }
 
 #[inline(always)]
-unsafe fn load(p: *const u8) -> __m256i {
+pub(super) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
 /// Four bytes at `p` broadcast to every 32-bit lane.
 #[inline(always)]
-unsafe fn bcast4(p: *const u8) -> __m256i {
+pub(super) unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
-/// `d_w` (8 f16 at `p`) times the activation scale at `a`, per lane.
+/// `pshufb` mask giving, per 32-bit lane `i`, the bytes `a + i%4` and `b + i%4` of the lane's
+/// 128-bit half as 16-bit values.
 #[inline(always)]
-unsafe fn scale_ps(p: *const u8, a: *const u8) -> __m256 {
-    let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-    _mm256_mul_ps(d, _mm256_set1_ps((a as *const f32).read_unaligned()))
-}
-
-/// `pshufb` masks giving, per 32-bit lane `i`, the 16-bit pair (byte `4k + i%4`, byte
-/// `4k + 4 + i%4`) of the lane's 128-bit half, for k = 0 (sub-blocks 0, 1 of a half) and 2.
-#[inline(always)]
-unsafe fn pair_masks() -> (__m256i, __m256i) {
+unsafe fn word_mask(a: i8, b: i8) -> __m256i {
     let z = -128i8;
-    let m0 = _mm256_setr_epi8(
-        0, z, 4, z, 1, z, 5, z, 2, z, 6, z, 3, z, 7, z, 0, z, 4, z, 1, z, 5, z, 2, z, 6, z, 3, z,
-        7, z,
-    );
-    let m1 = _mm256_add_epi8(m0, _mm256_set1_epi16(8));
-    (m0, m1)
+    _mm256_setr_epi8(
+        a,
+        z,
+        b,
+        z,
+        a + 1,
+        z,
+        b + 1,
+        z,
+        a + 2,
+        z,
+        b + 2,
+        z,
+        a + 3,
+        z,
+        b + 3,
+        z,
+        a,
+        z,
+        b,
+        z,
+        a + 1,
+        z,
+        b + 1,
+        z,
+        a + 2,
+        z,
+        b + 2,
+        z,
+        a + 3,
+        z,
+        b + 3,
+        z,
+    )
 }
 
-/// Unpacks the 96 scale bytes of a packed Q4_K/Q5_K super-block at `p` into, for each 64-value
-/// group `g`, the 16-bit (scale 2g, scale 2g+1) and (min 2g, min 2g+1) pairs of the eight rows.
+/// The 6-bit scales and mins of a packed Q4_K/Q5_K super-block (96 bytes at `p`), as bytes at
+/// `scale_pos` order: (scales of sub-blocks 0..4, scales 4..8, mins 0..4, mins 4..8).
 #[inline(always)]
-unsafe fn q45_scales(p: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
+pub(super) unsafe fn q45_scale_bytes(p: *const u8) -> [__m256i; 4] {
     let m0f = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
     let l0 = load(p);
@@ -95,106 +123,182 @@ unsafe fn q45_scales(p: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
         _mm256_and_si256(l0, m0f),
         _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
     );
+    let s1 = _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_and_si256(h, m30));
     let m0 = _mm256_or_si256(
         _mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f),
         _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
     );
-    let s1 = _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_and_si256(h, m30));
     let m1 = _mm256_or_si256(
         _mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
         _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
     );
-    let (k0, k1) = pair_masks();
-    let sc = [
-        _mm256_shuffle_epi8(s0, k0),
-        _mm256_shuffle_epi8(s0, k1),
-        _mm256_shuffle_epi8(s1, k0),
-        _mm256_shuffle_epi8(s1, k1),
-    ];
-    let mn = [
-        _mm256_shuffle_epi8(m0, k0),
-        _mm256_shuffle_epi8(m0, k1),
-        _mm256_shuffle_epi8(m1, k0),
-        _mm256_shuffle_epi8(m1, k1),
-    ];
-    (sc, mn)
+    [s0, s1, m0, m1]
 }
 
-/// `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` for each activation row of the tile.
+/// Per 64-value group `g`, the 16-bit (min 2g, min 2g+1) pairs of the eight rows.
 #[inline(always)]
-unsafe fn apply_mins<const R: usize>(
+pub(super) unsafe fn q45_min_pairs(b: &[__m256i; 4]) -> [__m256i; 4] {
+    let (k0, k1) = (word_mask(0, 4), word_mask(8, 12));
+    [
+        _mm256_shuffle_epi8(b[2], k0),
+        _mm256_shuffle_epi8(b[2], k1),
+        _mm256_shuffle_epi8(b[3], k0),
+        _mm256_shuffle_epi8(b[3], k1),
+    ]
+}
+
+/// `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` for each activation row of the tile (activation
+/// blocks at `ab`).
+#[inline(always)]
+pub(super) unsafe fn apply_mins<const R: usize>(
     acc: &mut [__m256; R],
     sb: *const u8,
-    ab: &[*const u8; R],
+    ab: *const u8,
     mn: &[__m256i; 4],
 ) {
-    for r in 0..R {
-        let b = ab[r].add(ACT_BSUMS32);
+    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(sb.add(16) as *const __m128i));
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let b = ab.add(ACT_BLOCK * r + ACT_BSUMS32);
         let mut summ = _mm256_madd_epi16(mn[0], bcast4(b));
         for (g, m) in mn.iter().enumerate().skip(1) {
             summ = _mm256_add_epi32(summ, _mm256_madd_epi16(*m, bcast4(b.add(4 * g))));
         }
-        let dm = scale_ps(sb.add(16), ab[r]);
-        acc[r] = _mm256_sub_ps(acc[r], _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summ)));
+        *acc = sub_scaled(*acc, dmin, ab.add(ACT_BLOCK * r), summ);
     }
+}
+
+/// `acc − (dmin·d_x)·summ`, with `d_x` the f32 at `a`.
+#[inline(always)]
+pub(super) unsafe fn sub_scaled(acc: __m256, dmin: __m256, a: *const u8, summ: __m256i) -> __m256 {
+    let dm = _mm256_mul_ps(dmin, _mm256_set1_ps((a as *const f32).read_unaligned()));
+    _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summ)))
 }
 
 /// `acc += (d·d_x)·sumi` for each activation row of the tile.
 #[inline(always)]
-unsafe fn apply_sums<const R: usize>(
+pub(super) unsafe fn apply_sums<const R: usize>(
     acc: &mut [__m256; R],
     sb: *const u8,
-    ab: &[*const u8; R],
+    ab: *const u8,
     sumi: &[__m256i; R],
 ) {
+    let d = _mm256_cvtph_ps(_mm_loadu_si128(sb as *const __m128i));
     for r in 0..R {
-        let dd = scale_ps(sb, ab[r]);
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(sumi[r])));
+        let dx = _mm256_set1_ps((ab.add(ACT_BLOCK * r) as *const f32).read_unaligned());
+        acc[r] = _mm256_add_ps(
+            acc[r],
+            _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi[r])),
+        );
     }
 }
 
+/// Low and high nibbles of a code register.
 #[inline(always)]
-unsafe fn act_ptrs<const R: usize>(a: *const u8, row_acts: usize, s: usize) -> [*const u8; R] {
-    std::array::from_fn(|r| a.add(r * row_acts + s * ACT_BLOCK))
+pub(super) unsafe fn nibbles(v: __m256i) -> (__m256i, __m256i) {
+    let m0f = _mm256_set1_epi8(0x0F);
+    (
+        _mm256_and_si256(v, m0f),
+        _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f),
+    )
+}
+
+/// Q5_K: ORs the fifth bits into the nibbles of code register `c % 4` of its half, `hb`
+/// being the half's fifth-bit register shifted right by `c % 4`.
+#[inline(always)]
+pub(super) unsafe fn fifth_bits(lo: __m256i, hi: __m256i, hb: __m256i) -> (__m256i, __m256i) {
+    let m10 = _mm256_set1_epi8(0x10);
+    (
+        _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10)),
+        _mm256_or_si256(hi, _mm256_and_si256(hb, m10)),
+    )
+}
+
+/// Q6_K: the 6-bit codes of code register `v` of a unit, from its nibbles and top-bit
+/// register `h`.
+#[inline(always)]
+pub(super) unsafe fn q6_codes(q: __m256i, h: __m256i, v: usize) -> (__m256i, __m256i) {
+    let m30 = _mm256_set1_epi8(0x30);
+    let (lo, hi) = nibbles(q);
+    let (hl, hh) = if v.is_multiple_of(2) {
+        (_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2))
+    } else {
+        (h, _mm256_srli_epi16(h, 2))
+    };
+    (
+        _mm256_or_si256(lo, _mm256_and_si256(hl, m30)),
+        _mm256_or_si256(hi, _mm256_and_si256(hh, m30)),
+    )
+}
+
+/// Q6_K: the eight rows' scales of sub-block `k` as i32 lanes.
+#[inline(always)]
+pub(super) unsafe fn q6_scale32(sb: *const u8, k: usize) -> __m256i {
+    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sb.add(16 + 8 * k) as *const __m128i))
+}
+
+/// i32 lanes `a`, `b` (values that fit in i16) as the 16-bit pairs (a, b).
+#[inline(always)]
+pub(super) unsafe fn word_pairs(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_blend_epi16::<0xAA>(a, _mm256_slli_epi32(b, 16))
+}
+
+/// Q6_K: `corr += Σ_k scale_k·bsums_k` over the unit's two sub-blocks, per activation row.
+#[inline(always)]
+pub(super) unsafe fn q6_corr<const R: usize>(
+    corr: &mut [__m256i; R],
+    pair: __m256i,
+    ab: *const u8,
+    p: usize,
+) {
+    for r in 0..R {
+        let b = bcast4(ab.add(ACT_BLOCK * r + ACT_BSUMS + 4 * p));
+        corr[r] = _mm256_add_epi32(corr[r], _mm256_madd_epi16(pair, b));
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k<const R: usize>(
     w: *const u8,
     a: *const u8,
-    row_acts: usize,
+    stride: usize,
     nsb: usize,
 ) -> [__m256; R] {
-    let m0f = _mm256_set1_epi8(0x0F);
+    let dup = [
+        word_mask(0, 0),
+        word_mask(4, 4),
+        word_mask(8, 8),
+        word_mask(12, 12),
+    ];
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1152);
-        let ab = act_ptrs::<R>(a, row_acts, s);
-        let (sc, mn) = q45_scales(sb.add(32));
-        apply_mins(&mut acc, sb, &ab, &mn);
+        let ab = a.add(s * stride);
+        let bytes = q45_scale_bytes(sb.add(32));
+        apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
         let mut sumi = [_mm256_setzero_si256(); R];
-        for (g, scg) in sc.iter().enumerate() {
-            for half in 0..2 {
-                // Four code registers (eight maddubs): at most 8·2·15·127 < 2^15 per i16.
-                let mut p16 = [_mm256_setzero_si256(); R];
-                for c in 4 * half..4 * half + 4 {
-                    let v = load(sb.add(128 + 256 * g + 32 * c));
-                    let lo = _mm256_and_si256(v, m0f);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-                    let off = ACT_QS + 64 * g + 8 * c;
-                    for r in 0..R {
-                        let x = ab[r].add(off);
-                        p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(lo, bcast4(x)));
-                        p16[r] =
-                            _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(hi, bcast4(x.add(4))));
-                    }
-                }
+        for g in 0..4 {
+            // Eight code registers: at most 8·2·15·127 < 2^15 per i16 lane.
+            let mut plo = [_mm256_setzero_si256(); R];
+            let mut phi = [_mm256_setzero_si256(); R];
+            for c in 0..8 {
+                let (lo, hi) = nibbles(load(sb.add(128 + 256 * g + 32 * c)));
                 for r in 0..R {
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p16[r], *scg));
+                    let x = ab.add(ACT_BLOCK * r + ACT_QS + 64 * g + 4 * c);
+                    plo[r] = _mm256_add_epi16(plo[r], _mm256_maddubs_epi16(lo, bcast4(x)));
+                    phi[r] = _mm256_add_epi16(phi[r], _mm256_maddubs_epi16(hi, bcast4(x.add(32))));
                 }
             }
+            let slo = _mm256_shuffle_epi8(bytes[g / 2], dup[2 * (g % 2)]);
+            let shi = _mm256_shuffle_epi8(bytes[g / 2], dup[2 * (g % 2) + 1]);
+            for r in 0..R {
+                let t = _mm256_add_epi32(
+                    _mm256_madd_epi16(plo[r], slo),
+                    _mm256_madd_epi16(phi[r], shi),
+                );
+                sumi[r] = _mm256_add_epi32(sumi[r], t);
+            }
         }
-        apply_sums(&mut acc, sb, &ab, &sumi);
+        apply_sums(&mut acc, sb, ab, &sumi);
     }
     acc
 }
@@ -203,52 +307,52 @@ unsafe fn q4k<const R: usize>(
 unsafe fn q5k<const R: usize>(
     w: *const u8,
     a: *const u8,
-    row_acts: usize,
+    stride: usize,
     nsb: usize,
 ) -> [__m256; R] {
-    let m0f = _mm256_set1_epi8(0x0F);
-    let m10 = _mm256_set1_epi8(0x10);
+    let dup = [
+        word_mask(0, 0),
+        word_mask(4, 4),
+        word_mask(8, 8),
+        word_mask(12, 12),
+    ];
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1408);
-        let ab = act_ptrs::<R>(a, row_acts, s);
-        let (sc, mn) = q45_scales(sb.add(32));
-        apply_mins(&mut acc, sb, &ab, &mn);
+        let ab = a.add(s * stride);
+        let bytes = q45_scale_bytes(sb.add(32));
+        apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
         let mut sumi = [_mm256_setzero_si256(); R];
-        for (g, scg) in sc.iter().enumerate() {
+        for g in 0..4 {
             let gp = sb.add(128 + 320 * g);
-            for quarter in 0..4 {
-                // Two code registers (four maddubs): at most 4·2·31·127 < 2^15 per i16.
-                let mut hb = load(gp.add(256 + 32 * (quarter / 2)));
-                if quarter % 2 == 1 {
-                    hb = _mm256_srli_epi16(hb, 2);
-                }
-                let mut p16 = [_mm256_setzero_si256(); R];
-                for c in 2 * quarter..2 * quarter + 2 {
-                    let v = load(gp.add(32 * c));
-                    let lo = _mm256_or_si256(
-                        _mm256_and_si256(v, m0f),
-                        _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10),
-                    );
-                    let hi = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f),
-                        _mm256_and_si256(hb, m10),
-                    );
+            let slo = _mm256_shuffle_epi8(bytes[g / 2], dup[2 * (g % 2)]);
+            let shi = _mm256_shuffle_epi8(bytes[g / 2], dup[2 * (g % 2) + 1]);
+            for half in 0..2 {
+                // Four code registers: at most 4·2·31·127 < 2^15 per i16 lane.
+                let mut hb = load(gp.add(256 + 32 * half));
+                let mut plo = [_mm256_setzero_si256(); R];
+                let mut phi = [_mm256_setzero_si256(); R];
+                for c in 4 * half..4 * half + 4 {
+                    let (lo, hi) = nibbles(load(gp.add(32 * c)));
+                    let (lo, hi) = fifth_bits(lo, hi, hb);
                     hb = _mm256_srli_epi16(hb, 1);
-                    let off = ACT_QS + 64 * g + 8 * c;
                     for r in 0..R {
-                        let x = ab[r].add(off);
-                        p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(lo, bcast4(x)));
-                        p16[r] =
-                            _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(hi, bcast4(x.add(4))));
+                        let x = ab.add(ACT_BLOCK * r + ACT_QS + 64 * g + 4 * c);
+                        plo[r] = _mm256_add_epi16(plo[r], _mm256_maddubs_epi16(lo, bcast4(x)));
+                        phi[r] =
+                            _mm256_add_epi16(phi[r], _mm256_maddubs_epi16(hi, bcast4(x.add(32))));
                     }
                 }
                 for r in 0..R {
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p16[r], *scg));
+                    let t = _mm256_add_epi32(
+                        _mm256_madd_epi16(plo[r], slo),
+                        _mm256_madd_epi16(phi[r], shi),
+                    );
+                    sumi[r] = _mm256_add_epi32(sumi[r], t);
                 }
             }
         }
-        apply_sums(&mut acc, sb, &ab, &sumi);
+        apply_sums(&mut acc, sb, ab, &sumi);
     }
     acc
 }
@@ -257,53 +361,47 @@ unsafe fn q5k<const R: usize>(
 unsafe fn q6k<const R: usize>(
     w: *const u8,
     a: *const u8,
-    row_acts: usize,
+    stride: usize,
     nsb: usize,
 ) -> [__m256; R] {
-    let m0f = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1680);
-        let ab = act_ptrs::<R>(a, row_acts, s);
+        let ab = a.add(s * stride);
         let mut sumi = [_mm256_setzero_si256(); R];
         let mut corr = [_mm256_setzero_si256(); R];
-        for k in 0..8 {
-            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(sb.add(16 + 16 * k) as *const __m128i));
-            for r in 0..R {
-                let b = bcast4(ab[r].add(ACT_BSUMS + 4 * k));
-                corr[r] = _mm256_add_epi32(corr[r], _mm256_madd_epi16(sc, b));
-            }
-            let up = sb.add(144 + 192 * k);
-            for v in 0..4 {
-                let q = load(up.add(32 * v));
-                let h = load(up.add(128 + 32 * (v / 2)));
-                let (hl, hh) = if v % 2 == 0 {
-                    (_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2))
-                } else {
-                    (h, _mm256_srli_epi16(h, 2))
-                };
-                let lo = _mm256_or_si256(_mm256_and_si256(q, m0f), _mm256_and_si256(hl, m30));
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f),
-                    _mm256_and_si256(hh, m30),
-                );
-                let off = ACT_QS + 32 * k + 8 * v;
+        for p in 0..8 {
+            let (sa, sc) = (q6_scale32(sb, 2 * p), q6_scale32(sb, 2 * p + 1));
+            q6_corr(&mut corr, word_pairs(sa, sc), ab, p);
+            let (dup_a, dup_b) = (word_pairs(sa, sa), word_pairs(sc, sc));
+            let up = sb.add(144 + 192 * p);
+            for vp in 0..2 {
+                // Two code registers: at most 2·2·63·127 < 2^15 per i16 lane.
+                let h = load(up.add(128 + 32 * vp));
+                let mut pa = [_mm256_setzero_si256(); R];
+                let mut pb = [_mm256_setzero_si256(); R];
+                for v in 2 * vp..2 * vp + 2 {
+                    let (lo, hi) = q6_codes(load(up.add(32 * v)), h, v);
+                    for r in 0..R {
+                        let x = ab.add(ACT_BLOCK * r + ACT_QS + 32 * p + 4 * v);
+                        pa[r] = _mm256_add_epi16(pa[r], _mm256_maddubs_epi16(lo, bcast4(x)));
+                        pb[r] =
+                            _mm256_add_epi16(pb[r], _mm256_maddubs_epi16(hi, bcast4(x.add(16))));
+                    }
+                }
                 for r in 0..R {
-                    // Two maddubs: at most 2·2·63·127 < 2^15 per i16.
-                    let x = ab[r].add(off);
-                    let p16 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, bcast4(x)),
-                        _mm256_maddubs_epi16(hi, bcast4(x.add(4))),
+                    let t = _mm256_add_epi32(
+                        _mm256_madd_epi16(pa[r], dup_a),
+                        _mm256_madd_epi16(pb[r], dup_b),
                     );
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p16, sc));
+                    sumi[r] = _mm256_add_epi32(sumi[r], t);
                 }
             }
         }
         for r in 0..R {
             sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr[r], 5));
         }
-        apply_sums(&mut acc, sb, &ab, &sumi);
+        apply_sums(&mut acc, sb, ab, &sumi);
     }
     acc
 }
