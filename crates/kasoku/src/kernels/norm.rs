@@ -1,9 +1,10 @@
 //! RMSNorm: `y = w · x / sqrt(mean(x²) + eps)`, row by row, in f32.
 //!
 //! The "(1 + w)" form of Qwen3.5 checkpoints is handled by the caller adding 1 to the weight
-//! once at load (as GGUF converters do), so there is one kernel. Portable path plus an
-//! AVX2/FMA path chosen at run time; both compute the same function (they differ only in
-//! summation order).
+//! once at load (as GGUF converters do), so there is one kernel. The sum of squares is taken
+//! in f64 (as ggml does), the scale and products in f32. Portable path plus an AVX2/FMA path
+//! chosen at run time; both compute the same function (they differ only in f64 summation
+//! order).
 
 /// Normalises each row of `x` (rows of `weight.len()` values) into `out`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -44,8 +45,8 @@ fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 mod portable {
     pub fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-        let ss: f32 = x.iter().map(|v| v * v).sum();
-        let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+        let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
         for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
             *o = v * scale * g;
         }
@@ -67,27 +68,27 @@ mod avx2 {
         let n = x.len();
         assert!(w.len() == n && y.len() == n);
         let (xp, wp, yp) = (x.as_ptr(), w.as_ptr(), y.as_mut_ptr());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
+        // Sum of squares in f64 (as ggml does): the mean is then exact to f32 rounding, so
+        // results do not drift with the summation order.
+        let mut acc0 = _mm256_setzero_pd();
+        let mut acc1 = _mm256_setzero_pd();
         let mut i = 0;
-        while i + 16 <= n {
-            let a = _mm256_loadu_ps(xp.add(i));
-            let b = _mm256_loadu_ps(xp.add(i + 8));
-            acc0 = _mm256_fmadd_ps(a, a, acc0);
-            acc1 = _mm256_fmadd_ps(b, b, acc1);
-            i += 16;
-        }
         while i + 8 <= n {
-            let a = _mm256_loadu_ps(xp.add(i));
-            acc0 = _mm256_fmadd_ps(a, a, acc0);
+            let a = _mm256_cvtps_pd(_mm_loadu_ps(xp.add(i)));
+            let b = _mm256_cvtps_pd(_mm_loadu_ps(xp.add(i + 4)));
+            acc0 = _mm256_fmadd_pd(a, a, acc0);
+            acc1 = _mm256_fmadd_pd(b, b, acc1);
             i += 8;
         }
-        let mut ss = hsum(_mm256_add_ps(acc0, acc1));
+        let mut lanes = [0f64; 4];
+        _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(acc0, acc1));
+        let mut ss = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
         while i < n {
-            ss += *xp.add(i) * *xp.add(i);
+            let v = *xp.add(i) as f64;
+            ss += v * v;
             i += 1;
         }
-        let scale = 1.0 / (ss / n as f32 + eps).sqrt();
+        let scale = 1.0 / ((ss / n as f64) as f32 + eps).sqrt();
         let s = _mm256_set1_ps(scale);
         let mut i = 0;
         while i + 8 <= n {
@@ -99,16 +100,6 @@ mod avx2 {
             *yp.add(i) = *xp.add(i) * scale * *wp.add(i);
             i += 1;
         }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
     }
 }
 
