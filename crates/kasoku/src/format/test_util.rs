@@ -1,5 +1,5 @@
 //! Test helpers shared by the format and tokenizer tests: scratch directories and the cached
-//! real models (tests that need a model skip, with a note, when it is not in the cache).
+//! real models (fetched when absent, as CI needs them; skipped only with `KASOKU_OFFLINE=1`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,23 +33,25 @@ impl Drop for ScratchDir {
     }
 }
 
-/// The path of a cached model file (`$KASOKU_MODELS`, else `~/.cache/kasoku/models`), or `None`
-/// with a note on stderr when it is absent (fetch it with `shared/models/fetch.sh`).
+/// The path of a real model file, fetched into the cache (`$KASOKU_MODELS`, else
+/// `~/.cache/kasoku/models`) by kasoku's own pinned, hashed fetcher when absent. With
+/// `KASOKU_OFFLINE=1` a missing model skips the test instead (`None`, with a note).
 pub fn cached_model(file: &str) -> Option<PathBuf> {
-    let dir = match std::env::var_os("KASOKU_MODELS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/kasoku/models"),
-    };
-    let path = dir.join(file);
-    if path.is_file() {
-        Some(path)
-    } else {
+    let known = crate::fetch::KNOWN_MODELS
+        .iter()
+        .find(|m| m.file == file)
+        .unwrap_or_else(|| panic!("{file} is not a known model"));
+    let path = crate::fetch::models_dir().join(file);
+    if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") && !path.is_file() {
         eprintln!(
-            "note: {} not cached; skipping this real-model test",
+            "note: {} not cached and KASOKU_OFFLINE=1; skipping this real-model test",
             path.display()
         );
-        None
+        return None;
     }
+    Some(
+        crate::fetch::ensure(known.name).unwrap_or_else(|e| panic!("fetching {}: {e}", known.name)),
+    )
 }
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
