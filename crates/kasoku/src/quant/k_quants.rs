@@ -169,14 +169,10 @@ fn nearest_int(v: f32) -> i32 {
 /// clamped to 127 (whatever the sign of `max`); an all-zero block gets `d = 0`.
 pub fn quantize_block_q8_k(x: &[f32]) -> BlockQ8K {
     assert_eq!(x.len(), QK_K, "quantize_block_q8_k: need 256 values");
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    // The first value of largest magnitude (GGML's scan keeps the first on ties); NaNs are
+    // skipped as in GGML. Written as a max-reduction, then a search, so that it vectorizes.
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
     let mut out = BlockQ8K {
         d: 0.0,
         qs: [0; QK_K],
@@ -187,7 +183,7 @@ pub fn quantize_block_q8_k(x: &[f32]) -> BlockQ8K {
     }
     let iscale = -127.0 / max;
     for (q, &v) in out.qs.iter_mut().zip(x) {
-        *q = nearest_int(iscale * v).min(127) as i8;
+        *q = nearest_int(iscale * v).clamp(-128, 127) as i8;
     }
     for (s, q) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
         *s = q.iter().map(|&v| v as i16).sum();
@@ -447,6 +443,36 @@ mod tests {
         let mut back = vec![0f32; QK_K];
         dequantize_q8_k(&[b], &mut back);
         assert!((back[3] + 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn q8_k_picks_the_first_of_tied_maxima_and_rounds_like_ggml() {
+        // GGML keeps the first value of largest magnitude: here -3 (so 3 maps to +127).
+        let mut x = vec![0.25f32; QK_K];
+        x[5] = -3.0;
+        x[9] = 3.0;
+        let b = quantize_block_q8_k(&x);
+        assert_eq!((b.qs[5], b.qs[9]), (-127, 127));
+        // A scalar transcription of GGML's loop agrees on random rows.
+        let mut rng = Rng(3);
+        for _ in 0..50 {
+            let x: Vec<f32> = (0..QK_K).map(|_| rng.f32() * 10.0).collect();
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in &x {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let iscale = -127.0 / max;
+            let b = quantize_block_q8_k(&x);
+            for (q, v) in b.qs.iter().zip(&x) {
+                assert_eq!(*q as i32, ((iscale * v).round_ties_even() as i32).min(127));
+            }
+        }
+        for v in [0.5f32, 1.5, 2.5, -0.5, -1.5, 126.5, -126.5, 3.4999998] {
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
     }
 
     #[test]

@@ -63,6 +63,19 @@ pub(super) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// Packed super-blocks ahead of the current one that [`prefetch`] asks for.
+const PREFETCH_AHEAD: usize = 2;
+
+/// Asks for the packed super-block `PREFETCH_AHEAD` blocks after `sb` (of `bytes` bytes) to be
+/// brought into L1: with several activation rows a super-block takes long enough that the
+/// hardware prefetchers fall behind on long rows.
+#[inline(always)]
+pub(super) unsafe fn prefetch(sb: *const u8, bytes: usize) {
+    for k in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(sb.wrapping_add(PREFETCH_AHEAD * bytes + k) as *const i8);
+    }
+}
+
 /// Four bytes at `p` broadcast to every 32-bit lane.
 #[inline(always)]
 pub(super) unsafe fn bcast4(p: *const u8) -> __m256i {
@@ -272,6 +285,9 @@ unsafe fn q4k<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1152);
+        if R > 1 {
+            prefetch(sb, 1152);
+        }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
         apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
@@ -319,6 +335,9 @@ unsafe fn q5k<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1408);
+        if R > 1 {
+            prefetch(sb, 1408);
+        }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
         apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
@@ -367,6 +386,9 @@ unsafe fn q6k<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1680);
+        if R > 1 {
+            prefetch(sb, 1680);
+        }
         let ab = a.add(s * stride);
         let mut sumi = [_mm256_setzero_si256(); R];
         let mut corr = [_mm256_setzero_si256(); R];

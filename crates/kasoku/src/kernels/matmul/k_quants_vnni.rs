@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    apply_sums, bcast4, fifth_bits, load, nibbles, q45_min_pairs, q45_scale_bytes, q6_codes,
-    q6_scale32, store, sub_scaled, word_pairs,
+    apply_sums, bcast4, fifth_bits, load, nibbles, prefetch, q45_min_pairs, q45_scale_bytes,
+    q6_codes, q6_scale32, store, sub_scaled, word_pairs,
 };
 use super::{packed_block_bytes, ACT_BLOCK, ACT_BSUMS, ACT_BSUMS32, ACT_QS, GROUP};
 use crate::quant::DType;
@@ -165,6 +165,9 @@ unsafe fn q4k<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1152);
+        if R > 1 {
+            prefetch(sb, 1152);
+        }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
         apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
@@ -204,6 +207,9 @@ unsafe fn q5k<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1408);
+        if R > 1 {
+            prefetch(sb, 1408);
+        }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
         apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
@@ -249,6 +255,9 @@ unsafe fn q6k<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1680);
+        if R > 1 {
+            prefetch(sb, 1680);
+        }
         let ab = a.add(s * stride);
         let mut sumi = [_mm256_setzero_si256(); R];
         let mut corr = [_mm256_setzero_si256(); R];
