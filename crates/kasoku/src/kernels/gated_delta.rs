@@ -159,20 +159,27 @@ impl Path {
     }
 }
 
-/// Chunk length of the chunked form.
-pub const CHUNK: usize = 64;
-/// Batches of at least this many tokens use the chunked form (measured, see the report in
-/// the module tests' `bench_crossover`).
+/// Chunk length of the chunked form. Shorter chunks do less work per token (the O(c) terms)
+/// and were fastest here (single thread, dk = dv = 128, AVX2): chunks of 16 / 32 / 64 took
+/// 2.8 / 2.9 / 3.6 µs per token and head.
+pub const CHUNK: usize = 16;
+/// Batches of at least this many tokens use the chunked form when AVX2 is available.
+/// Measured with `bench_crossover` (single thread, dk = dv = 128, µs per token and head, a
+/// shared 2-core Zen 4 VM, best of 400 short trials): recurrent 5.1 / 3.5 / 3.2 / 3.2 / ~3.1–3.5
+/// at n = 1 / 4 / 8 / 16 / ≥32; chunked 4.8 / 3.1 / 2.8 / 2.8 at n = 4 / 8 / 16 / ≥32.
+/// The portable chunked form (no hand-written gemm) never beat the portable recurrent one
+/// (5.2 vs 4.3), so without AVX2 the recurrent form is always used.
 pub const CHUNKED_MIN_TOKENS: usize = 16;
 
 /// Runs `n` tokens through the layer's recurrence: `state` (`nv × dk × dv`) is advanced and
 /// `out` (`n × nv × dv`) receives `o_t` for every token and value head. Chooses the chunked
-/// form for long batches, the recurrent form otherwise.
+/// form for long batches (AVX2 only), the recurrent form otherwise.
 pub fn gated_delta(dims: &GdnDims, inp: &GdnInputs, n: usize, state: &mut [f32], out: &mut [f32]) {
-    if n >= CHUNKED_MIN_TOKENS {
-        chunked_with(Path::best(), dims, inp, n, CHUNK, state, out);
+    let path = Path::best();
+    if path == Path::Avx2 && n >= CHUNKED_MIN_TOKENS {
+        chunked_with(path, dims, inp, n, CHUNK, state, out);
     } else {
-        recurrent_with(Path::best(), dims, inp, n, state, out);
+        recurrent_with(path, dims, inp, n, state, out);
     }
 }
 
@@ -449,7 +456,8 @@ fn chunk_head<'o>(
     gemm(path, 2 * c, dk, dv, kq, dk, s, dv, ks, dv, false);
     gemm(path, 2 * c, dk, c, kq, dk, kt, c, gram, c, false);
 
-    // Right-hand side r_j = β_j (v_j − e^{G_j} (S0ᵀ k_j)) and A_jl = β_j e^{G_j−G_l} (k_j·k_l), l < j.
+    // Right-hand side r_j = β_j (v_j − e^{G_j} (S0ᵀ k_j)) and, stored negated,
+    // A_jl = β_j e^{G_j−G_l} (k_j·k_l) for l < j.
     for j in 0..c {
         let e = gc[j].exp();
         let (uj, ksj) = (&mut u[j * dv..(j + 1) * dv], &ks[j * dv..(j + 1) * dv]);
@@ -459,7 +467,7 @@ fn chunk_head<'o>(
         let arow = &mut gram[j * c..(j + 1) * c];
         for l in 0..c {
             arow[l] = if l < j {
-                beta[j] * (gc[j] - gc[l]).exp() * arow[l]
+                -beta[j] * (gc[j] - gc[l]).exp() * arow[l]
             } else {
                 0.0
             };
@@ -469,9 +477,19 @@ fn chunk_head<'o>(
     for j in 1..c {
         let (done, rest) = u.split_at_mut(j * dv);
         let uj = &mut rest[..dv];
-        // uj = uj − A[j, :j] · U[:j]: accumulate the negated row.
-        let neg: Vec<f32> = gram[j * c..j * c + j].iter().map(|a| -a).collect();
-        gemm(path, 1, j, dv, &neg, j, done, dv, uj, dv, true);
+        gemm(
+            path,
+            1,
+            j,
+            dv,
+            &gram[j * c..j * c + j],
+            j,
+            done,
+            dv,
+            uj,
+            dv,
+            true,
+        );
     }
     // Outputs: o_i = e^{G_i} (S0ᵀ q_i) + Σ_{l≤i} e^{G_i−G_l} (q_i·k_l) u_l.
     let pgram = &mut gram[c * c..2 * c * c];
@@ -503,9 +521,10 @@ fn chunk_head<'o>(
     for x in s.iter_mut() {
         *x *= decay;
     }
-    for i in 0..dk {
-        for j in 0..c {
-            kt[i * c + j] *= (glast - gc[j]).exp();
+    let fac: Vec<f32> = gc.iter().map(|&g| (glast - g).exp()).collect();
+    for row in kt.chunks_exact_mut(c) {
+        for (x, f) in row.iter_mut().zip(&fac) {
+            *x *= f;
         }
     }
     gemm(path, dk, c, dv, kt, c, u, dv, s, dv, true);
@@ -666,6 +685,25 @@ mod avx2 {
     ) {
         let sp = s.as_ptr();
         let mut j = 0;
+        // 32 columns at a time: eight independent accumulator chains hide the FMA latency.
+        while j + 32 <= dv {
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut b = [_mm256_setzero_ps(); 4];
+            for i in 0..dk {
+                let ki = _mm256_set1_ps(*k.get_unchecked(i));
+                let qi = _mm256_set1_ps(*q.get_unchecked(i));
+                for v in 0..4 {
+                    let x = _mm256_loadu_ps(sp.add(i * dv + j + 8 * v));
+                    a[v] = _mm256_fmadd_ps(ki, x, a[v]);
+                    b[v] = _mm256_fmadd_ps(qi, x, b[v]);
+                }
+            }
+            for v in 0..4 {
+                _mm256_storeu_ps(kv.as_mut_ptr().add(j + 8 * v), a[v]);
+                _mm256_storeu_ps(sq.as_mut_ptr().add(j + 8 * v), b[v]);
+            }
+            j += 32;
+        }
         while j < dv {
             let (mut a0, mut b0) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for i in 0..dk {
@@ -680,7 +718,7 @@ mod avx2 {
     }
 
     /// `S = α·S + k ⊗ δ`, then `kv = Sᵀk'`, `sq = Sᵀq'` with the updated S, in one pass.
-    /// Columns go in blocks of 16 (two vectors) with an 8-wide remainder.
+    /// Columns go in blocks of 32, then 16 and 8.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn update_project(
@@ -698,6 +736,31 @@ mod avx2 {
         let sp = s.as_mut_ptr();
         let al = _mm256_set1_ps(alpha);
         let mut j = 0;
+        while j + 32 <= dv {
+            let mut d = [_mm256_setzero_ps(); 4];
+            for (v, x) in d.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(delta.as_ptr().add(j + 8 * v));
+            }
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut b = [_mm256_setzero_ps(); 4];
+            for i in 0..dk {
+                let ki = _mm256_set1_ps(*k.get_unchecked(i));
+                let kni = _mm256_set1_ps(*kn.get_unchecked(i));
+                let qni = _mm256_set1_ps(*qn.get_unchecked(i));
+                for v in 0..4 {
+                    let p = sp.add(i * dv + j + 8 * v);
+                    let x = _mm256_fmadd_ps(ki, d[v], _mm256_mul_ps(al, _mm256_loadu_ps(p)));
+                    _mm256_storeu_ps(p, x);
+                    a[v] = _mm256_fmadd_ps(kni, x, a[v]);
+                    b[v] = _mm256_fmadd_ps(qni, x, b[v]);
+                }
+            }
+            for v in 0..4 {
+                _mm256_storeu_ps(kv.as_mut_ptr().add(j + 8 * v), a[v]);
+                _mm256_storeu_ps(sq.as_mut_ptr().add(j + 8 * v), b[v]);
+            }
+            j += 32;
+        }
         while j + 16 <= dv {
             let d0 = _mm256_loadu_ps(delta.as_ptr().add(j));
             let d1 = _mm256_loadu_ps(delta.as_ptr().add(j + 8));
@@ -752,19 +815,37 @@ mod avx2 {
     unsafe fn update(s: &mut [f32], dk: usize, dv: usize, alpha: f32, k: &[f32], delta: &[f32]) {
         let sp = s.as_mut_ptr();
         let al = _mm256_set1_ps(alpha);
-        for i in 0..dk {
-            let ki = _mm256_set1_ps(*k.get_unchecked(i));
-            let mut j = 0;
-            while j < dv {
-                let p = sp.add(i * dv + j);
-                let x = _mm256_fmadd_ps(
-                    ki,
-                    _mm256_loadu_ps(delta.as_ptr().add(j)),
-                    _mm256_mul_ps(al, _mm256_loadu_ps(p)),
-                );
-                _mm256_storeu_ps(p, x);
-                j += 8;
+        // Column blocks with δ held in registers (streaming δ from memory beside the state
+        // stores was measured 2× slower).
+        let mut j = 0;
+        while j + 32 <= dv {
+            let mut d = [_mm256_setzero_ps(); 4];
+            for (v, dv_) in d.iter_mut().enumerate() {
+                *dv_ = _mm256_loadu_ps(delta.as_ptr().add(j + 8 * v));
             }
+            for i in 0..dk {
+                let ki = _mm256_set1_ps(*k.get_unchecked(i));
+                for (v, dvec) in d.iter().enumerate() {
+                    let p = sp.add(i * dv + j + 8 * v);
+                    _mm256_storeu_ps(
+                        p,
+                        _mm256_fmadd_ps(ki, *dvec, _mm256_mul_ps(al, _mm256_loadu_ps(p))),
+                    );
+                }
+            }
+            j += 32;
+        }
+        while j < dv {
+            let d0 = _mm256_loadu_ps(delta.as_ptr().add(j));
+            for i in 0..dk {
+                let p = sp.add(i * dv + j);
+                let ki = _mm256_set1_ps(*k.get_unchecked(i));
+                _mm256_storeu_ps(
+                    p,
+                    _mm256_fmadd_ps(ki, d0, _mm256_mul_ps(al, _mm256_loadu_ps(p))),
+                );
+            }
+            j += 8;
         }
     }
 
@@ -790,21 +871,30 @@ mod avx2 {
         let mut j = 0;
         while j + 16 <= nn {
             let mut i = 0;
-            while i + 4 <= m {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for p in 0..kk {
-                    let b0 = _mm256_loadu_ps(bp.add(p * ldb + j));
-                    let b1 = _mm256_loadu_ps(bp.add(p * ldb + j + 8));
-                    for r in 0..4 {
-                        let av = _mm256_set1_ps(*ap.add((i + r) * lda + p));
-                        acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
-                        acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
-                    }
-                }
-                for r in 0..4 {
-                    store(cp.add((i + r) * ldc + j), acc[2 * r], accumulate);
-                    store(cp.add((i + r) * ldc + j + 8), acc[2 * r + 1], accumulate);
-                }
+            while i + 6 <= m {
+                tile::<6>(
+                    kk,
+                    ap.add(i * lda),
+                    lda,
+                    bp.add(j),
+                    ldb,
+                    cp.add(i * ldc + j),
+                    ldc,
+                    accumulate,
+                );
+                i += 6;
+            }
+            if i + 4 <= m {
+                tile::<4>(
+                    kk,
+                    ap.add(i * lda),
+                    lda,
+                    bp.add(j),
+                    ldb,
+                    cp.add(i * ldc + j),
+                    ldc,
+                    accumulate,
+                );
                 i += 4;
             }
             while i < m {
@@ -844,6 +934,38 @@ mod avx2 {
                 *dst = if accumulate { *dst + x } else { x };
             }
             j += 1;
+        }
+    }
+
+    /// `R` rows × 16 columns of `C (+)= A·B`: 2·R accumulators, one broadcast of A per row
+    /// and two loads of B per step of the inner dimension.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize>(
+        kk: usize,
+        ap: *const f32,
+        lda: usize,
+        bp: *const f32,
+        ldb: usize,
+        cp: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let mut acc0 = [_mm256_setzero_ps(); R];
+        let mut acc1 = [_mm256_setzero_ps(); R];
+        for p in 0..kk {
+            let b0 = _mm256_loadu_ps(bp.add(p * ldb));
+            let b1 = _mm256_loadu_ps(bp.add(p * ldb + 8));
+            for r in 0..R {
+                let av = _mm256_set1_ps(*ap.add(r * lda + p));
+                acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+            }
+        }
+        for r in 0..R {
+            store(cp.add(r * ldc), acc0[r], accumulate);
+            store(cp.add(r * ldc + 8), acc1[r], accumulate);
         }
     }
 
@@ -1158,6 +1280,7 @@ mod tests {
             (7, 13, 37),
             (9, 64, 24),
             (130, 5, 8),
+            (11, 20, 48),
             (3, 0, 5),
         ] {
             let (lda, ldb, ldc) = (kk + 3, nn + 1, nn + 2);
@@ -1240,11 +1363,11 @@ mod tests {
             let mut o = vec![0f32; n * d.dv];
             let op = SyncPtr(o.as_mut_ptr());
             let out_row = |t: usize| unsafe { op.slice(t * d.dv, d.dv) };
-            let reps = (64 / n).max(1);
+            let reps = (16 / n).max(1);
             let time = |f: &mut dyn FnMut(&mut [f32])| {
                 let mut s = case.s0.clone();
                 f(&mut s);
-                (0..60)
+                (0..400)
                     .map(|_| {
                         let t = std::time::Instant::now();
                         for _ in 0..reps {
@@ -1278,6 +1401,42 @@ mod tests {
                 }
             }
             println!("{line}");
+        }
+    }
+
+    /// Single-thread GFLOP/s of `gemm` at the chunked form's shapes (`--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn bench_gemm() {
+        let mut r = Rng(5);
+        for &(m, kk, nn) in &[
+            (32usize, 128usize, 128usize),
+            (128, 16, 128),
+            (32, 128, 16),
+            (16, 16, 128),
+            (64, 128, 128),
+            (128, 64, 128),
+        ] {
+            let a = r.vec(m * kk, 1.0);
+            let b = r.vec(kk * nn, 1.0);
+            let mut c = vec![0f32; m * nn];
+            for path in paths() {
+                let reps = 5;
+                let best = (0..2000)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        for _ in 0..reps {
+                            gemm(path, m, kk, nn, &a, kk, &b, nn, &mut c, nn, true);
+                        }
+                        t.elapsed().as_secs_f64() / reps as f64
+                    })
+                    .fold(f64::MAX, f64::min);
+                println!(
+                    "{m}x{kk}x{nn} {path:?}: {:.2} µs, {:.1} GFLOP/s",
+                    best * 1e6,
+                    2.0 * (m * kk * nn) as f64 / best * 1e-9
+                );
+            }
         }
     }
 }
