@@ -14,6 +14,8 @@
 //! projections around it, so there is one portable path, written so that the compiler
 //! vectorises the tap loop; no hand-written SIMD.
 
+use super::activation::silu;
+
 /// Convolution taps in tap-major layout (`K × channels`).
 #[derive(Clone, Debug)]
 pub struct ConvTaps {
@@ -59,12 +61,6 @@ impl ConvTaps {
     fn tap(&self, j: usize) -> &[f32] {
         &self.taps[j * self.channels..(j + 1) * self.channels]
     }
-}
-
-/// `x / (1 + e^{-x})`.
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// Convolves `n` tokens (`x`: `n × channels`) with `taps`, applies SiLU, writes `y`
