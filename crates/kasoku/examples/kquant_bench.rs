@@ -3,6 +3,8 @@
 //!
 //! `cargo run --release --example kquant_bench [-- THREADS...]` (default: 1 and 2 threads;
 //! each thread count runs in a child process, since the pool is sized once per process).
+//! Each cell: GB/s of the fastest of many calls (on a busy machine, a call that was not
+//! preempted), its time relative to n = 1, and the GB/s of the median call.
 //! "mem" rotates over enough copies of the matrix to exceed the last-level cache (what decode
 //! sees); "hot" repeats one matrix that stays in cache (the kernels' compute ceiling).
 
@@ -38,31 +40,33 @@ fn random_weights(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
     b
 }
 
-/// Seconds per product, best of several passes over `ws`.
-fn time(ws: &[MatMulWeight], n: usize) -> f64 {
+/// Seconds per product: the fastest single call among many over `ws` (in rotation), and the
+/// median. On a busy machine the minimum is the call that ran without being preempted.
+fn time(ws: &[MatMulWeight], n: usize) -> (f64, f64) {
     let (rows, cols) = (ws[0].rows, ws[0].cols);
     let x: Vec<f32> = (0..n * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
     let mut y = vec![0f32; n * rows];
-    let passes = (64 / ws.len()).max(3);
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for _ in 0..passes {
-            for w in ws {
-                matmul(w, &x, n, &mut y);
-            }
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 40 || (times.len() < 400 && start.elapsed().as_secs_f64() < 1.5) {
+        for w in ws {
+            let t = Instant::now();
+            matmul(w, &x, n, &mut y);
+            times.push(t.elapsed().as_secs_f64());
         }
-        best = best.min(t.elapsed().as_secs_f64() / (passes * ws.len()) as f64);
     }
     std::hint::black_box(&y);
-    best
+    times.sort_by(f64::total_cmp);
+    (times[0], times[times.len() / 2])
 }
 
 fn run(nthreads: usize) {
     threads::set_threads(nthreads);
-    println!("\n## {nthreads} thread(s): GB/s of weight bytes (time relative to n=1)");
+    println!(
+        "\n## {nthreads} thread(s): GB/s of weight bytes, fastest call (its time / n=1's), median"
+    );
     println!(
         "| matrix | mode | {} |",
         NS.map(|n| format!("n={n}")).join(" | ")
@@ -78,17 +82,13 @@ fn run(nthreads: usize) {
                 ws.push(MatMulWeight::new(dtype, rows, cols, &bytes).unwrap());
             }
             for (mode, set) in [("mem", &ws[..]), ("hot", &ws[..1])] {
-                time(set, 1); // warm up
-                let t1 = time(set, 1);
+                let t1 = time(set, 1).0;
+                let gbs = |t: f64| set[0].size_bytes() as f64 / t / 1e9;
                 let cells: Vec<String> = NS
                     .iter()
                     .map(|&n| {
-                        let t = if n == 1 { t1 } else { time(set, n) };
-                        format!(
-                            "{:.1} ({:.2}x)",
-                            set[0].size_bytes() as f64 / t / 1e9,
-                            t / t1
-                        )
+                        let (t, med) = time(set, n);
+                        format!("{:.1} ({:.2}x) med {:.1}", gbs(t), t / t1, gbs(med))
                     })
                     .collect();
                 println!("| {dtype} {rows}x{cols} | {mode} | {} |", cells.join(" | "));
