@@ -199,14 +199,38 @@ impl Model {
         Ok(out)
     }
 
+    /// Appends `tokens` like [`Model::forward`] and returns their final hidden states after the
+    /// output norm (`tokens.len() × hidden`): what MTP / DFlash drafters read. Turn rows into
+    /// logits with [`Model::head_logits`].
+    pub fn forward_hidden(
+        &self,
+        state: &mut ModelState,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        self.check(state, tokens)?;
+        let mut out = Vec::with_capacity(tokens.len() * self.config.hidden);
+        for chunk in tokens.chunks(CHUNK) {
+            let x = self.trunk(state, chunk)?;
+            let mut normed = vec![0f32; x.len()];
+            self.output_norm.forward(&x, &mut normed);
+            out.extend(normed);
+        }
+        Ok(out)
+    }
+
+    /// Logits (`m × vocab`) for `m` final-normed hidden rows (`m × hidden`).
+    pub fn head_logits(&self, normed: &[f32]) -> Vec<f32> {
+        let m = normed.len() / self.config.hidden;
+        let mut logits = vec![0f32; m * self.config.vocab];
+        matmul(&self.head, normed, m, &mut logits);
+        logits
+    }
+
     /// Logits for final hidden rows (`rows`: `m × hidden`, before the output norm).
     fn logits(&self, rows: &[f32]) -> Vec<f32> {
-        let m = rows.len() / self.config.hidden;
         let mut normed = vec![0f32; rows.len()];
         self.output_norm.forward(rows, &mut normed);
-        let mut logits = vec![0f32; m * self.config.vocab];
-        matmul(&self.head, &normed, m, &mut logits);
-        logits
+        self.head_logits(&normed)
     }
 
     /// Runs one chunk through the layers, advancing the state; returns the hidden rows.
@@ -498,6 +522,20 @@ mod tests {
         let src = random_weights(&cfg2, 12);
         let m = Model::from_source(cfg.clone(), &src).unwrap();
         assert!(!m.config.tied_embeddings);
+    }
+
+    #[test]
+    fn hidden_states_then_head_equal_logits() {
+        let cfg = tiny_config(Arch::Qwen3, SourceKind::Gguf);
+        let (model, _) = build(&cfg, 13);
+        let toks = tokens(6, cfg.vocab, 14);
+        let mut a = model.new_state(8);
+        let want = model.forward(&mut a, &toks, Logits::All).unwrap();
+        let mut b = model.new_state(8);
+        let hidden = model.forward_hidden(&mut b, &toks).unwrap();
+        assert_eq!(hidden.len(), toks.len() * cfg.hidden);
+        assert_eq!(b.len, toks.len());
+        assert_eq!(model.head_logits(&hidden), want);
     }
 
     #[test]
