@@ -1,6 +1,7 @@
 //! Products on the K-quant formats (Q4_K, Q5_K, Q6_K): load-time repacking, Q8_K activations,
-//! and the portable tile kernel (the AVX2 one is in `k_quants_avx2.rs`; both compute the same
-//! function bit for bit).
+//! and the portable tile kernel. `k_quants_avx2.rs` holds the AVX2 kernels (4 activation rows
+//! per tile) and `k_quants_vnni.rs` the AVX512-VNNI ones (8 rows per tile, used for `Isa::Avx2`
+//! when the CPU has them); all three compute the same function bit for bit.
 //!
 //! **Packed layout.** Weight rows are taken in groups of [`GROUP`] = 8 (the last group padded
 //! with zero rows, whose scales 0 make them contribute nothing). For each group and each
@@ -94,6 +95,9 @@ pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<
     let groups = rows.div_ceil(GROUP);
     let pbb = packed_block_bytes(dtype);
     let mut out = vec![0u8; groups * nb * pbb];
+    if nb == 0 {
+        return out;
+    }
     for (gi, grp) in out.chunks_exact_mut(nb * pbb).enumerate() {
         for (s, sb) in grp.chunks_exact_mut(pbb).enumerate() {
             for i in 0..GROUP {
@@ -165,6 +169,9 @@ fn pack_q6(blk: &[u8], i: usize, sb: &mut [u8]) {
 pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize) -> Prepared {
     let nb = w.cols / QK_K;
     let mut out = vec![0u8; n * nb * ACT_BLOCK];
+    if nb == 0 {
+        return Prepared::Bytes(out);
+    }
     for (r, xr) in x.chunks_exact(w.cols).enumerate() {
         for (s, xs) in xr.chunks_exact(QK_K).enumerate() {
             let at = (s * n + r) * ACT_BLOCK;
@@ -260,7 +267,8 @@ fn compute_tile_on(
         "compute_tile: tile has the wrong length"
     );
     assert!(rows.end <= w.rows && acts.len() == n * nb * ACT_BLOCK);
-    if len == 0 {
+    if len == 0 || nb == 0 {
+        tile.fill(0.0);
         return;
     }
     let stride = n * ACT_BLOCK;
@@ -503,6 +511,16 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn zero_columns_give_zeros() {
+        for dtype in DTYPES {
+            let w = MatMulWeight::new(dtype, 5, 0, &[]).unwrap();
+            let mut y = vec![1f32; 2 * 5];
+            matmul(&w, &[], 2, &mut y);
+            assert!(y.iter().all(|&v| v == 0.0));
         }
     }
 
