@@ -514,6 +514,47 @@ mod tests {
         }
     }
 
+    /// Real weights: the first 20 rows of the first Q4_K, Q5_K and Q6_K matrices of the cached
+    /// Qwen2.5-Coder-0.5B Q4_K_M file, when it is there (`shared/models/fetch.sh`).
+    #[test]
+    fn real_gguf_rows_match_ggml_dot() {
+        let Some(home) = std::env::var_os("HOME") else {
+            return;
+        };
+        let path = std::path::Path::new(&home)
+            .join(".cache/kasoku/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+        let Ok(file) = crate::format::gguf::GgufFile::open(&path) else {
+            return;
+        };
+        let mut rng = Rng(11);
+        let mut seen = Vec::new();
+        for info in file.tensor_infos() {
+            if !DTYPES.contains(&info.dtype) || info.shape.len() != 2 || seen.contains(&info.dtype)
+            {
+                continue;
+            }
+            seen.push(info.dtype);
+            let t = file.tensor(&info.name).unwrap();
+            let (rows, cols) = (20.min(info.shape[0]), info.shape[1]);
+            let wb = &t.data.as_slice()[..rows * info.dtype.bytes_for(cols).unwrap()];
+            let w = MatMulWeight::new(info.dtype, rows, cols, wb).unwrap();
+            let n = 3;
+            let x = random_x(n * cols, &mut rng);
+            let mut y = vec![0f32; n * rows];
+            matmul(&w, &x, n, &mut y);
+            assert_eq!(
+                y,
+                reference(info.dtype, wb, rows, cols, &x, n),
+                "{}",
+                info.name
+            );
+        }
+        assert!(
+            seen.contains(&DType::Q4K) && seen.contains(&DType::Q6K),
+            "{seen:?}"
+        );
+    }
+
     #[test]
     fn zero_columns_give_zeros() {
         for dtype in DTYPES {
