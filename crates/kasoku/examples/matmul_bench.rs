@@ -8,6 +8,8 @@
 //! cache (what decode sees); with `hot`, one matrix that stays in cache is measured too (the
 //! kernels' compute ceiling). `-- kernel [FORMATS...]` measures single-thread compute cost per
 //! block and activation row on an in-cache matrix, by CPU time (robust to a busy machine).
+//! `MATMUL_BENCH_CPU=1` times the "mem" products by the calling thread's CPU time instead of
+//! wall time (meaningful for 1 thread, or with a spinning pool that has the cores to itself).
 
 use std::time::Instant;
 
@@ -58,26 +60,33 @@ fn random_weights(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
     b
 }
 
-/// Seconds per product, best of several passes over `ws`.
+/// Seconds per product: each product is timed alone, rotating over `ws`, and the 20th
+/// percentile is reported (on a busy machine most samples are slowed by other processes; the
+/// fast ones are the undisturbed runs).
 fn time(ws: &[MatMulWeight], n: usize) -> f64 {
     let (rows, cols) = (ws[0].rows, ws[0].cols);
     let x: Vec<f32> = (0..n * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
     let mut y = vec![0f32; n * rows];
-    let passes = (64 / ws.len()).max(3);
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        for _ in 0..passes {
-            for w in ws {
-                matmul(w, &x, n, &mut y);
+    let samples = (3 * ws.len()).max(60);
+    let cpu_clock = std::env::var_os("MATMUL_BENCH_CPU").is_some();
+    let mut t: Vec<f64> = (0..samples)
+        .map(|i| {
+            let (start, c0) = (
+                Instant::now(),
+                if cpu_clock { thread_cpu_ns() } else { None },
+            );
+            matmul(&ws[i % ws.len()], &x, n, &mut y);
+            match (c0, thread_cpu_ns()) {
+                (Some(a), Some(b)) if cpu_clock => (b - a) as f64 * 1e-9,
+                _ => start.elapsed().as_secs_f64(),
             }
-        }
-        best = best.min(t.elapsed().as_secs_f64() / (passes * ws.len()) as f64);
-    }
+        })
+        .collect();
     std::hint::black_box(&y);
-    best
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t[samples / 5]
 }
 
 /// Microseconds per call of an empty `parallel_for` with `tasks` tasks (best of 5 × 2000).
@@ -147,14 +156,27 @@ fn run(nthreads: usize, formats: &[DType], hot: bool) {
     }
 }
 
-/// Nanoseconds of CPU time this thread has run (from the scheduler's statistics), if known.
+/// Nanoseconds of CPU time this thread has run (`CLOCK_THREAD_CPUTIME_ID`), if known.
+#[cfg(target_os = "linux")]
 fn thread_cpu_ns() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    (rc == 0).then(|| t.sec as u64 * 1_000_000_000 + t.nsec as u64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu_ns() -> Option<u64> {
+    None
 }
 
 /// Single-thread compute cost: a 512×4096 matrix that stays in L2, timed by this thread's CPU

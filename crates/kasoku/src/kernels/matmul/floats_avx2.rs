@@ -7,6 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::floats::{ACC, GROUP};
+use super::legacy_avx2::PREFETCH;
 use crate::quant::DType;
 
 /// See `floats::kernel`.
@@ -72,8 +73,10 @@ unsafe fn run<const XR: usize, const T: u8>(
     let mut a1: [__m256; XR] = std::array::from_fn(|r| _mm256_loadu_ps(ap.add(r * ACC + GROUP)));
     let xp: [*const f32; XR] = std::array::from_fn(|r| x.as_ptr().add(r * cols + c0));
     let wp = w.as_ptr();
+    let es: usize = if T == 0 { 4 } else { 2 };
     let pairs = kn / 2;
     for c in (0..2 * pairs).step_by(2) {
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(c * GROUP * es + PREFETCH) as *const i8);
         let w0 = load::<T>(wp, c);
         let w1 = load::<T>(wp, c + 1);
         for r in 0..XR {

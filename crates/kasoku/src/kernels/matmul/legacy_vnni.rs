@@ -6,8 +6,8 @@
 //!
 //! Since `vpdpbusd` cannot saturate, Q8_0 weights are made unsigned by flipping their sign bit
 //! (`w + 128`) and the activation sum term `128·Σq` is subtracted, like Q4_0's `8·Σq`. The
-//! integer accumulators start at minus that correction, and each activation row uses two
-//! accumulators (even and odd code registers) to halve the dependency chain.
+//! integer accumulators start at minus that correction; with fewer than four activation rows
+//! each row uses two accumulators (even and odd code registers) to halve the dependency chain.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -27,8 +27,8 @@ pub(crate) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// Accumulates `kn` packed blocks of one weight group into `acc[r][i]` for `xr` (1..=4)
-/// activation rows; see `legacy_avx2::kernel`.
+/// Accumulates `kn` packed blocks of one weight group into `acc[r][i]` for `xr` (1..=8)
+/// activation rows (AVX-512VL gives 32 vector registers); see `legacy_avx2::kernel`.
 ///
 /// # Safety
 /// [`available`] must be true; `w` must hold `kn` packed blocks of `dtype` and `x` cover `xr`
@@ -48,26 +48,48 @@ pub(crate) unsafe fn kernel(
         (DType::Q8_0, 1) => run::<1, 34>(w, kn, x, acc),
         (DType::Q8_0, 2) => run::<2, 34>(w, kn, x, acc),
         (DType::Q8_0, 3) => run::<3, 34>(w, kn, x, acc),
-        (DType::Q8_0, _) => run::<4, 34>(w, kn, x, acc),
+        (DType::Q8_0, 4) => run::<4, 34>(w, kn, x, acc),
+        (DType::Q8_0, 5) => run::<5, 34>(w, kn, x, acc),
+        (DType::Q8_0, 6) => run::<6, 34>(w, kn, x, acc),
+        (DType::Q8_0, 7) => run::<7, 34>(w, kn, x, acc),
+        (DType::Q8_0, _) => run::<8, 34>(w, kn, x, acc),
         (DType::Q4_0, 1) => run::<1, 18>(w, kn, x, acc),
         (DType::Q4_0, 2) => run::<2, 18>(w, kn, x, acc),
         (DType::Q4_0, 3) => run::<3, 18>(w, kn, x, acc),
-        (DType::Q4_0, _) => run::<4, 18>(w, kn, x, acc),
+        (DType::Q4_0, 4) => run::<4, 18>(w, kn, x, acc),
+        (DType::Q4_0, 5) => run::<5, 18>(w, kn, x, acc),
+        (DType::Q4_0, 6) => run::<6, 18>(w, kn, x, acc),
+        (DType::Q4_0, 7) => run::<7, 18>(w, kn, x, acc),
+        (DType::Q4_0, _) => run::<8, 18>(w, kn, x, acc),
         (DType::Q4_1, 1) => run::<1, 20>(w, kn, x, acc),
         (DType::Q4_1, 2) => run::<2, 20>(w, kn, x, acc),
         (DType::Q4_1, 3) => run::<3, 20>(w, kn, x, acc),
-        (DType::Q4_1, _) => run::<4, 20>(w, kn, x, acc),
+        (DType::Q4_1, 4) => run::<4, 20>(w, kn, x, acc),
+        (DType::Q4_1, 5) => run::<5, 20>(w, kn, x, acc),
+        (DType::Q4_1, 6) => run::<6, 20>(w, kn, x, acc),
+        (DType::Q4_1, 7) => run::<7, 20>(w, kn, x, acc),
+        (DType::Q4_1, _) => run::<8, 20>(w, kn, x, acc),
         (DType::Q5_0, 1) => run::<1, 22>(w, kn, x, acc),
         (DType::Q5_0, 2) => run::<2, 22>(w, kn, x, acc),
         (DType::Q5_0, 3) => run::<3, 22>(w, kn, x, acc),
-        (DType::Q5_0, _) => run::<4, 22>(w, kn, x, acc),
+        (DType::Q5_0, 4) => run::<4, 22>(w, kn, x, acc),
+        (DType::Q5_0, 5) => run::<5, 22>(w, kn, x, acc),
+        (DType::Q5_0, 6) => run::<6, 22>(w, kn, x, acc),
+        (DType::Q5_0, 7) => run::<7, 22>(w, kn, x, acc),
+        (DType::Q5_0, _) => run::<8, 22>(w, kn, x, acc),
         (DType::Q5_1, 1) => run::<1, 24>(w, kn, x, acc),
         (DType::Q5_1, 2) => run::<2, 24>(w, kn, x, acc),
         (DType::Q5_1, 3) => run::<3, 24>(w, kn, x, acc),
-        (DType::Q5_1, _) => run::<4, 24>(w, kn, x, acc),
+        (DType::Q5_1, 4) => run::<4, 24>(w, kn, x, acc),
+        (DType::Q5_1, 5) => run::<5, 24>(w, kn, x, acc),
+        (DType::Q5_1, 6) => run::<6, 24>(w, kn, x, acc),
+        (DType::Q5_1, 7) => run::<7, 24>(w, kn, x, acc),
+        (DType::Q5_1, _) => run::<8, 24>(w, kn, x, acc),
         _ => unreachable!("not a legacy format: {dtype}"),
     }
 }
+
+use super::legacy_avx2::prefetch;
 
 /// Broadcasts the four activation bytes at `p` to every 32-bit lane.
 #[inline(always)]
@@ -113,6 +135,7 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
     let wp = w.as_ptr();
     for b in 0..kn {
         let p = wp.add(b * GROUP * BB);
+        prefetch(p, GROUP * BB);
         let h = if five {
             _mm256_loadu_si256(p.add(h_off) as *const __m256i)
         } else {
@@ -147,7 +170,7 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
             };
             for r in 0..XR {
                 let xb = bcast4(xq[r].add(b * QK + 4 * k));
-                if k % 2 == 0 {
+                if k % 2 == 0 || XR >= 4 {
                     even[r] = _mm256_dpbusd_epi32(even[r], g, xb);
                 } else {
                     odd[r] = _mm256_dpbusd_epi32(odd[r], g, xb);
@@ -162,7 +185,11 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
         };
         for r in 0..XR {
             let idx = i0[r] + b;
-            let dot = _mm256_add_epi32(even[r], odd[r]);
+            let dot = if XR >= 4 {
+                even[r]
+            } else {
+                _mm256_add_epi32(even[r], odd[r])
+            };
             let c = _mm256_mul_ps(dw, _mm256_set1_ps(*x.acts.d.get_unchecked(idx)));
             a[r] = _mm256_fmadd_ps(c, _mm256_cvtepi32_ps(dot), a[r]);
             if has_min {
