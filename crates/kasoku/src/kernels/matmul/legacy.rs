@@ -29,10 +29,12 @@
 //! and an activation row's result does not depend on how many rows share the call.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use half::f16;
 
 use super::{Isa, MatMulWeight, Prepared};
+use crate::kernels::threads;
 use crate::quant::legacy::QK;
 use crate::quant::DType;
 
@@ -153,23 +155,25 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
         s: Vec::new(),
     };
     let mut sums = vec![0i32; n * nb];
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only chosen when AVX2 and FMA are present.
-        Isa::Avx2 => unsafe {
-            super::legacy_avx2::quantize_rows(x, &mut acts.qs, &mut acts.d, &mut sums)
-        },
-        _ => {
-            for (((xb, qb), d), s) in x
-                .chunks_exact(QK)
-                .zip(acts.qs.chunks_exact_mut(QK))
-                .zip(&mut acts.d)
-                .zip(&mut sums)
-            {
-                (*d, *s) = quantize_block(xb, qb);
-            }
-        }
-    }
+    // Large batches (prefill) quantize rows in parallel, a few rows per task.
+    let rows_per_task = if n * cols >= 1 << 16 {
+        (n / (4 * threads::num_threads())).max(1)
+    } else {
+        n
+    };
+    let parts: Vec<_> = x
+        .chunks(rows_per_task * cols)
+        .zip(acts.qs.chunks_mut(rows_per_task * cols))
+        .zip(acts.d.chunks_mut(rows_per_task * nb))
+        .zip(sums.chunks_mut(rows_per_task * nb))
+        .map(|(((x, q), d), s)| Mutex::new((x, q, d, s)))
+        .collect();
+    threads::parallel_for(parts.len(), |t| {
+        let mut part = parts[t].lock().unwrap();
+        let (x, q, d, s) = &mut *part;
+        quantize_rows(x, q, d, s, isa);
+    });
+    drop(parts);
     // GGML stores activation scales as f16 (Q8_0 `d`; Q8_1 `d` and `s = d·Σq`, both rounded
     // from the f32 `d`). Rounding them the same way makes kasoku's products equal llama.cpp's
     // on the same file, not merely close to the f32 reference.
@@ -192,6 +196,25 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
         *d = to_f16(*d);
     }
     acts
+}
+
+/// Quantizes whole rows of activations: codes, scales and code sums per block.
+fn quantize_rows(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32], isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only chosen when AVX2 and FMA are present.
+        Isa::Avx2 => unsafe { super::legacy_avx2::quantize_rows(x, qs, d, sums) },
+        _ => {
+            for (((xb, qb), d), s) in x
+                .chunks_exact(QK)
+                .zip(qs.chunks_exact_mut(QK))
+                .zip(d)
+                .zip(sums)
+            {
+                (*d, *s) = quantize_block(xb, qb);
+            }
+        }
+    }
 }
 
 /// Pointers a kernel needs for `xr` activation rows starting at row `r0`, block `kb`.

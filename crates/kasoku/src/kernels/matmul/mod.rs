@@ -427,6 +427,30 @@ mod tests {
     }
 
     #[test]
+    fn prefill_sized_batches_equal_single_rows() {
+        // Large enough for the parallel activation quantizer and several outer row blocks.
+        let mut rng = Rng(4);
+        for dtype in [DType::Q4_0, DType::Q5_1, DType::Q8_0, DType::BF16] {
+            let (rows, cols, n) = (24, 2048, 70);
+            let wb = random_matrix(&mut rng, dtype, rows, cols);
+            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let mut y = vec![0f32; n * rows];
+            matmul(&w, &x, n, &mut y);
+            for r in 0..n {
+                let mut y1 = vec![0f32; rows];
+                matmul(&w, &x[r * cols..(r + 1) * cols], 1, &mut y1);
+                assert!(
+                    y1.iter()
+                        .zip(&y[r * rows..])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dtype}: row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn size_errors_are_values() {
         assert!(matches!(
             MatMulWeight::new(DType::Q4_0, 2, 48, &[0; 36]),
