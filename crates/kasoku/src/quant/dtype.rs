@@ -81,7 +81,7 @@ impl DType {
     /// Bytes of `n` consecutive values, or `None` if `n` is not a whole number of blocks
     /// (or the size overflows).
     pub fn bytes_for(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.block_bytes())
