@@ -429,7 +429,15 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine invocation")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--no-benchmarks-md", action="store_true", help="do not rewrite BENCHMARKS.md")
+    ap.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                    help="only regenerate the markdown, chart and BENCHMARKS.md from a results file")
     a = ap.parse_args()
+    if a.render:
+        result = json.loads(a.render.read_text())
+        a.out.mkdir(parents=True, exist_ok=True)
+        write_outputs(result, a)
+        print(report.markdown(result))
+        return
     command = "python3 bench/run.py " + shlex.join(sys.argv[1:])
     if a.quick:
         a.runs = min(a.runs, 2)
@@ -464,6 +472,9 @@ def main() -> None:
             engine_notes["kasoku"] = engine_notes.get("kasoku") or why
         else:
             engines.append(k)
+            if "kasoku" in engine_notes:
+                built = datetime.fromtimestamp(a.kasoku_bin.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+                engine_notes["kasoku"] += f"; measured the existing binary (built {built})"
     if "llama.cpp" in wanted:
         lc = LlamaCpp(LLAMA_BIN)
         why = lc.available()
@@ -499,6 +510,7 @@ def main() -> None:
         "bandwidth": bw,
         "models": [],
         "load_average": {"before": load_before},
+        "complete": False,
     }
     for spec in specs:
         path, note = resolve(spec, a.fetch_optional)
@@ -511,6 +523,7 @@ def main() -> None:
         result["models"].append(bench_model(name, path, engines, a, bw))
         write_outputs(result, a)  # partial results survive an interrupted run
     result["load_average"]["after"] = load_average()
+    result["complete"] = True
     write_outputs(result, a)
     print(report.markdown(result))
 
