@@ -1,19 +1,23 @@
-//! Matrix products `y = x · Wᵀ` for 1..64 activation rows, directly on every weight format.
+//! Matrix products `y = x · Wᵀ` for any number of activation rows (1 for decode, 2–64 for
+//! speculative verification, hundreds for prefill), directly on every weight format.
 //!
 //! `W` is `[rows, cols]` (rows = output features), `x` is `n × cols` and `y` is `n × rows`,
 //! both row-major. Weights are packed once at load (`MatMulWeight::new`) into the layout their
 //! format family's kernel wants; activations are converted once per call (to int8 blocks where
 //! the format's dot product calls for it); output rows are split across the worker pool, and
 //! each task computes a tile (all `n` activation rows × a range of weight rows) so that every
-//! weight byte is read once per call whatever `n` is.
+//! weight byte is read from memory once per call whatever `n` is.
 //!
-//! Format families, one file each:
-//! - `floats`: F32, F16, BF16
-//! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations as Q8_0 / Q8_1 blocks)
+//! Format families, one file each (plus `*_avx2.rs` / `*_vnni.rs` beside them):
+//! - `floats`: F32, F16, BF16 (f32 activations)
+//! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations as int8 blocks of 32, the Q8_0 / Q8_1
+//!   information)
 //! - `k_quants`: Q4_K, Q5_K, Q6_K (activations as Q8_K blocks)
 //!
 //! Each family provides `pack`, `prepare` (activations) and `compute_tile`, with a portable
-//! path and an AVX2 path that compute the same function.
+//! path and an AVX2 path (and an AVX512-VNNI one where the CPU has it) that compute the same
+//! function, bit for bit. The float and legacy families also give an activation row the same
+//! bits whatever the batch it comes in (so verifying a draft reproduces plain decoding exactly).
 
 use std::cell::RefCell;
 use std::ops::Range;
