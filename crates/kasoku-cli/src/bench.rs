@@ -161,7 +161,7 @@ impl VerifyPoint {
     }
 }
 
-/// How the state went back to `CONTEXT` positions between verify reps.
+/// The verify curve, and how the state went back to `CONTEXT` positions between reps.
 fn verify_curve(
     model: &Model,
     context: &[u32],
