@@ -1,13 +1,19 @@
 //! Multi-head causal attention of a batch of new tokens over a KV cache, with grouped-query
 //! heads (query head `h` reads KV head `h / (n_heads / n_kv_heads)`).
 //!
-//! The cache holds `[position][kv_head][head_dim]` f32 rows and already contains the new
-//! tokens' keys and values: new row `i` sits at position `past + i` and sees positions
+//! The cache is head-major: for each KV head, `[position][head_dim]` f32 rows (contiguous, so
+//! a task streams its keys and values; a position-major layout strides by a whole KV row per
+//! key and measured ~5x slower at head_dim 256). It already contains the new tokens' keys and
+//! values: new row `i` sits at position `past + i` and sees positions
 //! `0..=past + i` (the old cache plus the earlier new tokens). Scores and softmax are f32.
-//! Work is split over (head, block of rows) tasks on the worker pool. The dot products and
-//! the weighted sum of values have an AVX2/FMA path beside the portable one.
+//!
+//! Work is split into tasks of (KV head, block of new rows, chunk of keys). A task serves every
+//! query head of its KV head group, so each key and value row is read once per task however
+//! many query heads share it, and long caches are split over the pool even for one new token
+//! (each task keeps a partial softmax: max, sum and weighted values, merged at the end, as in
+//! flash-decoding). Dot products, exponentials and weighted sums have an AVX2/FMA path beside
+//! the portable one; both run the same task code.
 
-use super::activation::softmax_inplace;
 use super::threads;
 
 /// Head counts and size of one attention layer.
@@ -18,15 +24,36 @@ pub struct AttnGeometry {
     pub head_dim: usize,
 }
 
+/// Keys per task at most (bounds the score buffer: rows × group × this).
+const MAX_CHUNK: usize = 512;
+/// Keys per task at least, when splitting a cache for parallelism.
+const MIN_CHUNK: usize = 128;
+/// New rows per task at most.
+const ROW_BLOCK: usize = 8;
+
 /// `out[i][h] = Σ_j softmax_j(scale · q[i][h]·k[j][kvh]) · v[j][kvh]`, `j ≤ past + i`.
 ///
-/// `q` and `out` are `n × n_heads × head_dim`; `keys` and `values` hold at least
-/// `past + n` positions of `n_kv_heads × head_dim`.
+/// `q` and `out` are `n × n_heads × head_dim`; `keys[kvh]` and `values[kvh]` (one slice per
+/// KV head) hold at least `past + n` positions of `head_dim` values.
 pub fn attention(
     geo: AttnGeometry,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    past: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attention_with(simd_available(), geo, q, keys, values, past, scale, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_with(
+    use_simd: bool,
+    geo: AttnGeometry,
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
     past: usize,
     scale: f32,
     out: &mut [f32],
@@ -41,56 +68,204 @@ pub fn attention(
         "attention: n_heads must be a multiple of n_kv_heads"
     );
     let q_row = n_heads * hd;
-    let kv_row = n_kv_heads * hd;
     assert!(
         q.len().is_multiple_of(q_row) && out.len() == q.len(),
         "attention: q/out lengths"
     );
     let n = q.len() / q_row;
+    let total = past + n;
     assert!(
-        keys.len() >= (past + n) * kv_row && values.len() >= (past + n) * kv_row,
+        keys.len() == n_kv_heads
+            && values.len() == n_kv_heads
+            && keys.iter().chain(values).all(|h| h.len() >= total * hd),
         "attention: cache too short"
     );
     if n == 0 {
         return;
     }
     let group = n_heads / n_kv_heads;
-    // Enough tasks to balance the pool, but each at least a few rows.
-    let want_tasks = threads::num_threads() * 4;
-    let blocks = want_tasks.div_ceil(n_heads).clamp(1, n);
-    let rows_per = n.div_ceil(blocks);
-    let blocks = n.div_ceil(rows_per);
-    let outp = SharedOut(out.as_mut_ptr());
-    threads::parallel_for(n_heads * blocks, |t| {
-        let (h, b) = (t / blocks, t % blocks);
-        let kvh = h / group;
+    let want = threads::num_threads() * 4;
+    let row_blocks = n.div_ceil(ROW_BLOCK);
+    let rows_per = n.div_ceil(row_blocks);
+    let per_head_tasks = want.div_ceil(n_kv_heads * row_blocks);
+    let chunks = per_head_tasks
+        .min(total.div_ceil(MIN_CHUNK))
+        .max(total.div_ceil(MAX_CHUNK))
+        .max(1);
+    let chunk_len = total.div_ceil(chunks);
+    let chunks = total.div_ceil(chunk_len);
+
+    // One partial result per (task, row of its block, head of its group): max, sum, hd values.
+    let slot = hd + 2;
+    let per_task = rows_per * group * slot;
+    let n_tasks = n_kv_heads * row_blocks * chunks;
+    let mut partial = vec![0f32; n_tasks * per_task];
+    let pp = SharedOut(partial.as_mut_ptr());
+    let ctx = Ctx {
+        hd,
+        group,
+        q_row,
+        past,
+        scale,
+        q,
+        keys,
+        values,
+    };
+    threads::parallel_for(n_tasks, |t| {
+        let c = t % chunks;
+        let b = (t / chunks) % row_blocks;
+        let kvh = t / (chunks * row_blocks);
         let rows = b * rows_per..((b + 1) * rows_per).min(n);
-        let mut scores = vec![0f32; past + rows.end];
-        let mut acc = vec![0f32; hd];
-        for i in rows {
-            let qv = &q[i * q_row + h * hd..][..hd];
-            let len = past + i + 1;
-            let s = &mut scores[..len];
-            for (j, sj) in s.iter_mut().enumerate() {
-                *sj = dot(qv, &keys[j * kv_row + kvh * hd..][..hd]) * scale;
-            }
-            softmax_inplace(s);
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for (j, &p) in s.iter().enumerate() {
-                axpy(&mut acc, p, &values[j * kv_row + kvh * hd..][..hd]);
-            }
-            // SAFETY: each (row, head) slot of `out` is written by exactly one task, while
-            // `attention` holds the only borrow of `out`.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(outp.get().add(i * q_row + h * hd), hd) };
-            dst.copy_from_slice(&acc);
-        }
+        let keys_range = c * chunk_len..((c + 1) * chunk_len).min(total);
+        // SAFETY: each task writes only its own `per_task` slice of `partial`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(pp.get().add(t * per_task), per_task) };
+        run_task(use_simd, &ctx, kvh, rows, keys_range, dst);
     });
+
+    // Merge the chunks of each (row, head).
+    for i in 0..n {
+        let b = i / rows_per;
+        let r = i - b * rows_per;
+        for h in 0..n_heads {
+            let (kvh, g) = (h / group, h % group);
+            let at = |c: usize| {
+                ((kvh * row_blocks + b) * chunks + c) * per_task + (r * group + g) * slot
+            };
+            let m = (0..chunks)
+                .map(|c| partial[at(c)])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let dst = &mut out[i * q_row + h * hd..][..hd];
+            dst.iter_mut().for_each(|d| *d = 0.0);
+            let mut sum = 0f32;
+            for c in 0..chunks {
+                let p = &partial[at(c)..at(c) + slot];
+                if p[1] == 0.0 {
+                    continue;
+                }
+                let w = (p[0] - m).exp();
+                sum += p[1] * w;
+                dst.iter_mut().zip(&p[2..]).for_each(|(d, &a)| *d += w * a);
+            }
+            let inv = 1.0 / sum;
+            dst.iter_mut().for_each(|d| *d *= inv);
+        }
+    }
+}
+
+/// What every task reads.
+struct Ctx<'a> {
+    hd: usize,
+    group: usize,
+    q_row: usize,
+    past: usize,
+    scale: f32,
+    q: &'a [f32],
+    keys: &'a [&'a [f32]],
+    values: &'a [&'a [f32]],
+}
+
+fn run_task(
+    use_simd: bool,
+    ctx: &Ctx,
+    kvh: usize,
+    rows: std::ops::Range<usize>,
+    keys: std::ops::Range<usize>,
+    dst: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if use_simd {
+        // SAFETY: `use_simd` is only true when AVX2 and FMA are available.
+        unsafe { avx2::task(ctx, kvh, rows, keys, dst) };
+        return;
+    }
+    let _ = use_simd;
+    task::<Portable>(ctx, kvh, rows, keys, dst);
+}
+
+/// The vector primitives a task needs.
+trait Ops {
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    fn axpy(y: &mut [f32], alpha: f32, x: &[f32]);
+    /// `x[i] = exp(x[i] - max)`, returns the sum.
+    fn exp_sum(x: &mut [f32], max: f32) -> f32;
+}
+
+/// Partial attention of the query heads of `kvh` for `rows` over the keys `keys`: for each
+/// (row, head) writes `[max score, Σ exp(score - max), Σ exp(score - max) · v]` to `dst`
+/// (max = -inf and sum = 0 when the row sees none of these keys).
+#[inline(always)]
+fn task<O: Ops>(
+    ctx: &Ctx,
+    kvh: usize,
+    rows: std::ops::Range<usize>,
+    keys: std::ops::Range<usize>,
+    dst: &mut [f32],
+) {
+    let Ctx {
+        hd,
+        group,
+        q_row,
+        past,
+        scale,
+        q,
+        keys: kc,
+        values: vc,
+    } = *ctx;
+    let (kc, vc) = (kc[kvh], vc[kvh]);
+    let slot = hd + 2;
+    let width = keys.len();
+    let n_q = rows.len() * group;
+    let mut scores = vec![0f32; n_q * width];
+    // Keys this (row, head) sees in the chunk: row i sees positions ≤ past + i.
+    let seen = |i: usize| (past + i + 1).min(keys.end).saturating_sub(keys.start);
+    let max_seen = seen(rows.end - 1);
+    for j in 0..max_seen {
+        let k = &kc[(keys.start + j) * hd..][..hd];
+        for (r, i) in rows.clone().enumerate() {
+            if j >= seen(i) {
+                continue;
+            }
+            for g in 0..group {
+                let qv = &q[i * q_row + (kvh * group + g) * hd..][..hd];
+                scores[(r * group + g) * width + j] = O::dot(qv, k) * scale;
+            }
+        }
+    }
+    for (r, i) in rows.clone().enumerate() {
+        let len = seen(i);
+        for g in 0..group {
+            let p = (r * group + g) * slot;
+            let out = &mut dst[p..p + slot];
+            out[2..].iter_mut().for_each(|v| *v = 0.0);
+            if len == 0 {
+                out[0] = f32::NEG_INFINITY;
+                out[1] = 0.0;
+                continue;
+            }
+            let s = &mut scores[(r * group + g) * width..][..len];
+            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            out[0] = m;
+            out[1] = O::exp_sum(s, m);
+        }
+    }
+    for j in 0..max_seen {
+        let v = &vc[(keys.start + j) * hd..][..hd];
+        for (r, i) in rows.clone().enumerate() {
+            if j >= seen(i) {
+                continue;
+            }
+            for g in 0..group {
+                let w = scores[(r * group + g) * width + j];
+                let p = (r * group + g) * slot;
+                O::axpy(&mut dst[p + 2..p + slot], w, v);
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
-// SAFETY: only used to write disjoint slots from the pool's tasks during `attention`.
+// SAFETY: only used to write disjoint slices from the pool's tasks during `attention`.
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 impl SharedOut {
@@ -99,65 +274,104 @@ impl SharedOut {
     }
 }
 
-/// `Σ a[i]·b[i]`.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
+fn simd_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: AVX2 and FMA are available; lengths are equal.
-        return unsafe { avx2::dot(a, b) };
+    {
+        avx2::available()
     }
-    portable::dot(a, b)
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
-/// `y[i] += alpha · x[i]`.
-pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-    assert_eq!(y.len(), x.len());
-    #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: AVX2 and FMA are available; lengths are equal.
-        unsafe { avx2::axpy(y, alpha, x) };
-        return;
-    }
-    portable::axpy(y, alpha, x)
-}
+struct Portable;
 
-mod portable {
-    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+impl Ops for Portable {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
 
-    pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    #[inline(always)]
+    fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
         for (o, &v) in y.iter_mut().zip(x) {
             *o += alpha * v;
         }
+    }
+
+    #[inline(always)]
+    fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+        let mut sum = 0f32;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        sum
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
-    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::ops::Range;
 
-    /// Cached feature check (0 = unknown, 1 = no, 2 = yes): this runs per key.
+    use super::{Ctx, Ops};
+
     pub fn available() -> bool {
-        static STATE: AtomicU8 = AtomicU8::new(0);
-        match STATE.load(Ordering::Relaxed) {
-            2 => true,
-            1 => false,
-            _ => {
-                let ok = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-                STATE.store(if ok { 2 } else { 1 }, Ordering::Relaxed);
-                ok
-            }
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn task(
+        ctx: &Ctx,
+        kvh: usize,
+        rows: Range<usize>,
+        keys: Range<usize>,
+        dst: &mut [f32],
+    ) {
+        super::task::<Avx2>(ctx, kvh, rows, keys, dst)
+    }
+
+    pub struct Avx2;
+
+    impl Ops for Avx2 {
+        #[inline(always)]
+        fn dot(a: &[f32], b: &[f32]) -> f32 {
+            // SAFETY: only reached through `task`, which requires AVX2 and FMA.
+            unsafe { dot(a, b) }
         }
+
+        #[inline(always)]
+        fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+            // SAFETY: as above.
+            unsafe { axpy(y, alpha, x) }
+        }
+
+        #[inline(always)]
+        fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+            // SAFETY: as above.
+            unsafe { exp_sum(x, max) }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
     }
 
     /// # Safety
     /// AVX2 and FMA must be available; `a.len() == b.len()`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
+        let n = a.len().min(b.len());
         let (ap, bp) = (a.as_ptr(), b.as_ptr());
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
@@ -171,17 +385,11 @@ mod avx2 {
             );
             i += 16;
         }
-        while i + 8 <= n {
+        if i + 8 <= n {
             acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), _mm256_loadu_ps(bp.add(i)), acc0);
             i += 8;
         }
-        let v = _mm256_add_ps(acc0, acc1);
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        let mut sum = _mm_cvtss_f32(s);
+        let mut sum = hsum(_mm256_add_ps(acc0, acc1));
         while i < n {
             sum += *ap.add(i) * *bp.add(i);
             i += 1;
@@ -191,15 +399,18 @@ mod avx2 {
 
     /// # Safety
     /// AVX2 and FMA must be available; `y.len() == x.len()`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-        let n = y.len();
+        let n = y.len().min(x.len());
         let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
         let a = _mm256_set1_ps(alpha);
         let mut i = 0;
         while i + 8 <= n {
-            let v = _mm256_fmadd_ps(a, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
-            _mm256_storeu_ps(yp.add(i), v);
+            _mm256_storeu_ps(
+                yp.add(i),
+                _mm256_fmadd_ps(a, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i))),
+            );
             i += 8;
         }
         while i < n {
@@ -207,11 +418,102 @@ mod avx2 {
             i += 1;
         }
     }
+
+    /// e^x for x ≤ 0 (softmax arguments), relative error ≈ 2e-7: 2^n · p(r) with
+    /// x = n·ln2 + r, |r| ≤ ln2/2, p a degree-6 Taylor polynomial; results below e^-87 are 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_neg(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        // r = x - n·ln2 in two steps (ln2 = 0.693359375 - 2.12194440e-4; the first is exact in
+        // few bits, so n·hi is exact) to keep r accurate.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.0 / 720.0);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 120.0));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 24.0));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 6.0));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+        let bits = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        let y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+        // n = -126 (and the clamp) would need a denormal scale: flush those to 0.
+        _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0), _CMP_GT_OQ))
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+        let n = x.len();
+        let xp = x.as_mut_ptr();
+        let m = _mm256_set1_ps(max);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(xp.add(i)), m));
+            _mm256_storeu_ps(xp.add(i), e);
+            acc = _mm256_add_ps(acc, e);
+            i += 8;
+        }
+        let mut sum = hsum(acc);
+        while i < n {
+            let e = (*xp.add(i) - max).exp();
+            *xp.add(i) = e;
+            sum += e;
+            i += 1;
+        }
+        sum
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Splits a `[position][kv_head][head_dim]` array into one `[position][head_dim]` per head.
+    pub(super) fn head_major(x: &[f32], n_kv: usize, hd: usize) -> Vec<Vec<f32>> {
+        (0..n_kv)
+            .map(|h| {
+                x.chunks(n_kv * hd)
+                    .flat_map(|row| row[h * hd..(h + 1) * hd].to_vec())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `attention` on position-major test arrays (the natural layout of the reference).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pm(
+        simd: Option<bool>,
+        geo: AttnGeometry,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        past: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let (kh, vh) = (
+            head_major(k, geo.n_kv_heads, geo.head_dim),
+            head_major(v, geo.n_kv_heads, geo.head_dim),
+        );
+        let kr: Vec<&[f32]> = kh.iter().map(|h| &h[..]).collect();
+        let vr: Vec<&[f32]> = vh.iter().map(|h| &h[..]).collect();
+        match simd {
+            None => attention(geo, q, &kr, &vr, past, scale, out),
+            Some(s) => attention_with(s, geo, q, &kr, &vr, past, scale, out),
+        }
+    }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x2545F4914F6CDD1D).wrapping_add(1);
@@ -282,6 +584,8 @@ mod tests {
             (9, 3, 64, 7, 6),
             (2, 2, 8, 0, 1),
             (8, 1, 33, 3, 40),
+            (9, 3, 64, 1500, 1),
+            (4, 2, 32, 600, 37),
         ];
         for &(nh, nkv, hd, past, n) in &cases {
             let geo = AttnGeometry {
@@ -295,7 +599,7 @@ mod tests {
             let scale = 1.0 / (hd as f64).sqrt();
             let want = reference(geo, &q, &k, &v, past, scale);
             let mut got = vec![0f32; q.len()];
-            attention(geo, &q, &k, &v, past, scale as f32, &mut got);
+            pm(None, geo, &q, &k, &v, past, scale as f32, &mut got);
             for (a, b) in got.iter().zip(&want) {
                 assert!(
                     (*a as f64 - b).abs() < 1e-5 * (1.0 + b.abs()),
@@ -318,11 +622,12 @@ mod tests {
         let k = values((past + n) * 32, 12);
         let v = values((past + n) * 32, 13);
         let mut batch = vec![0f32; q.len()];
-        attention(geo, &q, &k, &v, past, 0.25, &mut batch);
+        pm(None, geo, &q, &k, &v, past, 0.25, &mut batch);
         for i in 0..n {
             let mut one = vec![0f32; 64];
             let kv_len = (past + i + 1) * 32;
-            attention(
+            pm(
+                None,
                 geo,
                 &q[i * 64..(i + 1) * 64],
                 &k[..kv_len],
@@ -344,22 +649,103 @@ mod tests {
             for &n in &[1usize, 7, 8, 16, 31, 64, 128, 257] {
                 let a = values(n, n as u64);
                 let b = values(n, 100 + n as u64);
-                let (p, s) = (portable::dot(&a, &b), unsafe { avx2::dot(&a, &b) });
+                // SAFETY (all avx2:: calls below): AVX2 and FMA are available.
+                let (p, s) = (Portable::dot(&a, &b), unsafe { avx2::dot(&a, &b) });
                 assert!(
                     (p - s).abs() < 1e-5 * (1.0 + p.abs()),
                     "dot n={n}: {p} vs {s}"
                 );
                 let mut y1 = values(n, 7);
                 let mut y2 = y1.clone();
-                portable::axpy(&mut y1, 0.37, &a);
-                // SAFETY: AVX2 and FMA are available.
+                Portable::axpy(&mut y1, 0.37, &a);
                 unsafe { avx2::axpy(&mut y2, 0.37, &a) };
                 for i in 0..n {
                     assert!((y1[i] - y2[i]).abs() < 1e-6, "axpy n={n} i={i}");
+                }
+                // exp over the softmax range, against f64.
+                let mut e1: Vec<f32> = a.iter().map(|v| v * 50.0 - 50.0).collect();
+                let src = e1.clone();
+                let sum = unsafe { avx2::exp_sum(&mut e1, 1.5) };
+                let mut want_sum = 0f64;
+                for (e, x) in e1.iter().zip(&src) {
+                    // The argument is rounded to f32 first, as the kernel does.
+                    let w = ((*x - 1.5f32) as f64).exp();
+                    want_sum += w;
+                    assert!(
+                        (*e as f64 - w).abs() <= 1e-6 * w + 1e-37,
+                        "exp({x} - 1.5) = {e}, want {w}"
+                    );
+                }
+                assert!((sum as f64 - want_sum).abs() <= 1e-5 * want_sum);
+            }
+            // The whole kernel, both paths, including chunked caches.
+            for &(nh, nkv, hd, past, n) in &[
+                (4usize, 2usize, 16usize, 0usize, 5usize),
+                (9, 3, 64, 900, 1),
+                (6, 2, 40, 300, 20),
+            ] {
+                let geo = AttnGeometry {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                };
+                let q = values(n * nh * hd, 5);
+                let k = values((past + n) * nkv * hd, 6);
+                let v = values((past + n) * nkv * hd, 7);
+                let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                pm(Some(false), geo, &q, &k, &v, past, 0.3, &mut a);
+                pm(Some(true), geo, &q, &k, &v, past, 0.3, &mut b);
+                for (x, y) in a.iter().zip(&b) {
+                    assert!(
+                        (x - y).abs() < 1e-5 * (1.0 + x.abs()),
+                        "{nh}/{nkv}x{hd} past {past} n {n}: {x} vs {y}"
+                    );
                 }
             }
             return;
         }
         eprintln!("note: AVX2/FMA not available; only the portable path was tested");
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    /// `cargo test --release -p kasoku --lib attention::bench -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn decode_attention_speed() {
+        for &(nh, nkv, hd, ctx) in &[
+            (9usize, 3usize, 64usize, 2048usize),
+            (12, 2, 128, 4096),
+            (16, 4, 256, 4096),
+            (4, 1, 256, 4096),
+            (6, 1, 128, 4096),
+        ] {
+            let geo = AttnGeometry {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let kh = vec![vec![0.01f32; ctx * hd]; nkv];
+            let vh = vec![vec![0.02f32; ctx * hd]; nkv];
+            let k: Vec<&[f32]> = kh.iter().map(|h| &h[..]).collect();
+            let v: Vec<&[f32]> = vh.iter().map(|h| &h[..]).collect();
+            let q = vec![0.1f32; nh * hd];
+            let mut out = vec![0f32; nh * hd];
+            let reps = 50;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                attention(geo, &q, &k, &v, ctx - 1, 0.1, &mut out);
+            }
+            let dt = t.elapsed().as_secs_f64() / reps as f64;
+            let bytes = (2 * ctx * nkv * hd * 4) as f64;
+            eprintln!(
+                "{nh}/{nkv}x{hd} ctx {ctx}: {:.3} ms per layer, {:.1} GB/s of KV",
+                dt * 1e3,
+                bytes / dt / 1e9
+            );
+        }
     }
 }

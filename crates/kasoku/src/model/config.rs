@@ -586,11 +586,16 @@ mod tests {
     fn qwen35_gguf_layer_kinds_and_gdn_dims() {
         use LayerKind::{Attention as A, GatedDeltaNet as G};
         let c = gguf_config("qwen3_5/tiny");
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture_dir("qwen3_5/tiny/config.json")).unwrap(),
+        )
+        .unwrap();
+        let u = |k: &str| json[k].as_u64().unwrap() as usize;
         assert_eq!(c.arch, Arch::Qwen35);
         assert_eq!(c.layer_kinds, vec![G, G, G, A]);
         assert_eq!(
             (c.head_dim, c.rope_dim, c.rope_layout),
-            (32, 8, RopeLayout::Neox)
+            (u("head_dim"), u("head_dim") / 4, RopeLayout::Neox)
         );
         assert!(c.attn_output_gate && c.qk_norm && !c.norm_offset_one && c.tied_embeddings);
         let gdn = (
@@ -600,13 +605,30 @@ mod tests {
             c.linear_value_head_dim,
             c.linear_conv_kernel_dim,
         );
-        assert_eq!(gdn, (2, 4, 16, 8, 4));
+        let want = (
+            u("linear_num_key_heads"),
+            u("linear_num_value_heads"),
+            u("linear_key_head_dim"),
+            u("linear_value_head_dim"),
+            u("linear_conv_kernel_dim"),
+        );
+        assert_eq!(gdn, want);
         assert_eq!(c.rms_eps, 1e-6);
-        // layer_types [linear, full, linear]: not the every-4th default.
-        let c = gguf_config("qwen3_5/tiny_vl");
+    }
+
+    /// `layer_types` [linear, full, linear] (not the every-4th default), VL-nested
+    /// `text_config`, partial rotary 0.5.
+    #[test]
+    fn qwen35_hf_vl_config() {
+        use LayerKind::{Attention as A, GatedDeltaNet as G};
+        let c =
+            ModelConfig::from_hf(&HfConfig::load(fixture_dir("qwen3_5/tiny_vl")).unwrap()).unwrap();
         assert_eq!(c.layer_kinds, vec![G, A, G]);
-        assert_eq!((c.rope_dim, c.linear_num_value_heads), (16, 6));
-        assert!(!c.tied_embeddings);
+        assert_eq!(
+            (c.head_dim, c.rope_dim, c.linear_num_value_heads),
+            (32, 16, 6)
+        );
+        assert!(!c.tied_embeddings && c.norm_offset_one);
     }
 
     /// The HF config.json and the GGUF conversion of the same fixture describe the same
@@ -619,7 +641,6 @@ mod tests {
             "qwen2/tiny",
             "qwen3/tiny",
             "qwen3_5/tiny",
-            "qwen3_5/tiny_vl",
         ] {
             let g = gguf_config(rel);
             let h = ModelConfig::from_hf(&HfConfig::load(fixture_dir(rel)).unwrap()).unwrap();

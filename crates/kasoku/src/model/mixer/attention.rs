@@ -15,76 +15,101 @@ use crate::kernels::rope::Rope;
 
 use super::super::{weights, ModelConfig, ModelError, RmsNorm};
 
-/// Keys and values of one attention layer, f32, `[position][kv_head][head_dim]`.
+/// Keys and values of one attention layer, f32, head-major: per KV head `[position][head_dim]`
+/// (each head's rows contiguous, which is what the attention kernel streams).
 #[derive(Clone, Debug)]
 pub struct KvCache {
-    kv_dim: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
+    head_dim: usize,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    len: usize,
 }
 
 impl KvCache {
-    /// An empty cache for rows of `kv_dim` values (`n_kv_heads × head_dim`).
-    pub fn new(kv_dim: usize) -> KvCache {
+    /// An empty cache for `n_kv_heads` heads of `head_dim` values.
+    pub fn new(n_kv_heads: usize, head_dim: usize) -> KvCache {
         KvCache {
-            kv_dim,
-            keys: Vec::new(),
-            values: Vec::new(),
+            head_dim,
+            keys: vec![Vec::new(); n_kv_heads],
+            values: vec![Vec::new(); n_kv_heads],
+            len: 0,
         }
     }
 
     /// Positions held.
     pub fn len(&self) -> usize {
-        self.keys.len() / self.kv_dim.max(1)
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len == 0
     }
 
+    pub fn n_kv_heads(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Values per position over all heads (`n_kv_heads × head_dim`).
     pub fn kv_dim(&self) -> usize {
-        self.kv_dim
+        self.keys.len() * self.head_dim
     }
 
-    /// All keys, `len × kv_dim`.
-    pub fn keys(&self) -> &[f32] {
-        &self.keys
+    /// Keys of KV head `h`, `len × head_dim`.
+    pub fn keys(&self, h: usize) -> &[f32] {
+        &self.keys[h]
     }
 
-    /// All values, `len × kv_dim`.
-    pub fn values(&self) -> &[f32] {
-        &self.values
+    /// Values of KV head `h`, `len × head_dim`.
+    pub fn values(&self, h: usize) -> &[f32] {
+        &self.values[h]
     }
 
-    /// Appends rows of keys and values (equal lengths, whole rows).
+    /// Appends rows of keys and values given position-major (`[position][kv_head][head_dim]`,
+    /// as projections produce them).
     pub fn append(&mut self, keys: &[f32], values: &[f32]) {
+        let (d, hd) = (self.kv_dim(), self.head_dim);
         assert!(
-            keys.len() == values.len() && keys.len().is_multiple_of(self.kv_dim.max(1)),
+            d > 0 && keys.len() == values.len() && keys.len().is_multiple_of(d),
             "kv cache: bad rows"
         );
-        self.keys.extend_from_slice(keys);
-        self.values.extend_from_slice(values);
+        for (krow, vrow) in keys.chunks_exact(d).zip(values.chunks_exact(d)) {
+            for h in 0..self.keys.len() {
+                self.keys[h].extend_from_slice(&krow[h * hd..(h + 1) * hd]);
+                self.values[h].extend_from_slice(&vrow[h * hd..(h + 1) * hd]);
+            }
+        }
+        self.len += keys.len() / d;
     }
 
     /// Keeps the first `len` positions.
     pub fn truncate(&mut self, len: usize) {
-        self.keys.truncate(len * self.kv_dim);
-        self.values.truncate(len * self.kv_dim);
+        let keep = len.min(self.len);
+        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
+            k.truncate(keep * self.head_dim);
+            v.truncate(keep * self.head_dim);
+        }
+        self.len = keep;
     }
 
     /// After a batch appended at `base`, keeps only the rows `base + accepted[i]` (in that
     /// order, each index < the batch size, increasing) at positions `base + i`.
     pub fn commit(&mut self, base: usize, accepted: &[usize]) {
-        let d = self.kv_dim;
+        let hd = self.head_dim;
         for (i, &a) in accepted.iter().enumerate() {
             assert!(
-                base + a < self.len(),
+                base + a < self.len,
                 "kv cache: accepted row {a} past the end"
             );
             if a != i {
-                let (src, dst) = ((base + a) * d, (base + i) * d);
-                self.keys.copy_within(src..src + d, dst);
-                self.values.copy_within(src..src + d, dst);
+                let (src, dst) = ((base + a) * hd, (base + i) * hd);
+                for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
+                    k.copy_within(src..src + hd, dst);
+                    v.copy_within(src..src + hd, dst);
+                }
             }
         }
         self.truncate(base + accepted.len());
@@ -173,7 +198,7 @@ impl Attention {
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.kv_dim())
+        KvCache::new(self.geo.n_kv_heads, self.geo.head_dim)
     }
 
     /// Runs `n` new tokens (`x`: `n × hidden`, already normed) at positions
@@ -230,15 +255,9 @@ impl Attention {
         cache.append(&k, &v);
 
         let mut att = vec![0f32; n * q_dim];
-        attention(
-            self.geo,
-            &q,
-            cache.keys(),
-            cache.values(),
-            past,
-            self.scale,
-            &mut att,
-        );
+        let keys: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.keys(h)).collect();
+        let values: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.values(h)).collect();
+        attention(self.geo, &q, &keys, &values, past, self.scale, &mut att);
         if let Some(g) = &gate {
             sigmoid_gate(&mut att, g);
         }
@@ -252,23 +271,31 @@ mod tests {
 
     #[test]
     fn kv_cache_append_truncate_commit() {
-        let mut c = KvCache::new(2);
+        // 2 heads of 1 value; rows given position-major [h0, h1].
+        let mut c = KvCache::new(2, 1);
         assert!(c.is_empty());
-        c.append(&[0., 0., 1., 1., 2., 2.], &[10., 10., 11., 11., 12., 12.]);
-        assert_eq!(c.len(), 3);
+        c.append(
+            &[0., 100., 1., 101., 2., 102.],
+            &[10., 110., 11., 111., 12., 112.],
+        );
+        assert_eq!((c.len(), c.kv_dim()), (3, 2));
+        assert_eq!(c.keys(0), &[0., 1., 2.]);
+        assert_eq!(c.keys(1), &[100., 101., 102.]);
         // A batch of 4 at base 3; keep rows 1 and 3.
         c.append(
-            &[3., 3., 4., 4., 5., 5., 6., 6.],
-            &[13., 13., 14., 14., 15., 15., 16., 16.],
+            &[3., 103., 4., 104., 5., 105., 6., 106.],
+            &[13., 113., 14., 114., 15., 115., 16., 116.],
         );
         c.commit(3, &[1, 3]);
         assert_eq!(c.len(), 5);
-        assert_eq!(c.keys(), &[0., 0., 1., 1., 2., 2., 4., 4., 6., 6.]);
-        assert_eq!(
-            c.values(),
-            &[10., 10., 11., 11., 12., 12., 14., 14., 16., 16.]
-        );
+        assert_eq!(c.keys(0), &[0., 1., 2., 4., 6.]);
+        assert_eq!(c.keys(1), &[100., 101., 102., 104., 106.]);
+        assert_eq!(c.values(0), &[10., 11., 12., 14., 16.]);
+        assert_eq!(c.values(1), &[110., 111., 112., 114., 116.]);
         c.truncate(1);
-        assert_eq!(c.keys(), &[0., 0.]);
+        assert_eq!(
+            (c.keys(0), c.values(1), c.len()),
+            (&[0f32][..], &[110f32][..], 1)
+        );
     }
 }
