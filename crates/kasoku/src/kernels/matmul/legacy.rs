@@ -46,18 +46,19 @@ const XB: usize = 64;
 /// tile of the call uses it.
 const KC: usize = 64;
 
-/// Activation rows quantized to int8 blocks for one call.
+/// Activation rows quantized to int8 blocks for one call, stored block-major: block `j` of
+/// row `r` is entry `j·n + r`, so the rows of a tile are adjacent and one pointer reaches them.
 pub(crate) struct Q8Acts {
-    /// Blocks per row.
-    pub nb: usize,
-    /// `n × nb × 32` codes.
+    /// Rows.
+    pub n: usize,
+    /// `nb × n × 32` codes.
     pub qs: Vec<i8>,
-    /// `n × nb` scales.
+    /// `nb × n` scales (f16-rounded, as GGML stores them).
     pub d: Vec<f32>,
-    /// Q4_0 / Q5_0 / Q8_0: `n × nb` integer corrections `off·Σq` with `off` = 8, 16, 128
-    /// (empty otherwise).
-    pub corr: Vec<i32>,
-    /// Q4_1 / Q5_1: `n × nb` values `d·Σq` (empty otherwise).
+    /// Q4_0 / Q5_0 / Q8_0: `nb × n` integer corrections `−off·Σq` with `off` = 8, 16, 128
+    /// (empty otherwise). Q8_0's is used by the VNNI kernel only.
+    pub neg_corr: Vec<i32>,
+    /// Q4_1 / Q5_1: `nb × n` values `f16(d·Σq)` (empty otherwise).
     pub s: Vec<f32>,
 }
 
@@ -148,30 +149,30 @@ pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
 pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) -> Q8Acts {
     let nb = cols / QK;
     let mut acts = Q8Acts {
-        nb,
+        n,
         qs: vec![0; n * cols],
         d: vec![0.0; n * nb],
-        corr: Vec::new(),
+        neg_corr: Vec::new(),
         s: Vec::new(),
     };
     let mut sums = vec![0i32; n * nb];
-    // Large batches (prefill) quantize rows in parallel, a few rows per task.
-    let rows_per_task = if n * cols >= 1 << 16 {
-        (n / (4 * threads::num_threads())).max(1)
+    // Large batches (prefill) are quantized in parallel, by ranges of block columns.
+    let per_task = if n * cols >= 1 << 16 {
+        nb.div_ceil(4 * threads::num_threads())
     } else {
-        n
+        nb
     };
-    let parts: Vec<_> = x
-        .chunks(rows_per_task * cols)
-        .zip(acts.qs.chunks_mut(rows_per_task * cols))
-        .zip(acts.d.chunks_mut(rows_per_task * nb))
-        .zip(sums.chunks_mut(rows_per_task * nb))
-        .map(|(((x, q), d), s)| Mutex::new((x, q, d, s)))
+    let parts: Vec<_> = acts
+        .qs
+        .chunks_mut(per_task * n * QK)
+        .zip(acts.d.chunks_mut(per_task * n))
+        .zip(sums.chunks_mut(per_task * n))
+        .map(|((q, d), s)| Mutex::new((q, d, s)))
         .collect();
     threads::parallel_for(parts.len(), |t| {
         let mut part = parts[t].lock().unwrap();
-        let (x, q, d, s) = &mut *part;
-        quantize_rows(x, q, d, s, isa);
+        let (q, d, s) = &mut *part;
+        quantize_blocks(x, n, cols, t * per_task, q, d, s, isa);
     });
     drop(parts);
     // GGML stores activation scales as f16 (Q8_0 `d`; Q8_1 `d` and `s = d·Σq`, both rounded
@@ -179,10 +180,9 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
     // on the same file, not merely close to the f32 reference.
     let to_f16 = |v: f32| half::f16::from_f32(v).to_f32();
     match dtype {
-        DType::Q4_0 => acts.corr = sums.iter().map(|s| 8 * s).collect(),
-        DType::Q5_0 => acts.corr = sums.iter().map(|s| 16 * s).collect(),
-        // Only the VNNI kernel uses it (it makes the Q8_0 weights unsigned by adding 128).
-        DType::Q8_0 => acts.corr = sums.iter().map(|s| 128 * s).collect(),
+        DType::Q4_0 => acts.neg_corr = sums.iter().map(|s| -8 * s).collect(),
+        DType::Q5_0 => acts.neg_corr = sums.iter().map(|s| -16 * s).collect(),
+        DType::Q8_0 => acts.neg_corr = sums.iter().map(|s| -128 * s).collect(),
         DType::Q4_1 | DType::Q5_1 => {
             acts.s = sums
                 .iter()
@@ -198,26 +198,33 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa) 
     acts
 }
 
-/// Quantizes whole rows of activations: codes, scales and code sums per block.
-fn quantize_rows(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32], isa: Isa) {
+/// Quantizes the blocks `j0..` of every row into block-major slices (entry `(j − j0)·n + r`)
+/// holding whole block columns: codes, scales and code sums.
+#[allow(clippy::too_many_arguments)]
+fn quantize_blocks(
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    j0: usize,
+    qs: &mut [i8],
+    d: &mut [f32],
+    sums: &mut [i32],
+    isa: Isa,
+) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only chosen when AVX2 and FMA are present.
-        Isa::Avx2 => unsafe { super::legacy_avx2::quantize_rows(x, qs, d, sums) },
+        Isa::Avx2 => unsafe { super::legacy_avx2::quantize_blocks(x, n, cols, j0, qs, d, sums) },
         _ => {
-            for (((xb, qb), d), s) in x
-                .chunks_exact(QK)
-                .zip(qs.chunks_exact_mut(QK))
-                .zip(d)
-                .zip(sums)
-            {
-                (*d, *s) = quantize_block(xb, qb);
+            for (e, ((qb, d), s)) in qs.chunks_exact_mut(QK).zip(d).zip(sums).enumerate() {
+                let (j, r) = (j0 + e / n, e % n);
+                (*d, *s) = quantize_block(&x[r * cols + j * QK..][..QK], qb);
             }
         }
     }
 }
 
-/// Pointers a kernel needs for `xr` activation rows starting at row `r0`, block `kb`.
+/// A kernel's view of `xr` activation rows starting at row `r0`, from block column `kb` on.
 pub(crate) struct XTile<'a> {
     pub acts: &'a Q8Acts,
     pub r0: usize,
@@ -225,12 +232,12 @@ pub(crate) struct XTile<'a> {
 }
 
 impl XTile<'_> {
-    pub fn qs(&self, r: usize, b: usize) -> &[i8] {
-        let at = ((self.r0 + r) * self.acts.nb + self.kb + b) * QK;
-        &self.acts.qs[at..at + QK]
-    }
+    /// Index of (row `r0 + r`, block `kb + b`) in the block-major arrays.
     pub fn idx(&self, r: usize, b: usize) -> usize {
-        (self.r0 + r) * self.acts.nb + self.kb + b
+        (self.kb + b) * self.acts.n + self.r0 + r
+    }
+    pub fn qs(&self, r: usize, b: usize) -> &[i8] {
+        &self.acts.qs[self.idx(r, b) * QK..][..QK]
     }
 }
 
@@ -278,10 +285,14 @@ impl Path {
         }
     }
 
-    /// Activation rows one kernel call takes (its register tile). Four for every path: the
-    /// VNNI kernels accept up to eight, but measured slower at eight on Zen 4.
+    /// Activation rows one kernel call takes (its register tile): the VNNI kernels have 32
+    /// vector registers and do eight (measured −10 % time per row at 8–16 rows on Zen 4).
     fn tile(self) -> usize {
-        4
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Path::Vnni => 8,
+            _ => 4,
+        }
     }
 
     /// Every path this CPU runs.
@@ -401,7 +412,7 @@ fn portable_kernel(dtype: DType, w: &[u8], kn: usize, x: &XTile, xr: usize, acc:
             for i in 0..GROUP {
                 let mut dot: i32 = q[i].iter().zip(xq).map(|(&a, &b)| a * b as i32).sum();
                 if matches!(dtype, DType::Q4_0 | DType::Q5_0) {
-                    dot -= x.acts.corr[idx];
+                    dot += x.acts.neg_corr[idx];
                 }
                 let a = &mut acc[r * GROUP + i];
                 *a = (f16_at(p, 2 * i) * dx).mul_add(dot as f32, *a);

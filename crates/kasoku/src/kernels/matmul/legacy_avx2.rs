@@ -17,18 +17,29 @@ use super::legacy::{offsets, XTile, GROUP};
 use crate::quant::legacy::QK;
 use crate::quant::DType;
 
-/// Quantizes rows of activations to int8 blocks (`x.len() == qs.len()`, 32 values per block),
-/// writing each block's scale and code sum. Same results as `legacy::quantize_block`.
+/// Quantizes activation blocks as `legacy::quantize_blocks` does (same results as
+/// `legacy::quantize_block`, block by block).
 ///
 /// # Safety
 /// The CPU must support AVX2.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn quantize_rows(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
-    assert!(x.len() == qs.len() && x.len() == d.len() * QK && d.len() == sums.len());
+pub(crate) unsafe fn quantize_blocks(
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    j0: usize,
+    qs: &mut [i8],
+    d: &mut [f32],
+    sums: &mut [i32],
+) {
+    assert!(qs.len() == d.len() * QK && d.len() == sums.len() && d.len().is_multiple_of(n));
+    assert!((j0 + d.len() / n) * QK <= cols && x.len() == n * cols);
     let sign = _mm256_set1_ps(-0.0);
     let fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for blk in 0..d.len() {
-        let p = x.as_ptr().add(blk * QK);
+    for e in 0..d.len() {
+        let (j, r) = (j0 + e / n, e % n);
+        let p = x.as_ptr().add(r * cols + j * QK);
         let v = [
             _mm256_loadu_ps(p),
             _mm256_loadu_ps(p.add(8)),
@@ -42,20 +53,20 @@ pub(crate) unsafe fn quantize_rows(x: &[f32], qs: &mut [i8], d: &mut [f32], sums
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let m1 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
         let amax = _mm_cvtss_f32(m1);
-        d[blk] = amax / 127.0;
+        d[e] = amax / 127.0;
         let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
         let i: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id)));
         let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
         let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
         let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
-        sums[blk] = _mm_cvtsi128_si32(s1);
+        sums[e] = _mm_cvtsi128_si32(s1);
         let packed = _mm256_packs_epi16(
             _mm256_packs_epi32(i[0], i[1]),
             _mm256_packs_epi32(i[2], i[3]),
         );
         _mm256_storeu_si256(
-            qs.as_mut_ptr().add(blk * QK) as *mut __m256i,
+            qs.as_mut_ptr().add(e * QK) as *mut __m256i,
             _mm256_permutevar8x32_epi32(packed, fix),
         );
     }
@@ -77,7 +88,15 @@ pub(crate) unsafe fn kernel(
     acc: &mut [f32],
 ) {
     assert!(w.len() >= kn * GROUP * dtype.block_bytes() && acc.len() == xr * GROUP);
-    assert!(x.idx(xr - 1, 0) + kn <= x.acts.d.len());
+    assert!(
+        kn > 0 && x.idx(xr - 1, kn - 1) < x.acts.d.len() && x.acts.qs.len() == x.acts.d.len() * QK
+    );
+    let (corr, min) = (
+        matches!(dtype, DType::Q4_0 | DType::Q5_0),
+        matches!(dtype, DType::Q4_1 | DType::Q5_1),
+    );
+    assert!(!corr || x.acts.neg_corr.len() == x.acts.d.len());
+    assert!(!min || x.acts.s.len() == x.acts.d.len());
     match (dtype, xr) {
         (DType::Q8_0, 1) => q8::<1>(w, kn, x, acc),
         (DType::Q8_0, 2) => q8::<2>(w, kn, x, acc),
@@ -157,8 +176,13 @@ unsafe fn nib<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
     let m10 = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
     let mut a: [__m256; XR] = std::array::from_fn(|r| _mm256_loadu_ps(acc.as_ptr().add(r * GROUP)));
-    let xq: [*const i8; XR] = std::array::from_fn(|r| x.acts.qs.as_ptr().add(x.idx(r, 0) * QK));
-    let i0: [usize; XR] = std::array::from_fn(|r| x.idx(r, 0));
+    // Block-major activations: entry `b·n + r` from the tile's first one.
+    let n = x.acts.n;
+    let e0 = x.idx(0, 0);
+    let xq = x.acts.qs.as_ptr().add(e0 * QK);
+    let xd = x.acts.d.as_ptr().add(e0);
+    let xc = x.acts.neg_corr.as_ptr().wrapping_add(e0);
+    let xs = x.acts.s.as_ptr().wrapping_add(e0);
     let wp = w.as_ptr();
     for b in 0..kn {
         let p = wp.add(b * GROUP * BB);
@@ -181,7 +205,7 @@ unsafe fn nib<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
                 g = _mm256_or_si256(g, _mm256_and_si256(high_bits(h, k), m10));
             }
             for r in 0..XR {
-                let prod = _mm256_maddubs_epi16(g, bcast4(xq[r].add(b * QK + 4 * k)));
+                let prod = _mm256_maddubs_epi16(g, bcast4(xq.add((b * n + r) * QK + 4 * k)));
                 if five && k >= 4 {
                     hi[r] = _mm256_add_epi16(hi[r], prod);
                 } else {
@@ -196,18 +220,18 @@ unsafe fn nib<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
             _mm256_setzero_ps()
         };
         for r in 0..XR {
-            let idx = i0[r] + b;
+            let e = b * n + r;
             let mut dot = _mm256_madd_epi16(lo[r], ones);
             if five {
                 dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi[r], ones));
             }
             if !has_min {
-                dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(*x.acts.corr.get_unchecked(idx)));
+                dot = _mm256_add_epi32(dot, _mm256_set1_epi32(*xc.add(e)));
             }
-            let c = _mm256_mul_ps(dw, _mm256_set1_ps(*x.acts.d.get_unchecked(idx)));
+            let c = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(e)));
             a[r] = _mm256_fmadd_ps(c, _mm256_cvtepi32_ps(dot), a[r]);
             if has_min {
-                a[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*x.acts.s.get_unchecked(idx)), a[r]);
+                a[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xs.add(e)), a[r]);
             }
         }
     }
@@ -221,8 +245,11 @@ unsafe fn nib<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
 unsafe fn q8<const XR: usize>(w: &[u8], kn: usize, x: &XTile, acc: &mut [f32]) {
     let ones = _mm256_set1_epi16(1);
     let mut a: [__m256; XR] = std::array::from_fn(|r| _mm256_loadu_ps(acc.as_ptr().add(r * GROUP)));
-    let xq: [*const i8; XR] = std::array::from_fn(|r| x.acts.qs.as_ptr().add(x.idx(r, 0) * QK));
-    let i0: [usize; XR] = std::array::from_fn(|r| x.idx(r, 0));
+    // Block-major activations: entry `b·n + r` from the tile's first one.
+    let n = x.acts.n;
+    let e0 = x.idx(0, 0);
+    let xq = x.acts.qs.as_ptr().add(e0 * QK);
+    let xd = x.acts.d.as_ptr().add(e0);
     let wp = w.as_ptr();
     for b in 0..kn {
         let p = wp.add(b * GROUP * 34);
@@ -231,17 +258,14 @@ unsafe fn q8<const XR: usize>(w: &[u8], kn: usize, x: &XTile, acc: &mut [f32]) {
         for k in 0..8 {
             let g = _mm256_loadu_si256(p.add(16 + 32 * k) as *const __m256i);
             let ag = _mm256_abs_epi8(g);
-            for r in 0..XR {
-                let sx = _mm256_sign_epi8(bcast4(xq[r].add(b * QK + 4 * k)), g);
-                dot[r] = _mm256_add_epi32(
-                    dot[r],
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(ag, sx), ones),
-                );
+            for (r, dr) in dot.iter_mut().enumerate() {
+                let sx = _mm256_sign_epi8(bcast4(xq.add((b * n + r) * QK + 4 * k)), g);
+                *dr = _mm256_add_epi32(*dr, _mm256_madd_epi16(_mm256_maddubs_epi16(ag, sx), ones));
             }
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         for r in 0..XR {
-            let c = _mm256_mul_ps(dw, _mm256_set1_ps(*x.acts.d.get_unchecked(i0[r] + b)));
+            let c = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(b * n + r)));
             a[r] = _mm256_fmadd_ps(c, _mm256_cvtepi32_ps(dot[r]), a[r]);
         }
     }

@@ -32,7 +32,7 @@ pub(crate) fn available() -> bool {
 ///
 /// # Safety
 /// [`available`] must be true; `w` must hold `kn` packed blocks of `dtype` and `x` cover `xr`
-/// rows × `kn` blocks (with `corr` filled for Q4_0, Q5_0 and Q8_0); `acc.len() == xr * 8`.
+/// rows × `kn` blocks; `acc.len() == xr * 8`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(crate) unsafe fn kernel(
     dtype: DType,
@@ -43,7 +43,15 @@ pub(crate) unsafe fn kernel(
     acc: &mut [f32],
 ) {
     assert!(w.len() >= kn * GROUP * dtype.block_bytes() && acc.len() == xr * GROUP);
-    assert!(x.idx(xr - 1, 0) + kn <= x.acts.d.len());
+    assert!(
+        kn > 0 && x.idx(xr - 1, kn - 1) < x.acts.d.len() && x.acts.qs.len() == x.acts.d.len() * QK
+    );
+    let (corr, min) = (
+        matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q8_0),
+        matches!(dtype, DType::Q4_1 | DType::Q5_1),
+    );
+    assert!(!corr || x.acts.neg_corr.len() == x.acts.d.len());
+    assert!(!min || x.acts.s.len() == x.acts.d.len());
     match (dtype, xr) {
         (DType::Q8_0, 1) => run::<1, 34>(w, kn, x, acc),
         (DType::Q8_0, 2) => run::<2, 34>(w, kn, x, acc),
@@ -130,8 +138,13 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
     let m10 = _mm256_set1_epi8(0x10);
     let flip = _mm256_set1_epi8(-128);
     let mut a: [__m256; XR] = std::array::from_fn(|r| _mm256_loadu_ps(acc.as_ptr().add(r * GROUP)));
-    let xq: [*const i8; XR] = std::array::from_fn(|r| x.acts.qs.as_ptr().add(x.idx(r, 0) * QK));
-    let i0: [usize; XR] = std::array::from_fn(|r| x.idx(r, 0));
+    // Block-major activations: entry `b·n + r` from the tile's first one.
+    let n = x.acts.n;
+    let e0 = x.idx(0, 0);
+    let xq = x.acts.qs.as_ptr().add(e0 * QK);
+    let xd = x.acts.d.as_ptr().add(e0);
+    let xc = x.acts.neg_corr.as_ptr().wrapping_add(e0);
+    let xs = x.acts.s.as_ptr().wrapping_add(e0);
     let wp = w.as_ptr();
     for b in 0..kn {
         let p = wp.add(b * GROUP * BB);
@@ -145,7 +158,7 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
             if has_min {
                 _mm256_setzero_si256()
             } else {
-                _mm256_set1_epi32(-*x.acts.corr.get_unchecked(i0[r] + b))
+                _mm256_set1_epi32(*xc.add(b * n + r))
             }
         });
         let mut odd = [_mm256_setzero_si256(); XR];
@@ -169,7 +182,7 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
                 }
             };
             for r in 0..XR {
-                let xb = bcast4(xq[r].add(b * QK + 4 * k));
+                let xb = bcast4(xq.add((b * n + r) * QK + 4 * k));
                 if k % 2 == 0 || XR >= 4 {
                     even[r] = _mm256_dpbusd_epi32(even[r], g, xb);
                 } else {
@@ -184,16 +197,16 @@ unsafe fn run<const XR: usize, const BB: usize>(w: &[u8], kn: usize, x: &XTile, 
             _mm256_setzero_ps()
         };
         for r in 0..XR {
-            let idx = i0[r] + b;
+            let e = b * n + r;
             let dot = if XR >= 4 {
                 even[r]
             } else {
                 _mm256_add_epi32(even[r], odd[r])
             };
-            let c = _mm256_mul_ps(dw, _mm256_set1_ps(*x.acts.d.get_unchecked(idx)));
+            let c = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(e)));
             a[r] = _mm256_fmadd_ps(c, _mm256_cvtepi32_ps(dot), a[r]);
             if has_min {
-                a[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*x.acts.s.get_unchecked(idx)), a[r]);
+                a[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xs.add(e)), a[r]);
             }
         }
     }
