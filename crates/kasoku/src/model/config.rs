@@ -466,12 +466,13 @@ impl ModelConfig {
                     self.n_heads, self.n_kv_heads
                 ));
             }
-            if !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
-                return Err(format!(
-                    "rotary dims {} must be even and at most head dim {}",
-                    self.rope_dim, self.head_dim
-                ));
-            }
+        }
+        // Checked even without attention layers: the RoPE table is built regardless.
+        if !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
+            return Err(format!(
+                "rotary dims {} must be even and at most head dim {}",
+                self.rope_dim, self.head_dim
+            ));
         }
         if self.count(LayerKind::GatedDeltaNet) > 0 {
             let dims = [
@@ -660,6 +661,65 @@ mod tests {
             }
             assert_eq!(h2, g, "{rel}");
         }
+    }
+
+    /// A GGUF whose metadata lacks a key or has a bad value fails with an error naming it.
+    #[test]
+    fn bad_gguf_metadata_names_the_key() {
+        use crate::format::gguf::{write_gguf, MetaValue};
+        use crate::format::test_util::ScratchDir;
+        let dir = ScratchDir::new("model-config");
+        let base = vec![
+            ("general.architecture", MetaValue::String("llama".into())),
+            ("llama.embedding_length", MetaValue::U32(8)),
+            ("llama.block_count", MetaValue::U32(1)),
+            ("llama.attention.head_count", MetaValue::U32(2)),
+            ("llama.feed_forward_length", MetaValue::U32(16)),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                MetaValue::F32(1e-5),
+            ),
+            ("llama.context_length", MetaValue::U32(64)),
+            ("llama.vocab_size", MetaValue::U32(10)),
+        ];
+        let none: &[(&str, crate::quant::DType, [usize; 1], [u8; 0])] = &[];
+        let open = |meta: &[(&str, MetaValue)]| {
+            let path = dir.join("m.gguf");
+            write_gguf(&path, meta, none).unwrap();
+            ModelConfig::from_gguf(&GgufFile::open(&path).unwrap())
+        };
+        let c = open(&base).unwrap();
+        assert_eq!(
+            (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab),
+            (8, 2, 2, 4, 10)
+        );
+        for drop in [
+            "llama.embedding_length",
+            "llama.feed_forward_length",
+            "llama.attention.layer_norm_rms_epsilon",
+        ] {
+            let meta: Vec<_> = base.iter().filter(|(k, _)| *k != drop).cloned().collect();
+            let e = open(&meta).unwrap_err().to_string();
+            assert!(e.contains(drop), "{e}");
+        }
+        let mut meta = base.clone();
+        meta.push((
+            "llama.attention.head_count_kv",
+            MetaValue::String("two".into()),
+        ));
+        assert!(open(&meta)
+            .unwrap_err()
+            .to_string()
+            .contains("head_count_kv"));
+        let mut meta = base.clone();
+        meta.push(("llama.attention.head_count_kv", MetaValue::U32(3)));
+        assert!(open(&meta).unwrap_err().to_string().contains("kv heads"));
+        let mut meta = base.clone();
+        meta[0].1 = MetaValue::String("gpt2".into());
+        assert!(matches!(
+            open(&meta),
+            Err(ModelError::UnsupportedArch { .. })
+        ));
     }
 
     #[test]
