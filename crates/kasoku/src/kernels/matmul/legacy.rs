@@ -1,5 +1,7 @@
 //! Products on the legacy 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): packing, int8
-//! activations, and the portable tile kernel (the AVX2 one is in `legacy_avx2.rs`).
+//! activations, the tile loop and the portable kernel (the AVX2 kernels are in
+//! `legacy_avx2.rs`, the AVX512-VNNI ones, used under `Isa::Avx2` when the CPU has them, in
+//! `legacy_vnni.rs`).
 //!
 //! **Packed layout.** Weight rows are taken in groups of [`GROUP`] = 8 (the last group padded
 //! with zero rows, whose scale 0 makes them contribute nothing). For each group and each block
@@ -18,15 +20,21 @@
 //! eight rows' partial dot products in one `maddubs`: the weights are read once for every
 //! activation row, the scales come as one vector, and no horizontal sums are needed.
 //!
-//! **Activations** are quantized per call to int8 blocks of 32 (scale `d = max|x|/127`, f32;
-//! round-to-nearest-even, as GGML's SIMD quantizers do) with their code sums, which turn the
-//! unsigned weight codes into the signed or offset formats: Q4_0 and Q5_0 subtract
-//! `8·Σq` / `16·Σq` from the integer dot product, Q4_1 and Q5_1 add `m·d·Σq`.
+//! **Activations** are quantized once per call to int8 blocks of 32 (codes `round(x·127/max|x|)`
+//! to nearest even, as GGML's SIMD quantizers do; scale `d = max|x|/127` rounded to f16 as GGML
+//! stores it) with their code sums, which turn the unsigned weight codes into the signed or
+//! offset formats: Q4_0 and Q5_0 subtract `8·Σq` / `16·Σq` from the integer dot product, Q4_1
+//! and Q5_1 add `m·f16(d·Σq)` (Q8_1's `s`). They are stored block-major (block `j` of row `r`
+//! at `j·n + r`) so a tile of rows is reached from one pointer.
+//!
+//! **Tiles.** A task's weight rows are walked group by group; each group is cut into chunks of
+//! [`KC`] blocks that stay in L1 while every register tile of activation rows (4, or 8 with
+//! VNNI) uses them; very large batches are walked in blocks of [`XB`] rows.
 //!
 //! **Per block**, each (weight row, activation row) accumulates
 //! `acc = fma(d_w·d_x, dot, acc)` (plus `fma(m_w, d_x·Σq_x, acc)` for the formats with a min),
-//! blocks in order: the portable and AVX2 kernels do exactly this, so they agree bit for bit,
-//! and an activation row's result does not depend on how many rows share the call.
+//! blocks in order: the portable, AVX2 and VNNI kernels all do exactly this, so they agree bit
+//! for bit, and an activation row's result does not depend on how many rows share the call.
 
 use std::ops::Range;
 use std::sync::Mutex;
