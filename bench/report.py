@@ -151,17 +151,30 @@ def markdown(r: dict) -> str:
 
 
 def busy_warning(r: dict) -> str:
-    """A banner when the load average says other work shared the machine."""
+    """A banner when other processes used the CPUs during the runs (or, for results without that
+    measurement, when the load average before the run was high)."""
     n = r["machine"].get("nproc") or 1
-    loads = [r.get("load_average", {}).get("before") or []]
-    loads += [m.get("load_average", {}).get(k) or [] for m in r["models"] for k in ("before", "after")]
-    worst = max((la[0] for la in loads if la), default=0.0)
-    if worst <= 0.3 * n:
-        return ""
-    return (f"**The machine was busy during this run (1-minute load average up to {worst:.1f} on {n} CPUs): "
-            "these numbers are not a valid comparison. Under CPU contention llama.cpp's spinning thread pool "
-            "degrades far more than kasoku's, so ratios come out inflated in kasoku's favour, and the bandwidth "
-            "(hence the ceiling) comes out low. Re-run on a quiet machine.**")
+    foreign = [m["metrics"]["foreign_cpu"] for m in _measured(r["models"]) if m["metrics"].get("foreign_cpu")]
+    if foreign:
+        worst = max(f["median"] for f in foreign)
+        if worst <= 0.05:
+            return ""
+        what = f"other processes used a median of up to {100 * worst:.0f}% of the {n} CPUs during a model's runs"
+    else:
+        la = (r.get("load_average", {}).get("before") or [0.0])[0]
+        if la <= 0.3 * n:
+            return ""
+        what = f"1-minute load average {la:.1f} on {n} CPUs before the run"
+    return (f"**The machine was busy during this run ({what}): these numbers are not a valid comparison. "
+            "Under CPU contention llama.cpp's spinning thread pool degrades far more than kasoku's, so ratios "
+            "come out inflated in kasoku's favour, and the bandwidth (hence the ceiling) comes out low. "
+            "Re-run on a quiet machine.**")
+
+
+def _foreign(r: dict) -> str:
+    parts = [f"{m['name']} {100 * m['metrics']['foreign_cpu']['median']:.0f}%"
+             for m in _measured(r["models"]) if m["metrics"].get("foreign_cpu")]
+    return ", ".join(parts) if parts else "not recorded"
 
 
 def benchmarks_md(r: dict, chart_path: str) -> str:
@@ -191,8 +204,9 @@ Run on {r['date']} at commit `{r['git']['commit']}`{' (with uncommitted changes)
 - memory: {m.get('mem_total_gib', '?')} GiB; {m.get('platform')}
 - read bandwidth (tools/bandwidth.c, 1 GiB buffer, best of {r['bandwidth'].get('reps')}): \
 {r['bandwidth']['gbps_1thread']:.1f} GB/s with 1 thread, {r['bandwidth']['gbps']:.1f} GB/s with {s['threads']}
-- load average before / after: {la.get('before')} / {la.get('after')} (on {m.get('nproc')} CPUs; anything
-  above ~0.3 means other work shared the machine and the numbers are noisy)
+- load average before / after: {la.get('before')} / {la.get('after')} (on {m.get('nproc')} CPUs; the
+  benchmark itself keeps it near the thread count); CPU share taken by other processes during each
+  model's runs: {_foreign(r)}
 
 Engines:
 {engines}

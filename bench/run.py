@@ -66,19 +66,34 @@ def log(msg: str) -> None:
 
 
 class Proc:
-    """A finished child process: exit code, output, wall time, peak resident memory."""
+    """A finished child process: exit code, output, wall time, peak resident memory, and the share
+    of the machine's CPU time that went to other processes while it ran (`foreign_cpu`, 0..1)."""
 
-    def __init__(self, rc: int, out: str, err: str, wall: float, max_rss: int | None, timed_out: bool):
+    def __init__(self, rc: int, out: str, err: str, wall: float, max_rss: int | None, timed_out: bool,
+                 foreign_cpu: float | None = None):
         self.rc, self.out, self.err, self.wall, self.max_rss, self.timed_out = rc, out, err, wall, max_rss, timed_out
+        self.foreign_cpu = foreign_cpu
 
     def tail(self, n: int = 3) -> str:
         lines = [ln for ln in (self.err or self.out).strip().splitlines() if ln.strip()]
         return " | ".join(lines[-n:]) if lines else f"exit {self.rc}"
 
 
+def cpu_busy_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine so far (/proc/stat: user+nice+system+irq+softirq+steal)."""
+    try:
+        f = Path("/proc/stat").read_text().splitlines()[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run_proc(cmd: list[str], timeout: float = 3600, env: dict | None = None) -> Proc:
-    """Runs cmd; peak RSS from wait4's rusage of exactly this child (kB on Linux)."""
+    """Runs cmd; peak RSS from wait4's rusage of exactly this child (kB on Linux); foreign CPU =
+    (machine busy time - the child's own CPU time) / (wall time x CPUs)."""
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        busy0 = cpu_busy_seconds()
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env)
         killed = threading.Event()
@@ -95,10 +110,15 @@ def run_proc(cmd: list[str], timeout: float = 3600, env: dict | None = None) -> 
             timer.cancel()
         p.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
+        busy1 = cpu_busy_seconds()
+        foreign = None
+        if busy0 is not None and busy1 is not None and wall > 0:
+            own = ru.ru_utime + ru.ru_stime
+            foreign = max(0.0, min(1.0, (busy1 - busy0 - own) / (wall * (os.cpu_count() or 1))))
         fo.seek(0)
         fe.seek(0)
         return Proc(p.returncode, fo.read().decode(errors="replace"), fe.read().decode(errors="replace"),
-                    wall, ru.ru_maxrss * 1024 if ru.ru_maxrss else None, killed.is_set())
+                    wall, ru.ru_maxrss * 1024 if ru.ru_maxrss else None, killed.is_set(), foreign)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -237,6 +257,7 @@ class Kasoku:
             "peak_rss": p.max_rss,
             "self_peak_rss": j["memory"].get("peak_rss_bytes"),
             "wall": p.wall,
+            "foreign_cpu": p.foreign_cpu,
             "cmd": shlex.join(cmd),
         }
         for n in a.gen:
@@ -289,12 +310,14 @@ class LlamaCpp:
     def run(self, model: Path, a: argparse.Namespace) -> dict:
         res: dict = {"cmd": []}
         rss = []
+        foreign: list[tuple[float, float]] = []
         pp, p, cmd = self._bench(model, a.threads, ["-p", str(a.prompt_tokens), "-n", "0", "-r", "1"], a.timeout)
         res["cmd"].append(shlex.join(cmd))
         if pp is None:
             return {"error": p.tail(), "cmd": res["cmd"]}
         res["prefill"] = pp[0]["avg_ts"]
         rss.append(p.max_rss or 0)
+        foreign.append((p.wall, p.foreign_cpu))
         tg, p, cmd = self._bench(model, a.threads, ["-p", "0", "-n", ",".join(map(str, a.gen)), "-d", str(CONTEXT),
                                                     "-r", "1"], a.timeout)
         res["cmd"].append(shlex.join(cmd))
@@ -303,6 +326,7 @@ class LlamaCpp:
         for t in tg:
             res[f"decode_{t['n_gen']}"] = t["avg_ts"]
         rss.append(p.max_rss or 0)
+        foreign.append((p.wall, p.foreign_cpu))
         if a.verify:
             ks = ",".join(map(str, a.verify))
             vf, p, cmd = self._bench(model, a.threads, ["-p", ks, "-n", "0", "-d", str(CONTEXT), "-r",
@@ -311,7 +335,11 @@ class LlamaCpp:
             if vf is not None:
                 res["verify_ms"] = {str(t["n_prompt"]): statistics.median(t["samples_ns"]) / 1e6 for t in vf}
                 rss.append(p.max_rss or 0)
+                foreign.append((p.wall, p.foreign_cpu))
         res["peak_rss"] = max(rss) or None
+        known = [(w, f) for w, f in foreign if f is not None]
+        if known:
+            res["foreign_cpu"] = sum(w * f for w, f in known) / max(1e-9, sum(w for w, _ in known))
         return res
 
 
@@ -386,6 +414,7 @@ def metrics(entry: dict, a: argparse.Namespace, bw: dict | None) -> dict:
                 if m.get(eng):
                     m[eng]["fraction_of_ceiling"] = m[eng]["median"] / ceiling
         out[key] = m
+    out["foreign_cpu"] = summarize([r.get("foreign_cpu") for rs in runs.values() for r in rs])
     out["peak_rss"] = {eng: max((r.get("peak_rss") or 0 for r in rs), default=0) or None for eng, rs in runs.items()}
     if a.verify:
         ver: dict = {}
