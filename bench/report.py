@@ -162,7 +162,7 @@ def busy_warning(r: dict) -> str:
         what = f"other processes used a median of up to {100 * worst:.0f}% of the {n} CPUs during a model's runs"
     else:
         la = (r.get("load_average", {}).get("before") or [0.0])[0]
-        if la <= 0.3 * n:
+        if la <= 0.5 * n:
             return ""
         what = f"1-minute load average {la:.1f} on {n} CPUs before the run"
     return (f"**The machine was busy during this run ({what}): these numbers are not a valid comparison. "
