@@ -1,6 +1,8 @@
 """Markdown for bench/run.py's results: the tables (bench/results/latest.md) and BENCHMARKS.md."""
 from __future__ import annotations
 
+import re
+
 ENGINES = ["kasoku", "llama.cpp"]
 
 
@@ -178,6 +180,10 @@ def _foreign(r: dict) -> str:
 
 
 def benchmarks_md(r: dict, chart_path: str) -> str:
+    return re.sub(r"\n{3,}", "\n\n", _benchmarks_md(r, chart_path))
+
+
+def _benchmarks_md(r: dict, chart_path: str) -> str:
     m, s = r["machine"], r["settings"]
     cpu = m.get("lscpu", {})
     la = r.get("load_average", {})
