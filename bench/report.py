@@ -173,6 +173,14 @@ def busy_warning(r: dict) -> str:
             "Re-run on a quiet machine.**")
 
 
+def _bw_runs(r: dict) -> str:
+    ms = r["bandwidth"].get("measurements")
+    if not ms:
+        return ""
+    return (" (the better of " + " and ".join(f"{x['gbps']:.1f}" for x in ms) +
+            " GB/s, measured before and after the models: this VM's bandwidth drifts)")
+
+
 def _foreign(r: dict) -> str:
     parts = [f"{m['name']} {100 * m['metrics']['foreign_cpu']['median']:.0f}%"
              for m in _measured(r["models"]) if m["metrics"].get("foreign_cpu")]
@@ -208,8 +216,8 @@ Run on {r['date']} at commit `{r['git']['commit']}`{' (with uncommitted changes)
 
 - CPU: {cpu_line or m.get('platform')}
 - memory: {m.get('mem_total_gib', '?')} GiB; {m.get('platform')}
-- read bandwidth (tools/bandwidth.c, 1 GiB buffer, best of {r['bandwidth'].get('reps')}): \
-{r['bandwidth']['gbps_1thread']:.1f} GB/s with 1 thread, {r['bandwidth']['gbps']:.1f} GB/s with {s['threads']}
+- read bandwidth (tools/bandwidth.c, {r['bandwidth'].get('buffer_bytes', 1 << 30) / (1 << 30):g} GiB buffer, best of {r['bandwidth'].get('reps')}): \
+{r['bandwidth']['gbps_1thread']:.1f} GB/s with 1 thread, {r['bandwidth']['gbps']:.1f} GB/s with {s['threads']}{_bw_runs(r)}
 - load average before / after: {la.get('before')} / {la.get('after')} (on {m.get('nproc')} CPUs; the
   benchmark itself keeps it near the thread count); CPU share taken by other processes during each
   model's runs: {_foreign(r)}

@@ -552,6 +552,18 @@ def main() -> None:
         result["models"].append(bench_model(name, path, engines, a, bw))
         write_outputs(result, a)  # partial results survive an interrupted run
     result["load_average"]["after"] = load_average()
+    if not a.bandwidth_json and any("metrics" in m for m in result["models"]):
+        # Memory bandwidth on a shared VM drifts: measure again and keep the best as the ceiling.
+        log("bandwidth meter again (the ceiling uses the better of the two measurements)")
+        again = bandwidth(a.threads, a.bandwidth_reps, a.bandwidth_mib)
+        first = {k: bw[k] for k in ("gbps", "gbps_1thread", "results")}
+        bw.update(gbps=max(bw["gbps"], again["gbps"]), gbps_1thread=max(bw["gbps_1thread"], again["gbps_1thread"]),
+                  measurements=[first, {k: again[k] for k in ("gbps", "gbps_1thread", "results")}])
+        log(f"bandwidth: {again['gbps']:.1f} GB/s now, {bw['gbps']:.1f} GB/s used for the ceiling")
+        (a.out / "bandwidth.json").write_text(json.dumps(bw, indent=1) + "\n")
+        for m in result["models"]:
+            if "metrics" in m:
+                m["metrics"] = metrics(m, a, bw)
     result["complete"] = True
     write_outputs(result, a)
     print(report.markdown(result))
