@@ -10,7 +10,11 @@ pub use dtype::DType;
 /// Dequantizes `out.len()` consecutive values stored as `dtype` in `bytes`
 /// (`bytes.len()` must equal `dtype.bytes_for(out.len())`).
 pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(Some(bytes.len()), dtype.bytes_for(out.len()), "dequantize: size mismatch");
+    assert_eq!(
+        Some(bytes.len()),
+        dtype.bytes_for(out.len()),
+        "dequantize: size mismatch"
+    );
     match dtype {
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
