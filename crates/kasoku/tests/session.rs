@@ -122,6 +122,12 @@ fn stop_tokens_max_tokens_and_callback_stop() {
     let first_stop = free.iter().position(|&t| t == free[2]).unwrap();
     assert_eq!(g.tokens, free[..first_stop]);
     assert_eq!(g.finish, FinishReason::Stop);
+    // Plain decoding: one token per target pass, whether it ends on a stop token or on length.
+    assert_eq!(g.stats.tokens_per_pass(), 1.0);
+    let g = Session::new(Arc::clone(&model.model), 64)
+        .generate(&prompt, &opts, &mut |_| Flow::Continue)
+        .unwrap();
+    assert_eq!(g.stats.tokens_per_pass(), 1.0);
     let mut seen = 0;
     let g = Session::new(Arc::clone(&model.model), 64)
         .generate(&prompt, &opts, &mut |_| {

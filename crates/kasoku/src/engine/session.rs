@@ -140,6 +140,9 @@ impl Session {
                 break FinishReason::Length;
             }
             let token = sampler::sample(&options.sampling, &logits, &history, history.len());
+            if stats.decode_passes > 0 {
+                stats.decode_tokens += 1;
+            }
             if first_token_at.is_none() {
                 first_token_at = Some(Instant::now());
                 stats.time_to_first_token = start.elapsed();

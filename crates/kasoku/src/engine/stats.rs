@@ -13,6 +13,8 @@ pub struct GenerationStats {
     pub generated_tokens: usize,
     /// Forward passes of the target model during generation (after the prefill).
     pub decode_passes: usize,
+    /// Tokens taken from those passes' logits, a final stop token included.
+    pub decode_tokens: usize,
     pub prefill_time: Duration,
     /// From the start of the request to the first generated token.
     pub time_to_first_token: Duration,
@@ -36,7 +38,7 @@ impl GenerationStats {
         if self.decode_passes == 0 {
             return if self.generated_tokens > 0 { 1.0 } else { 0.0 };
         }
-        self.generated_tokens.saturating_sub(1) as f64 / self.decode_passes as f64
+        self.decode_tokens as f64 / self.decode_passes as f64
     }
 
     /// The human-readable summary printed after each answer.
@@ -90,6 +92,7 @@ mod tests {
             prompt_tokens: 100,
             generated_tokens: 11,
             decode_passes: 5,
+            decode_tokens: 10,
             prefill_time: Duration::from_millis(500),
             decode_time: Duration::from_secs(2),
             ..Default::default()
