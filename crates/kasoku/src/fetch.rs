@@ -315,6 +315,22 @@ pub fn ensure(name: &str) -> Result<PathBuf> {
     resolve(name, &mut |_| {})
 }
 
+/// For tests that need a real model: its path, fetched if absent (panicking if that fails).
+/// With `KASOKU_OFFLINE=1` a model that is not cached gives `None`, with a note, so the test
+/// can skip.
+pub fn ensure_for_test(name: &str) -> Option<PathBuf> {
+    let known = find(name).unwrap_or_else(|| panic!("{name} is not a known model"));
+    let path = models_dir().join(known.file);
+    if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") && !path.is_file() {
+        eprintln!(
+            "note: {} not cached and KASOKU_OFFLINE=1; skipping this real-model test",
+            path.display()
+        );
+        return None;
+    }
+    Some(ensure(name).unwrap_or_else(|e| panic!("fetching {name}: {e}")))
+}
+
 /// A file hashed once is remembered by a side file holding its hash and size, so that later
 /// starts do not re-read a gigabyte; a changed size invalidates it.
 fn verified_marker(path: &Path) -> PathBuf {

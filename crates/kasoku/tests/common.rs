@@ -14,14 +14,5 @@ pub fn fixture(rel: &str) -> PathBuf {
 /// A real model by its known name, fetched into the cache if absent (pinned, hashed).
 /// With `KASOKU_OFFLINE=1` a missing model skips the test instead (returns `None`).
 pub fn real_model(name: &str) -> Option<PathBuf> {
-    if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") {
-        let known = kasoku::fetch::find(name).expect("known model");
-        let path = kasoku::fetch::models_dir().join(known.file);
-        if !path.exists() {
-            eprintln!("skipping: {name} is not cached and KASOKU_OFFLINE=1");
-            return None;
-        }
-        return Some(path);
-    }
-    Some(kasoku::fetch::ensure(name).unwrap_or_else(|e| panic!("fetching {name}: {e}")))
+    kasoku::fetch::ensure_for_test(name)
 }

@@ -41,17 +41,7 @@ pub fn cached_model(file: &str) -> Option<PathBuf> {
         .iter()
         .find(|m| m.file == file)
         .unwrap_or_else(|| panic!("{file} is not a known model"));
-    let path = crate::fetch::models_dir().join(file);
-    if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") && !path.is_file() {
-        eprintln!(
-            "note: {} not cached and KASOKU_OFFLINE=1; skipping this real-model test",
-            path.display()
-        );
-        return None;
-    }
-    Some(
-        crate::fetch::ensure(known.name).unwrap_or_else(|e| panic!("fetching {}: {e}", known.name)),
-    )
+    crate::fetch::ensure_for_test(known.name)
 }
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
