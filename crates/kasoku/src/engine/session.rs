@@ -69,10 +69,10 @@ pub enum EngineError {
 
 /// A conversation's state. Cheap to create; the weights are shared.
 pub struct Session {
-    model: Arc<Model>,
-    state: ModelState,
+    pub(super) model: Arc<Model>,
+    pub(super) state: ModelState,
     /// The tokens whose effects are in `state`, in order.
-    tokens: Vec<u32>,
+    pub(super) tokens: Vec<u32>,
 }
 
 impl Session {

@@ -7,6 +7,7 @@ use super::config::LayerKind;
 use super::mixer::{GdnState, KvCache};
 
 /// The state of one layer.
+#[derive(Clone, Debug)]
 pub enum LayerState {
     Kv(KvCache),
     Gdn(GdnState),
@@ -22,6 +23,7 @@ impl LayerState {
 }
 
 /// The state of one sequence.
+#[derive(Clone, Debug)]
 pub struct ModelState {
     pub layers: Vec<LayerState>,
     /// Positions processed so far (the next token goes at position `len`).
