@@ -38,6 +38,10 @@ pub enum Command {
     },
     /// Measure one engine run: prefill, decode and the multi-row verify curve (JSON output).
     Bench(BenchArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(crate::serve::ServeArgs),
+    /// Measure OpenAI-compatible endpoints with one deterministic streaming chat request.
+    BenchClient(crate::serve::bench_client::BenchClientArgs),
     /// Download known models into the cache (lists them without names).
     Fetch {
         names: Vec<String>,

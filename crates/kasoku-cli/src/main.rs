@@ -7,6 +7,7 @@ mod inspect;
 mod logits;
 mod progress;
 mod run;
+mod serve;
 
 use kasoku::fetch;
 
@@ -41,6 +42,8 @@ fn run(cli: args::Cli) -> Result<()> {
         }
         args::Command::Bench(args) => bench::bench(&args),
         args::Command::Run(args) => run::run(&args),
+        args::Command::Serve(args) => serve::serve(&args),
+        args::Command::BenchClient(args) => serve::bench_client::bench_client(&args),
         args::Command::Logits {
             model,
             tokens,
