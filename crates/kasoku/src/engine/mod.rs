@@ -2,6 +2,7 @@
 //! (chat templates, streaming, stop strings).
 
 pub mod loader;
+pub mod prefix_cache;
 pub mod sampler;
 pub mod session;
 pub mod stats;
@@ -9,6 +10,7 @@ pub mod stop;
 pub mod text;
 
 pub use loader::{LoadError, LoadedModel};
+pub use prefix_cache::PrefixCache;
 pub use sampler::SamplingParams;
 pub use session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 pub use stats::GenerationStats;
