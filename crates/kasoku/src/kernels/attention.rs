@@ -24,10 +24,17 @@ pub struct AttnGeometry {
     pub head_dim: usize,
 }
 
-/// Keys per task at most (bounds the score buffer: rows × group × this).
+/// Keys per task for decode and verification batches: chunks start at multiples of this
+/// absolute position, whatever the batch, so a row's result does not depend on the rows
+/// beside it (verifying a draft reproduces plain decoding bit for bit).
+const CHUNK: usize = 128;
+/// Batches longer than this (prefill) split their keys adaptively instead: at most this many
+/// keys per task (bounds the score buffer: rows × group × keys) ...
 const MAX_CHUNK: usize = 512;
-/// Keys per task at least, when splitting a cache for parallelism.
+/// ... and at least this many when splitting a cache for parallelism.
 const MIN_CHUNK: usize = 128;
+/// Batches of at most this many rows use the fixed [`CHUNK`] split.
+const FIXED_SPLIT_ROWS: usize = 64;
 /// New rows per task at most.
 const ROW_BLOCK: usize = 8;
 
@@ -44,7 +51,80 @@ pub fn attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    attention_with(simd_available(), geo, q, keys, values, past, scale, out)
+    attention_with(
+        simd_available(),
+        geo,
+        q,
+        keys,
+        values,
+        past,
+        None,
+        scale,
+        out,
+    )
+}
+
+/// Attention of the nodes of a token tree (a draft being verified) over a KV cache. Node `i`'s
+/// keys and values sit at position `past + i`; `parents[i]` is its parent node (`< i`), or
+/// `usize::MAX` for a root (whose parent is the committed context). Node `i` sees the
+/// `past` committed positions, then its ancestors from the root down, then itself: exactly
+/// the keys a plain decode of its path would see, in the same order, and its result has the
+/// same bits as that decode's.
+#[allow(clippy::too_many_arguments)]
+pub fn tree_attention(
+    geo: AttnGeometry,
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    past: usize,
+    parents: &[usize],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let paths = TreePaths::new(parents);
+    attention_with(
+        simd_available(),
+        geo,
+        q,
+        keys,
+        values,
+        past,
+        Some(&paths),
+        scale,
+        out,
+    )
+}
+
+/// Each tree node's path (root first, itself last), as node indices, flattened.
+struct TreePaths {
+    /// `path(i) = nodes[start[i]..start[i + 1]]`.
+    nodes: Vec<usize>,
+    start: Vec<usize>,
+}
+
+impl TreePaths {
+    fn new(parents: &[usize]) -> TreePaths {
+        let mut nodes = Vec::new();
+        let mut start = vec![0];
+        for i in 0..parents.len() {
+            let p = parents[i];
+            if p != usize::MAX {
+                assert!(
+                    p < i,
+                    "tree attention: parent {p} of node {i} is not before it"
+                );
+                let (a, b) = (start[p], start[p + 1]);
+                nodes.extend_from_within(a..b);
+            }
+            nodes.push(i);
+            start.push(nodes.len());
+        }
+        TreePaths { nodes, start }
+    }
+
+    fn path(&self, i: usize) -> &[usize] {
+        &self.nodes[self.start[i]..self.start[i + 1]]
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -55,6 +135,7 @@ fn attention_with(
     keys: &[&[f32]],
     values: &[&[f32]],
     past: usize,
+    tree: Option<&TreePaths>,
     scale: f32,
     out: &mut [f32],
 ) {
@@ -80,19 +161,27 @@ fn attention_with(
             && keys.iter().chain(values).all(|h| h.len() >= total * hd),
         "attention: cache too short"
     );
+    assert!(
+        tree.is_none_or(|t| t.start.len() == n + 1),
+        "attention: tree of another size"
+    );
     if n == 0 {
         return;
     }
     let group = n_heads / n_kv_heads;
-    let want = threads::num_threads() * 4;
     let row_blocks = n.div_ceil(ROW_BLOCK);
     let rows_per = n.div_ceil(row_blocks);
-    let per_head_tasks = want.div_ceil(n_kv_heads * row_blocks);
-    let chunks = per_head_tasks
-        .min(total.div_ceil(MIN_CHUNK))
-        .max(total.div_ceil(MAX_CHUNK))
-        .max(1);
-    let chunk_len = total.div_ceil(chunks);
+    let chunk_len = if n <= FIXED_SPLIT_ROWS || tree.is_some() {
+        CHUNK
+    } else {
+        let want = threads::num_threads() * 4;
+        let per_head_tasks = want.div_ceil(n_kv_heads * row_blocks);
+        let chunks = per_head_tasks
+            .min(total.div_ceil(MIN_CHUNK))
+            .max(total.div_ceil(MAX_CHUNK))
+            .max(1);
+        total.div_ceil(chunks)
+    };
     let chunks = total.div_ceil(chunk_len);
 
     // One partial result per (task, row of its block, head of its group): max, sum, hd values.
@@ -110,6 +199,7 @@ fn attention_with(
         q,
         keys,
         values,
+        tree,
     };
     threads::parallel_for(n_tasks, |t| {
         let c = t % chunks;
@@ -162,6 +252,27 @@ struct Ctx<'a> {
     q: &'a [f32],
     keys: &'a [&'a [f32]],
     values: &'a [&'a [f32]],
+    tree: Option<&'a TreePaths>,
+}
+
+impl Ctx<'_> {
+    /// The last position row `i` sees (its own).
+    #[inline(always)]
+    fn last_seen(&self, i: usize) -> usize {
+        match self.tree {
+            None => self.past + i,
+            Some(t) => self.past + t.path(i).len() - 1,
+        }
+    }
+
+    /// Where the key row `i` sees at logical position `p` is stored.
+    #[inline(always)]
+    fn slot(&self, i: usize, p: usize) -> usize {
+        match self.tree {
+            Some(t) if p >= self.past => self.past + t.path(i)[p - self.past],
+            _ => p,
+        }
+    }
 }
 
 fn run_task(
@@ -205,26 +316,30 @@ fn task<O: Ops>(
         hd,
         group,
         q_row,
-        past,
         scale,
         q,
         keys: kc,
         values: vc,
+        ..
     } = *ctx;
     let (kc, vc) = (kc[kvh], vc[kvh]);
     let slot = hd + 2;
     let width = keys.len();
     let n_q = rows.len() * group;
     let mut scores = vec![0f32; n_q * width];
-    // Keys this (row, head) sees in the chunk: row i sees positions ≤ past + i.
-    let seen = |i: usize| (past + i + 1).min(keys.end).saturating_sub(keys.start);
-    let max_seen = seen(rows.end - 1);
+    // Keys this (row, head) sees in the chunk: row i sees positions ≤ its own.
+    let seen = |i: usize| {
+        (ctx.last_seen(i) + 1)
+            .min(keys.end)
+            .saturating_sub(keys.start)
+    };
+    let max_seen = rows.clone().map(seen).max().unwrap_or(0);
     for j in 0..max_seen {
-        let k = &kc[(keys.start + j) * hd..][..hd];
         for (r, i) in rows.clone().enumerate() {
             if j >= seen(i) {
                 continue;
             }
+            let k = &kc[ctx.slot(i, keys.start + j) * hd..][..hd];
             for g in 0..group {
                 let qv = &q[i * q_row + (kvh * group + g) * hd..][..hd];
                 scores[(r * group + g) * width + j] = O::dot(qv, k) * scale;
@@ -249,11 +364,11 @@ fn task<O: Ops>(
         }
     }
     for j in 0..max_seen {
-        let v = &vc[(keys.start + j) * hd..][..hd];
         for (r, i) in rows.clone().enumerate() {
             if j >= seen(i) {
                 continue;
             }
+            let v = &vc[ctx.slot(i, keys.start + j) * hd..][..hd];
             for g in 0..group {
                 let w = scores[(r * group + g) * width + j];
                 let p = (r * group + g) * slot;
@@ -511,7 +626,7 @@ mod tests {
         let vr: Vec<&[f32]> = vh.iter().map(|h| &h[..]).collect();
         match simd {
             None => attention(geo, q, &kr, &vr, past, scale, out),
-            Some(s) => attention_with(s, geo, q, &kr, &vr, past, scale, out),
+            Some(s) => attention_with(s, geo, q, &kr, &vr, past, None, scale, out),
         }
     }
 
@@ -617,7 +732,7 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 16,
         };
-        let (past, n) = (3usize, 4usize);
+        let (past, n) = (300usize, 9usize);
         let q = values(n * 64, 11);
         let k = values((past + n) * 32, 12);
         let v = values((past + n) * 32, 13);
@@ -636,8 +751,68 @@ mod tests {
                 0.25,
                 &mut one,
             );
+            // The same bits: decode and verification batches split keys the same way.
             for d in 0..64 {
-                assert!((one[d] - batch[i * 64 + d]).abs() < 1e-6);
+                assert_eq!(one[d].to_bits(), batch[i * 64 + d].to_bits());
+            }
+        }
+    }
+
+    /// Every node of a tree gets the bits a single-row call over its path gives (context,
+    /// then its ancestors and itself), on both paths, with caches that span several chunks.
+    #[test]
+    fn tree_nodes_equal_plain_decoding_of_their_paths() {
+        let geo = AttnGeometry {
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: 24,
+        };
+        let kvd = 2 * 24;
+        //        0
+        //      / | \
+        //     1  4  6
+        //    / \  \
+        //   2   3  5   (and 7 a second root)
+        let parents = [usize::MAX, 0, 1, 1, 0, 4, 0, usize::MAX];
+        let n = parents.len();
+        for past in [0usize, 5, 127, 300] {
+            let q = values(n * 6 * 24, 21 + past as u64);
+            let k = values((past + n) * kvd, 22);
+            let v = values((past + n) * kvd, 23);
+            let (kh, vh) = (head_major(&k, 2, 24), head_major(&v, 2, 24));
+            let kr: Vec<&[f32]> = kh.iter().map(|h| &h[..]).collect();
+            let vr: Vec<&[f32]> = vh.iter().map(|h| &h[..]).collect();
+            let paths = TreePaths::new(&parents);
+            for simd in [false, simd_available()] {
+                let mut tree = vec![0f32; q.len()];
+                attention_with(simd, geo, &q, &kr, &vr, past, Some(&paths), 0.2, &mut tree);
+                for i in 0..n {
+                    let path = paths.path(i);
+                    let mut kp = k[..past * kvd].to_vec();
+                    let mut vp = v[..past * kvd].to_vec();
+                    for &j in path {
+                        kp.extend_from_slice(&k[(past + j) * kvd..(past + j + 1) * kvd]);
+                        vp.extend_from_slice(&v[(past + j) * kvd..(past + j + 1) * kvd]);
+                    }
+                    let mut one = vec![0f32; 6 * 24];
+                    let qi = &q[i * 144..(i + 1) * 144];
+                    pm(
+                        Some(simd),
+                        geo,
+                        qi,
+                        &kp,
+                        &vp,
+                        past + path.len() - 1,
+                        0.2,
+                        &mut one,
+                    );
+                    assert!(
+                        one.iter()
+                            .zip(&tree[i * 144..])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "past {past} node {i} simd {simd}"
+                    );
+                }
             }
         }
     }
