@@ -592,6 +592,8 @@ fn gemm_portable(
     }
 }
 
+pub mod tree;
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::HeadIo;
@@ -645,7 +647,7 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let n8 = a.len() / 8 * 8;
         let mut i = 0;
@@ -674,7 +676,7 @@ mod avx2 {
 
     /// `kv = Sᵀk`, `sq = Sᵀq`.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn project(
+    pub(super) unsafe fn project(
         s: &[f32],
         dk: usize,
         dv: usize,
@@ -812,7 +814,14 @@ mod avx2 {
 
     /// `S = α·S + k ⊗ δ`.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn update(s: &mut [f32], dk: usize, dv: usize, alpha: f32, k: &[f32], delta: &[f32]) {
+    pub(super) unsafe fn update(
+        s: &mut [f32],
+        dk: usize,
+        dv: usize,
+        alpha: f32,
+        k: &[f32],
+        delta: &[f32],
+    ) {
         let sp = s.as_mut_ptr();
         let al = _mm256_set1_ps(alpha);
         // Column blocks with δ held in registers (streaming δ from memory beside the state

@@ -1,0 +1,316 @@
+//! The Gated DeltaNet recurrence over a token tree (a draft being verified), and the commit
+//! that advances the state along the accepted path.
+//!
+//! Node `i` starts from its parent's state (the committed state for a root) and takes one
+//! recurrent step with its own inputs; nothing is written to the committed state. The step is
+//! the very arithmetic of single-token decoding (same functions, same order), so every node's
+//! output has the bits plain decoding of its path would give. Each value head walks the nodes
+//! in depth-first order keeping one state per depth (a node's parent is always the last node
+//! seen one level up), so a tree of depth `D` needs `D` scratch states per head, and leaves
+//! need none.
+//!
+//! The pass returns each node's `δ` (per value head); [`replay`] applies
+//! `S ← e^{g}·S + k ⊗ δ` for one accepted node, which is exactly decoding's state update, so
+//! the committed state equals plain decoding's bit for bit.
+
+use super::{GdnDims, GdnInputs, HeadIo, Path, SyncPtr};
+use crate::kernels::threads;
+
+/// Runs every node of a tree through the recurrence from the committed `state`
+/// (`nv × dk × dv`, read only). `parents[i] < i` is node `i`'s parent (`usize::MAX` for a
+/// root). Writes `out` (`n × nv × dv`, the outputs `o`) and `deltas` (`n × nv × dv`, for
+/// [`replay`]).
+pub fn tree_recurrent(
+    dims: &GdnDims,
+    inp: &GdnInputs,
+    parents: &[usize],
+    state: &[f32],
+    out: &mut [f32],
+    deltas: &mut [f32],
+) {
+    tree_recurrent_with(Path::best(), dims, inp, parents, state, out, deltas)
+}
+
+/// [`tree_recurrent`] on an explicit path (tests compare paths).
+pub fn tree_recurrent_with(
+    path: Path,
+    dims: &GdnDims,
+    inp: &GdnInputs,
+    parents: &[usize],
+    state: &[f32],
+    out: &mut [f32],
+    deltas: &mut [f32],
+) {
+    let n = parents.len();
+    super::check(dims, inp, n, state, out);
+    assert_eq!(deltas.len(), out.len(), "gated_delta tree: deltas length");
+    if n == 0 {
+        return;
+    }
+    let mut depth = vec![0usize; n];
+    let mut has_child = vec![false; n];
+    for (i, &p) in parents.iter().enumerate() {
+        if p != usize::MAX {
+            assert!(p < i, "gated_delta tree: parent {p} of node {i} is not before it");
+            depth[i] = depth[p] + 1;
+            has_child[p] = true;
+        }
+    }
+    let max_depth = depth.iter().copied().max().unwrap_or(0);
+    let d = *dims;
+    let per_head = d.dk * d.dv;
+    let op = SyncPtr(out.as_mut_ptr());
+    let dp = SyncPtr(deltas.as_mut_ptr());
+    threads::parallel_for(d.nv, |h| {
+        let io = HeadIo {
+            inp,
+            dims: d,
+            h,
+            kh: d.key_head(h),
+        };
+        let s0 = &state[h * per_head..(h + 1) * per_head];
+        // Slot `l` holds the state after the last node seen at depth `l` that has children.
+        let mut slots = vec![0f32; max_depth * per_head];
+        let mut kv = vec![0f32; d.dv];
+        let mut sq = vec![0f32; d.dv];
+        for i in 0..n {
+            let row = (i * d.nv + h) * d.dv;
+            // SAFETY: head h alone writes rows (i, h) of `out` and `deltas`.
+            let (o, delta) = unsafe { (op.slice(row, d.dv), dp.slice(row, d.dv)) };
+            let (before, after) = slots.split_at_mut(depth[i] * per_head);
+            let s_in: &[f32] = if parents[i] == usize::MAX {
+                s0
+            } else {
+                &before[(depth[i] - 1) * per_head..]
+            };
+            let alpha = io.g(i).exp();
+            step(path, &io, i, alpha, s_in, &mut kv, &mut sq, o, delta);
+            if has_child[i] {
+                let s_out = &mut after[..per_head];
+                s_out.copy_from_slice(s_in);
+                update(path, &d, s_out, alpha, io.k(i), delta);
+            }
+        }
+    });
+}
+
+/// Advances `state` (`nv × dk × dv`) by one accepted node: `S ← e^{g}·S + k ⊗ δ` per value
+/// head, with that node's `k` (`nk × dk`), `g` (`nv`) and `δ` (`nv × dv`, from
+/// [`tree_recurrent`]).
+pub fn replay(dims: &GdnDims, state: &mut [f32], k: &[f32], g: &[f32], delta: &[f32]) {
+    replay_with(Path::best(), dims, state, k, g, delta)
+}
+
+/// [`replay`] on an explicit path.
+pub fn replay_with(
+    path: Path,
+    dims: &GdnDims,
+    state: &mut [f32],
+    k: &[f32],
+    g: &[f32],
+    delta: &[f32],
+) {
+    let d = *dims;
+    assert!(
+        state.len() == d.state_len()
+            && k.len() == d.nk * d.dk
+            && g.len() == d.nv
+            && delta.len() == d.nv * d.dv,
+        "gated_delta replay: lengths"
+    );
+    let per_head = d.dk * d.dv;
+    let sp = SyncPtr(state.as_mut_ptr());
+    threads::parallel_for(d.nv, |h| {
+        // SAFETY: head h alone touches its state rows.
+        let s = unsafe { sp.slice(h * per_head, per_head) };
+        let kh = d.key_head(h);
+        update(
+            path,
+            &d,
+            s,
+            g[h].exp(),
+            &k[kh * d.dk..(kh + 1) * d.dk],
+            &delta[h * d.dv..(h + 1) * d.dv],
+        );
+    });
+}
+
+/// One node's outputs from the state before it: `δ = β(v − α·Sᵀk)`, `o = α·Sᵀq + (q·k)·δ`,
+/// computed as the single-token recurrent kernels compute them.
+#[allow(clippy::too_many_arguments)]
+fn step(
+    path: Path,
+    io: &HeadIo,
+    t: usize,
+    alpha: f32,
+    s: &[f32],
+    kv: &mut [f32],
+    sq: &mut [f32],
+    o: &mut [f32],
+    delta: &mut [f32],
+) {
+    let (dk, dv) = (io.dims.dk, io.dims.dv);
+    let (q, k, v) = (io.q(t), io.k(t), io.v(t));
+    let beta = io.beta(t);
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 if dv.is_multiple_of(8) => {
+            // SAFETY: `Path::Avx2` is only chosen when AVX2 and FMA are available; the slices
+            // have the lengths `check` verified.
+            let qk = unsafe {
+                super::avx2::project(s, dk, dv, k, q, kv, sq);
+                super::avx2::dot(q, k)
+            };
+            for j in 0..dv {
+                delta[j] = beta * (v[j] - alpha * kv[j]);
+                o[j] = alpha * sq[j] + qk * delta[j];
+            }
+        }
+        _ => {
+            kv.fill(0.0);
+            o.fill(0.0);
+            for i in 0..dk {
+                let row = &s[i * dv..(i + 1) * dv];
+                let (ki, qi) = (k[i], q[i]);
+                for j in 0..dv {
+                    kv[j] += row[j] * ki;
+                    o[j] += row[j] * qi;
+                }
+            }
+            let qk: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+            for j in 0..dv {
+                delta[j] = beta * (v[j] - alpha * kv[j]);
+                o[j] = alpha * o[j] + qk * delta[j];
+            }
+        }
+    }
+}
+
+/// `S = α·S + k ⊗ δ` for one head, as the recurrent kernels do it.
+fn update(path: Path, d: &GdnDims, s: &mut [f32], alpha: f32, k: &[f32], delta: &[f32]) {
+    let (dk, dv) = (d.dk, d.dv);
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `step`.
+        Path::Avx2 if dv.is_multiple_of(8) => unsafe {
+            super::avx2::update(s, dk, dv, alpha, k, delta)
+        },
+        _ => {
+            for i in 0..dk {
+                let row = &mut s[i * dv..(i + 1) * dv];
+                let ki = k[i];
+                for j in 0..dv {
+                    row[j] = alpha * row[j] + ki * delta[j];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::recurrent_with;
+    use super::*;
+
+    fn rand(seed: &mut u64, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn paths() -> Vec<Path> {
+        let mut v = vec![Path::Portable];
+        if Path::best() == Path::Avx2 {
+            v.push(Path::Avx2);
+        }
+        v
+    }
+
+    /// Every node's output equals single-token decoding of its path from the same state, bit
+    /// for bit; replaying a path's deltas gives decoding's final state bit for bit.
+    #[test]
+    fn nodes_and_commits_equal_decoding_their_paths() {
+        let dims = GdnDims {
+            nk: 2,
+            nv: 4,
+            dk: 16,
+            dv: 24,
+            map: super::super::HeadMap::Grouped,
+        };
+        //   0 → {1 → {2, 3 → 4}, 5}, and 6 a leaf under 0
+        let parents = [usize::MAX, 0, 1, 1, 3, 0, 0];
+        let n = parents.len();
+        let mut seed = 7u64;
+        let (kd, vd) = (dims.nk * dims.dk, dims.nv * dims.dv);
+        let mut q = rand(&mut seed, n * kd, 0.3);
+        let mut k = rand(&mut seed, n * kd, 1.0);
+        crate::kernels::gated_delta::l2norm_heads(&mut q, dims.dk, 0.25);
+        crate::kernels::gated_delta::l2norm_heads(&mut k, dims.dk, 1.0);
+        let v = rand(&mut seed, n * vd, 1.0);
+        let g: Vec<f32> = rand(&mut seed, n * dims.nv, 1.0)
+            .iter()
+            .map(|x| -x.abs())
+            .collect();
+        let beta: Vec<f32> = rand(&mut seed, n * dims.nv, 1.0)
+            .iter()
+            .map(|x| 0.5 + 0.4 * x)
+            .collect();
+        let s0 = rand(&mut seed, dims.state_len(), 0.5);
+        let inp = GdnInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        for path in paths() {
+            let mut out = vec![0f32; n * vd];
+            let mut deltas = vec![0f32; n * vd];
+            tree_recurrent_with(path, &dims, &inp, &parents, &s0, &mut out, &mut deltas);
+            for leaf in 0..n {
+                let mut chain = vec![leaf];
+                while parents[*chain.last().unwrap()] != usize::MAX {
+                    chain.push(parents[*chain.last().unwrap()]);
+                }
+                chain.reverse();
+                // Decode the path one token at a time.
+                let mut s = s0.clone();
+                let mut replayed = s0.clone();
+                for &t in &chain {
+                    let pick = |x: &[f32], w: usize| x[t * w..(t + 1) * w].to_vec();
+                    let (qt, kt, vt) = (pick(&q, kd), pick(&k, kd), pick(&v, vd));
+                    let (gt, bt) = (pick(&g, dims.nv), pick(&beta, dims.nv));
+                    let one = GdnInputs {
+                        q: &qt,
+                        k: &kt,
+                        v: &vt,
+                        g: &gt,
+                        beta: &bt,
+                    };
+                    let mut o = vec![0f32; vd];
+                    recurrent_with(path, &dims, &one, 1, &mut s, &mut o);
+                    if t == leaf {
+                        assert!(
+                            o.iter()
+                                .zip(&out[t * vd..])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{path:?}: node {t}"
+                        );
+                    }
+                    replay_with(path, &dims, &mut replayed, &kt, &gt, &deltas[t * vd..][..vd]);
+                }
+                assert!(
+                    s.iter()
+                        .zip(&replayed)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{path:?}: state after the path to {leaf}"
+                );
+            }
+        }
+    }
+}
