@@ -109,6 +109,86 @@ pub fn causal_conv1d_silu(taps: &ConvTaps, state: &mut [f32], x: &[f32], n: usiz
     }
 }
 
+/// The inputs a tree node's convolution window reads, oldest first: its `K-1` predecessors
+/// along parent pointers (`parents[i] < i`, `usize::MAX` for a root), continuing into the
+/// committed `state` above the root, then the node itself.
+fn tree_window<'a>(
+    state: &'a [f32],
+    x: &'a [f32],
+    parents: &[usize],
+    ch: usize,
+    k: usize,
+    node: usize,
+) -> Vec<&'a [f32]> {
+    let hist = k - 1;
+    let mut rows: Vec<&[f32]> = Vec::with_capacity(k);
+    let mut at = node;
+    let mut in_state = hist; // rows of the state still unread, from the newest
+    rows.push(&x[at * ch..(at + 1) * ch]);
+    while rows.len() < k {
+        if at != usize::MAX && parents[at] != usize::MAX {
+            at = parents[at];
+            rows.push(&x[at * ch..(at + 1) * ch]);
+        } else {
+            at = usize::MAX;
+            in_state -= 1;
+            rows.push(&state[in_state * ch..(in_state + 1) * ch]);
+        }
+    }
+    rows.reverse();
+    rows
+}
+
+/// [`causal_conv1d_silu`] for the nodes of a token tree (`x`: `n × channels`, `parents` as
+/// in [`tree_window`]), leaving `state` untouched: node `i` convolves its own path, and its
+/// output has the bits a plain run over that path gives.
+pub fn tree_conv1d_silu(
+    taps: &ConvTaps,
+    state: &[f32],
+    x: &[f32],
+    parents: &[usize],
+    y: &mut [f32],
+) {
+    let (ch, k) = (taps.channels, taps.kernel);
+    let n = parents.len();
+    assert_eq!(state.len(), (k - 1) * ch, "conv1d: state length");
+    assert!(
+        x.len() == n * ch && y.len() == n * ch,
+        "conv1d: tree lengths"
+    );
+    for i in 0..n {
+        let rows = tree_window(state, x, parents, ch, k, i);
+        let out = &mut y[i * ch..(i + 1) * ch];
+        for ((o, a), w) in out.iter_mut().zip(rows[0]).zip(taps.tap(0)) {
+            *o = a * w;
+        }
+        for (j, row) in rows.iter().enumerate().skip(1) {
+            for ((o, a), w) in out.iter_mut().zip(*row).zip(taps.tap(j)) {
+                *o += a * w;
+            }
+        }
+        for o in out.iter_mut() {
+            *o = silu(*o);
+        }
+    }
+}
+
+/// The conv state after committing the tree path that ends at `node`: the last `K-1` inputs
+/// of that path (reaching into the old state when the path is short). Replaces `state`.
+pub fn tree_conv_commit(
+    taps: &ConvTaps,
+    state: &mut [f32],
+    x: &[f32],
+    parents: &[usize],
+    node: usize,
+) {
+    let (ch, k) = (taps.channels, taps.kernel);
+    assert_eq!(state.len(), (k - 1) * ch, "conv1d: state length");
+    let rows = tree_window(state, x, parents, ch, k, node);
+    let next: Vec<f32> = rows[1..].concat();
+    state.copy_from_slice(&next);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +287,45 @@ mod tests {
         assert_eq!(state, vec![3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 11.0, 12.0]);
         // Channel 0: 0.5 · (0 + 3 + 6 + 10) = 9.5.
         assert!((y[0] - silu(9.5)).abs() < 1e-6);
+    }
+
+    /// Tree nodes convolve their own paths: outputs and committed states equal a plain run
+    /// over each path, bit for bit.
+    #[test]
+    fn tree_nodes_equal_runs_over_their_paths() {
+        let (ch, k) = (5usize, 4usize);
+        let mut seed = 3u64;
+        let taps = ConvTaps::from_channel_major(&rand_vec(&mut seed, ch * k), ch, k);
+        let state = rand_vec(&mut seed, (k - 1) * ch);
+        // 0 → {1 → 2 → 3 → 4, 5}, 6 a second root.
+        let parents = [usize::MAX, 0, 1, 2, 3, 0, usize::MAX];
+        let n = parents.len();
+        let x = rand_vec(&mut seed, n * ch);
+        let mut y = vec![0f32; n * ch];
+        tree_conv1d_silu(&taps, &state, &x, &parents, &mut y);
+        for node in 0..n {
+            let mut path = vec![node];
+            while parents[*path.last().unwrap()] != usize::MAX {
+                path.push(parents[*path.last().unwrap()]);
+            }
+            path.reverse();
+            let xp: Vec<f32> = path
+                .iter()
+                .flat_map(|&i| x[i * ch..(i + 1) * ch].to_vec())
+                .collect();
+            let mut st = state.clone();
+            let mut yp = vec![0f32; path.len() * ch];
+            causal_conv1d_silu(&taps, &mut st, &xp, path.len(), &mut yp);
+            let last = &yp[(path.len() - 1) * ch..];
+            assert!(
+                last.iter()
+                    .zip(&y[node * ch..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "node {node}"
+            );
+            let mut committed = state.clone();
+            tree_conv_commit(&taps, &mut committed, &x, &parents, node);
+            assert_eq!(committed, st, "state after the path to {node}");
+        }
     }
 }
