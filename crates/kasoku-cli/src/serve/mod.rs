@@ -3,8 +3,24 @@
 //! `kasoku bench-client`, which measures any OpenAI-compatible endpoint.
 
 pub mod bench_client;
+mod error;
+mod metrics;
+mod output;
+mod pool;
+mod request;
+mod routes;
 
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
 use clap::Args;
+use kasoku::engine::{self, PrefixCache};
+
+use pool::{Engine, Pool};
+use routes::App;
+
+/// Default context when the model's own is larger: bounds each session's KV cache.
+const DEFAULT_CTX: usize = 8192;
 
 /// Arguments of `kasoku serve`.
 #[derive(Args, Debug, Clone)]
@@ -46,6 +62,66 @@ pub struct ServeArgs {
     pub alias: Option<String>,
 }
 
-pub fn serve(_args: &ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("kasoku serve: not implemented yet")
+pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let model = crate::run::load(&args.model, args.threads, false)?;
+    let ctx = args
+        .ctx_size
+        .unwrap_or(model.model.config.max_context.clamp(1, DEFAULT_CTX));
+    anyhow::ensure!(ctx >= 2, "--ctx-size must be at least 2");
+    let stem = model
+        .path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let id = args.alias.clone().unwrap_or_else(|| stem.clone());
+    let mut names = vec![id.clone(), stem, args.model.clone()];
+    if let Some(f) = model.path.file_name() {
+        names.push(f.to_string_lossy().into_owned());
+    }
+    names.push(model.path.display().to_string());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let parallel = args.parallel.unwrap_or((cores / 4).max(1)).max(1);
+    let cache = (!args.no_prefix_cache).then(|| {
+        Mutex::new(PrefixCache::new(
+            args.prefix_cache_mb << 20,
+            engine::prefix_cache::DEFAULT_BLOCK,
+        ))
+    });
+    let engine = Arc::new(Engine {
+        stop_tokens: engine::stop_tokens(&model),
+        think: output::ThinkTokens::of(&model.tokenizer),
+        id: id.clone(),
+        ctx,
+        cache,
+        metrics: Default::default(),
+        model,
+    });
+    let pool = Pool::start(Arc::clone(&engine), parallel, args.queue_size);
+    let app = Arc::new(App {
+        engine,
+        pool,
+        api_key: args.api_key.clone(),
+        max_body: args.max_body_bytes,
+        names,
+        created: routes::unix_now(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "kasoku serve: '{id}' on http://{local} ({parallel} session(s), context {ctx}, prefix cache {})",
+            if args.no_prefix_cache { "off".to_string() } else { format!("{} MiB", args.prefix_cache_mb) }
+        );
+        axum::serve(listener, routes::router(app))
+            .await
+            .context("serving")
+    })
 }

@@ -1,0 +1,250 @@
+//! The generation side of the server: the shared engine (model, prefix cache, metrics), a
+//! FIFO queue of jobs bounded in length, and `--parallel` worker threads that each own a
+//! `Session` and run jobs to completion, streaming events back to the request's handler. A
+//! job whose handler has gone (client disconnected) stops at its next token, or is skipped
+//! if it has not started.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kasoku::engine::{
+    EngineError, Flow, GenerateOptions, GenerationStats, LoadedModel, PrefixCache, Session,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::error::ApiError;
+use super::metrics::{add, Metrics};
+use super::output::{Delta, Output, ThinkTokens};
+
+/// Everything the requests share: weights, tokenizer, cache, counters.
+pub struct Engine {
+    pub model: LoadedModel,
+    /// The name /v1/models reports.
+    pub id: String,
+    /// Context per session.
+    pub ctx: usize,
+    pub stop_tokens: Vec<u32>,
+    pub think: Option<ThinkTokens>,
+    pub cache: Option<Mutex<PrefixCache>>,
+    pub metrics: Metrics,
+}
+
+/// The one place sessions are made (a speculative drafter would be attached here).
+pub fn new_session(engine: &Engine) -> Session {
+    Session::new(Arc::clone(&engine.model.model), engine.ctx)
+}
+
+/// One request's generation work.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub stop: Vec<String>,
+    /// The prompt ends inside an open `<think>` block.
+    pub in_thinking: bool,
+    pub json_object: bool,
+    pub events: UnboundedSender<Event>,
+    pub arrived: Instant,
+}
+
+/// What a worker tells the handler.
+#[derive(Debug)]
+pub enum Event {
+    Delta(Delta),
+    Done(Box<Done>),
+    Error(ApiError),
+}
+
+/// The end of a generation.
+#[derive(Debug)]
+pub struct Done {
+    pub finish: &'static str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub stats: GenerationStats,
+    pub queue_time: Duration,
+}
+
+/// The queue and its workers.
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    queue: Mutex<VecDeque<Job>>,
+    ready: Condvar,
+    capacity: usize,
+    running: AtomicUsize,
+    sessions: usize,
+}
+
+impl Pool {
+    /// Starts `sessions` workers; at most `capacity` jobs wait beyond the running ones.
+    pub fn start(engine: Arc<Engine>, sessions: usize, capacity: usize) -> Pool {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            capacity,
+            running: AtomicUsize::new(0),
+            sessions: sessions.max(1),
+        });
+        for i in 0..shared.sessions {
+            let (shared, engine) = (Arc::clone(&shared), Arc::clone(&engine));
+            std::thread::Builder::new()
+                .name(format!("kasoku-session-{i}"))
+                .spawn(move || worker(&shared, &engine))
+                .expect("spawn a session thread");
+        }
+        Pool { shared }
+    }
+
+    /// Queues a job, or refuses it (503) when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let mut queue = self.shared.lock();
+        if queue.len() >= self.shared.capacity {
+            return Err(ApiError::overloaded(format!(
+                "the server is busy: {} requests are waiting; retry later",
+                queue.len()
+            )));
+        }
+        queue.push_back(job);
+        drop(queue);
+        self.shared.ready.notify_one();
+        Ok(())
+    }
+
+    pub fn queue_depth(&self) -> usize {
+        self.shared.lock().len()
+    }
+
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Relaxed)
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.shared.sessions
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn worker(shared: &Shared, engine: &Engine) {
+    let mut session = new_session(engine);
+    loop {
+        let job = {
+            let mut queue = shared.lock();
+            loop {
+                if let Some(job) = queue.pop_front() {
+                    shared.running.fetch_add(1, Ordering::Relaxed);
+                    break job;
+                }
+                queue = shared.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        if job.events.is_closed() {
+            add(&engine.metrics.requests_cancelled, 1);
+        } else {
+            engine.metrics.queue_wait.observe(job.arrived.elapsed());
+            let ran = catch_unwind(AssertUnwindSafe(|| run(engine, &mut session, &job)));
+            if ran.is_err() {
+                add(&engine.metrics.requests_error, 1);
+                let _ = job.events.send(Event::Error(ApiError::internal(
+                    "generation failed unexpectedly (the engine panicked); the session was reset",
+                )));
+                session = new_session(engine);
+            }
+        }
+        shared.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn run(engine: &Engine, session: &mut Session, job: &Job) {
+    let started = Instant::now();
+    let queue_time = started - job.arrived;
+    let tx = &job.events;
+    let mut output = Output::new(
+        &engine.model.tokenizer,
+        engine.think,
+        job.in_thinking,
+        &job.stop,
+        job.json_object,
+    );
+    let mut cancelled = false;
+    let result = session.generate_cached(
+        engine.cache.as_ref(),
+        &job.prompt,
+        &job.options,
+        &mut |token| {
+            if tx.is_closed() {
+                cancelled = true;
+                return Flow::Stop;
+            }
+            let delta = output.push(token);
+            if !delta.is_empty() {
+                let _ = tx.send(Event::Delta(delta));
+            }
+            if output.done() {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        },
+    );
+    let m = &engine.metrics;
+    let generation = match result {
+        Ok(g) => g,
+        Err(e) => {
+            add(&m.requests_error, 1);
+            let _ = tx.send(Event::Error(engine_error(e)));
+            return;
+        }
+    };
+    if cancelled || tx.is_closed() {
+        add(&m.requests_cancelled, 1);
+        return;
+    }
+    let tail = output.finish();
+    if !tail.is_empty() {
+        let _ = tx.send(Event::Delta(tail));
+    }
+    let stats = generation.stats;
+    add(&m.requests_ok, 1);
+    add(&m.prompt_tokens, stats.prompt_tokens);
+    add(&m.cached_tokens, stats.cached_tokens);
+    add(&m.completion_tokens, generation.tokens.len());
+    add(&m.decode_passes, stats.decode_passes);
+    add(&m.decode_tokens, stats.decode_tokens);
+    m.time_to_first_token
+        .observe(queue_time + stats.time_to_first_token);
+    m.request_duration.observe(job.arrived.elapsed());
+    let finish = if output.done() {
+        "stop"
+    } else {
+        generation.finish.as_str()
+    };
+    let _ = tx.send(Event::Done(Box::new(Done {
+        finish,
+        prompt_tokens: job.prompt.len(),
+        completion_tokens: generation.tokens.len(),
+        stats,
+        queue_time,
+    })));
+}
+
+/// Engine errors as API errors: bad input is a 400, the rest a 500.
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::PromptTooLong { .. } => {
+            ApiError::bad_request("context_length_exceeded", e.to_string())
+        }
+        EngineError::Param(p) => ApiError::invalid(p.name, p.to_string()),
+        EngineError::EmptyPrompt => ApiError::bad_request("empty_prompt", e.to_string()),
+        other => ApiError::internal(format!("generation failed: {other}")),
+    }
+}

@@ -1,0 +1,534 @@
+//! Request bodies of /v1/chat/completions and /v1/completions, parsed and checked field by
+//! field so that every bad value is a 400 naming its parameter. Unknown fields are ignored, as
+//! OpenAI-compatible servers do.
+
+use serde_json::{Map, Value};
+
+use kasoku::engine::SamplingParams;
+use kasoku::format::hf_config::GenerationDefaults;
+
+use super::error::ApiError;
+
+/// Stop strings accepted per request.
+const MAX_STOPS: usize = 16;
+
+/// What the prompt is made of.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptInput {
+    /// Chat messages as the template expects them (`role`, `content` string).
+    Chat {
+        messages: Vec<Value>,
+        template_kwargs: Map<String, Value>,
+    },
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A checked request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub model: String,
+    pub prompt: PromptInput,
+    pub sampling: SamplingParams,
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub json_object: bool,
+}
+
+/// The body as a JSON object (400 when it is not JSON or not an object).
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+    })?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ApiError::bad_request(
+            "invalid_json",
+            "the body must be a JSON object",
+        )),
+    }
+}
+
+/// Typed access to a request's fields; `null` counts as absent.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    fn f32(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        match v.as_f64() {
+            Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(Some(x as f32)),
+            Some(x) => Err(ApiError::invalid(
+                name,
+                format!("{name} = {x} is out of range: expected a number in [{lo}, {hi}]"),
+            )),
+            None => Err(ApiError::invalid(name, format!("{name} must be a number"))),
+        }
+    }
+
+    fn uint(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        v.as_u64()
+            .or_else(|| v.as_i64().map(|i| i as u64))
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be an integer")))
+    }
+
+    fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        v.as_bool()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be true or false")))
+    }
+
+    fn string(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        v.as_str()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be a string")))
+    }
+
+    fn object(&self, name: &str) -> Result<Option<&'a Map<String, Value>>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        v.as_object()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be an object")))
+    }
+}
+
+/// Parses a chat completion request.
+pub fn chat(
+    body: &Map<String, Value>,
+    defaults: Option<&GenerationDefaults>,
+) -> Result<Request, ApiError> {
+    let f = Fields(body);
+    let messages = match f.get("messages") {
+        Some(Value::Array(list)) if !list.is_empty() => list
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(i, m))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid("messages", "messages must not be empty"))
+        }
+        Some(_) => return Err(ApiError::invalid("messages", "messages must be an array")),
+        None => {
+            return Err(ApiError::invalid(
+                "messages",
+                "missing required parameter: messages",
+            ))
+        }
+    };
+    if f.get("tools")
+        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(ApiError::invalid("tools", "tool calling is not supported"));
+    }
+    let mut template_kwargs = f
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
+    // Some clients put enable_thinking at the top level.
+    if let Some(think) = f.bool("enable_thinking")? {
+        template_kwargs
+            .entry("enable_thinking")
+            .or_insert(Value::Bool(think));
+    }
+    let json_object = match f.object("response_format")? {
+        None => false,
+        Some(rf) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => false,
+            Some("json_object") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("response_format type '{other}' is not supported (text, json_object)"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "response_format needs a type",
+                ))
+            }
+        },
+    };
+    let max_tokens = match f.uint("max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => f.uint("max_tokens")?,
+    };
+    let mut request = common(&f, defaults)?;
+    request.prompt = PromptInput::Chat {
+        messages,
+        template_kwargs,
+    };
+    request.max_tokens = positive(max_tokens, "max_tokens")?;
+    request.json_object = json_object;
+    Ok(request)
+}
+
+/// Parses a (raw) completion request.
+pub fn completion(
+    body: &Map<String, Value>,
+    defaults: Option<&GenerationDefaults>,
+) -> Result<Request, ApiError> {
+    let f = Fields(body);
+    let prompt = match f.get("prompt") {
+        Some(Value::String(s)) => PromptInput::Text(s.clone()),
+        Some(Value::Array(list)) => match list.as_slice() {
+            [Value::String(s)] => PromptInput::Text(s.clone()),
+            items if !items.is_empty() && items.iter().all(|v| v.is_u64()) => PromptInput::Tokens(
+                items
+                    .iter()
+                    .map(|v| v.as_u64().unwrap_or(u64::MAX).min(u32::MAX as u64) as u32)
+                    .collect(),
+            ),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "prompt must be a string, a list of one string, or a list of token ids",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt must be a string or a list of token ids",
+            ))
+        }
+        None => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "missing required parameter: prompt",
+            ))
+        }
+    };
+    if f.bool("echo")? == Some(true) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if f.get("suffix").is_some() {
+        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    }
+    let mut request = common(&f, defaults)?;
+    request.prompt = prompt;
+    request.max_tokens = positive(f.uint("max_tokens")?.or(Some(16)), "max_tokens")?;
+    Ok(request)
+}
+
+fn positive(n: Option<u64>, name: &str) -> Result<Option<usize>, ApiError> {
+    match n {
+        Some(0) => Err(ApiError::invalid(
+            name,
+            format!("{name} must be at least 1"),
+        )),
+        Some(n) => Ok(Some(n.min(usize::MAX as u64) as usize)),
+        None => Ok(None),
+    }
+}
+
+/// Fields shared by both endpoints.
+fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, ApiError> {
+    let model = match f.string("model")? {
+        Some(m) => m.to_string(),
+        None => {
+            return Err(ApiError::invalid(
+                "model",
+                "missing required parameter: model",
+            ))
+        }
+    };
+    if let Some(n) = f.uint("n")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n = {n} is not supported: only one choice per request (n = 1)"),
+            ));
+        }
+    }
+    if f.get("best_of").is_some_and(|v| v.as_u64() != Some(1)) {
+        return Err(ApiError::invalid("best_of", "best_of is not supported"));
+    }
+    if f.get("logprobs").is_some_and(|v| v != &Value::Bool(false)) {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
+    }
+    let d = defaults;
+    let default_f = |get: fn(&GenerationDefaults) -> Option<f64>, fallback: f32| {
+        d.and_then(get).map(|x| x as f32).unwrap_or(fallback)
+    };
+    let mut s = SamplingParams {
+        temperature: default_f(|d| d.temperature, 1.0),
+        top_p: default_f(|d| d.top_p, 1.0),
+        min_p: default_f(|d| d.min_p, 0.0),
+        top_k: d.and_then(|d| d.top_k).unwrap_or(0),
+        repetition_penalty: default_f(|d| d.repetition_penalty, 1.0),
+        ..SamplingParams::default()
+    };
+    if d.and_then(|d| d.do_sample) == Some(false) {
+        s.temperature = 0.0;
+    }
+    if let Some(t) = f.f32("temperature", 0.0, 2.0)? {
+        s.temperature = t;
+    }
+    if let Some(p) = f.f32("top_p", 0.0, 1.0)? {
+        if p == 0.0 {
+            return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
+        }
+        s.top_p = p;
+    }
+    if let Some(k) = f.uint("top_k")? {
+        s.top_k = k.min(u32::MAX as u64) as usize;
+    }
+    if let Some(p) = f.f32("min_p", 0.0, 1.0)? {
+        s.min_p = p;
+    }
+    if let Some(p) = f.f32("presence_penalty", -2.0, 2.0)? {
+        s.presence_penalty = p;
+    }
+    if let Some(p) = f.f32("frequency_penalty", -2.0, 2.0)? {
+        s.frequency_penalty = p;
+    }
+    if let Some(p) = f.f32("repetition_penalty", f64::MIN_POSITIVE, 10.0)? {
+        s.repetition_penalty = p;
+    }
+    s.seed = match f.get("seed") {
+        None => random_seed(),
+        Some(v) => v
+            .as_u64()
+            .or_else(|| v.as_i64().map(|i| i as u64))
+            .ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))?,
+    };
+    s.validate()
+        .map_err(|e| ApiError::invalid(e.name, e.to_string()))?;
+    let stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::invalid("stop", "stop must be a string or a list of strings")
+            })?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop must be a string or a list of strings",
+            ))
+        }
+    };
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings"),
+        ));
+    }
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => Fields(o).bool("include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    Ok(Request {
+        model,
+        prompt: PromptInput::Text(String::new()),
+        sampling: s,
+        max_tokens: None,
+        stop,
+        stream,
+        include_usage,
+        json_object: false,
+    })
+}
+
+/// One chat message, normalized to `{role, content: string}`.
+fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
+    let param = format!("messages[{i}]");
+    let bad = |msg: &str| ApiError::invalid(&param, format!("{param}: {msg}"));
+    let obj = m.as_object().ok_or_else(|| bad("must be an object"))?;
+    let role = match obj.get("role").and_then(Value::as_str) {
+        Some("developer") | Some("system") => "system",
+        Some("user") => "user",
+        Some("assistant") => "assistant",
+        Some(other) => {
+            return Err(bad(&format!(
+                "role '{other}' is not supported (system, developer, user, assistant)"
+            )))
+        }
+        None => return Err(bad("needs a role")),
+    };
+    let content = match obj.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(kind), _) if kind != "text" => {
+                        return Err(bad(&format!(
+                            "content part type '{kind}' is not supported (text only)"
+                        )))
+                    }
+                    _ => {
+                        return Err(bad(
+                            "content parts must be {\"type\": \"text\", \"text\": ...}",
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        Some(Value::Null) | None if role == "assistant" => String::new(),
+        _ => return Err(bad("content must be a string or a list of text parts")),
+    };
+    Ok(serde_json::json!({ "role": role, "content": content }))
+}
+
+/// A seed for requests that give none: different per request.
+fn random_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x = nanos ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    // splitmix64 finalizer
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn parses_a_full_chat_request() {
+        let r = chat(
+            &obj(json!({
+                "model": "m",
+                "messages": [
+                    {"role": "developer", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}
+                ],
+                "temperature": 0.5, "top_k": 20, "seed": 7, "max_completion_tokens": 9,
+                "stop": ["\n\n", "END"], "stream": true, "stream_options": {"include_usage": true},
+                "chat_template_kwargs": {"enable_thinking": false},
+                "response_format": {"type": "json_object"}, "n": 1
+            })),
+            None,
+        )
+        .unwrap();
+        assert_eq!(r.sampling.temperature, 0.5);
+        assert_eq!(r.sampling.top_k, 20);
+        assert_eq!(r.sampling.seed, 7);
+        assert_eq!(r.max_tokens, Some(9));
+        assert_eq!(r.stop, vec!["\n\n".to_string(), "END".to_string()]);
+        assert!(r.stream && r.include_usage && r.json_object);
+        let PromptInput::Chat {
+            messages,
+            template_kwargs,
+        } = r.prompt
+        else {
+            panic!("not chat")
+        };
+        assert_eq!(
+            messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(messages[1]["content"], "hi there");
+        assert_eq!(template_kwargs["enable_thinking"], false);
+    }
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        let cases = [
+            (json!({"model": "m"}), "messages"),
+            (json!({"model": "m", "messages": []}), "messages"),
+            (
+                json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}),
+                "messages[0]",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": 3}]}),
+                "messages[0]",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}]}),
+                "model",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}),
+                "n",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}),
+                "top_p",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [1]}),
+                "stop",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),
+                "response_format",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = chat(&obj(body.clone()), None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert_eq!(e.status, 400);
+        }
+        assert!(parse_object(b"{not json").is_err());
+        assert!(parse_object(b"[1]").is_err());
+    }
+
+    #[test]
+    fn completion_prompts_and_defaults() {
+        let r = completion(&obj(json!({"model": "m", "prompt": ["abc"]})), None).unwrap();
+        assert_eq!(r.prompt, PromptInput::Text("abc".into()));
+        assert_eq!(r.max_tokens, Some(16));
+        assert_eq!(r.sampling.temperature, 1.0);
+        let r = completion(&obj(json!({"model": "m", "prompt": [1, 2, 3]})), None).unwrap();
+        assert_eq!(r.prompt, PromptInput::Tokens(vec![1, 2, 3]));
+        assert!(completion(&obj(json!({"model": "m", "prompt": 5})), None).is_err());
+        // Two requests without a seed get different seeds.
+        let a = completion(&obj(json!({"model": "m", "prompt": "x"})), None).unwrap();
+        let b = completion(&obj(json!({"model": "m", "prompt": "x"})), None).unwrap();
+        assert_ne!(a.sampling.seed, b.sampling.seed);
+    }
+}

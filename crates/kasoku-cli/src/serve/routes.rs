@@ -1,0 +1,558 @@
+//! HTTP routes: /v1/chat/completions and /v1/completions (JSON or Server-Sent Events),
+//! /v1/models, /health, /metrics; API-key checks, body limits, and OpenAI-shaped errors for
+//! unknown routes and methods.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use kasoku::engine::GenerateOptions;
+
+use super::error::ApiError;
+use super::metrics::{add, Gauges};
+use super::pool::{Done, Engine, Event, Job, Pool};
+use super::request::{self, PromptInput, Request};
+
+/// What the handlers share.
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub pool: Pool,
+    pub api_key: Option<String>,
+    pub max_body: usize,
+    /// Names a request's `model` may use.
+    pub names: Vec<String>,
+    pub created: u64,
+}
+
+/// The instruction added to chats that ask for `response_format: json_object`.
+const JSON_INSTRUCTION: &str = "Respond with one valid JSON object only.";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completion))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("unknown_url", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+async fn health() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let cache = app
+        .engine
+        .cache
+        .as_ref()
+        .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).stats())
+        .unwrap_or_default();
+    let text = app.engine.metrics.render(&Gauges {
+        queue_depth: app.pool.queue_depth(),
+        running: app.pool.running(),
+        sessions: app.pool.sessions(),
+        cache_bytes: cache.bytes,
+        cache_entries: cache.entries,
+        cache_hits: cache.hits,
+        cache_lookups: cache.lookups,
+    });
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+fn model_object(app: &App) -> Value {
+    json!({
+        "id": app.engine.id,
+        "object": "model",
+        "created": app.created,
+        "owned_by": "kasoku",
+        "meta": {
+            "n_ctx": app.engine.ctx,
+            "n_vocab": app.engine.model.model.config.vocab,
+            "path": app.engine.model.path.display().to_string(),
+        }
+    })
+}
+
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorize(&app, &headers)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model_object(&app)]}),
+    ))
+}
+
+async fn model(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&app, &headers)?;
+    if !app.names.contains(&id) {
+        return Err(unknown_model(&app, &id));
+    }
+    Ok(json_response(StatusCode::OK, &model_object(&app)))
+}
+
+async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate(app, headers, body, Kind::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completion(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate(app, headers, body, Kind::Completion)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &app.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if g.trim() == key => Ok(()),
+        Some(_) => Err(ApiError::unauthorized("incorrect API key provided")),
+        None => Err(ApiError::unauthorized(
+            "missing API key: send Authorization: Bearer <key>",
+        )),
+    }
+}
+
+fn unknown_model(app: &App, name: &str) -> ApiError {
+    ApiError {
+        param: Some("model".into()),
+        ..ApiError::not_found(
+            "model_not_found",
+            format!(
+                "the model '{name}' does not exist; this server serves '{}'",
+                app.engine.id
+            ),
+        )
+    }
+}
+
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > app.max_body as u64) {
+        return Err(ApiError::too_large(app.max_body));
+    }
+    axum::body::to_bytes(body, app.max_body)
+        .await
+        .map_err(|_| ApiError::too_large(app.max_body))
+}
+
+/// A request made ready for a worker.
+struct Prepared {
+    request: Request,
+    prompt: Vec<u32>,
+    in_thinking: bool,
+}
+
+/// Parses, checks and tokenizes a request (CPU work: runs on a blocking thread).
+fn prepare(app: &App, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
+    let object = request::parse_object(body)?;
+    let defaults = app.engine.model.defaults.as_ref();
+    let request = match kind {
+        Kind::Chat => request::chat(&object, defaults)?,
+        Kind::Completion => request::completion(&object, defaults)?,
+    };
+    if !app.names.contains(&request.model) {
+        return Err(unknown_model(app, &request.model));
+    }
+    let model = &app.engine.model;
+    let tokenizer = &model.tokenizer;
+    let mut in_thinking = false;
+    let (prompt, param) = match &request.prompt {
+        PromptInput::Chat {
+            messages,
+            template_kwargs,
+        } => {
+            let template = model.template.as_ref().ok_or_else(|| {
+                ApiError::bad_request(
+                    "no_chat_template",
+                    "this model has no chat template; use /v1/completions with a raw prompt",
+                )
+            })?;
+            let mut messages = messages.clone();
+            if request.json_object {
+                add_json_instruction(&mut messages);
+            }
+            let text = template
+                .render_json(&Value::Array(messages), true, template_kwargs)
+                .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
+            in_thinking = text.trim_end().ends_with("<think>");
+            (encode(tokenizer, &text)?, "messages")
+        }
+        PromptInput::Text(text) => (encode(tokenizer, text)?, "prompt"),
+        PromptInput::Tokens(ids) => {
+            let vocab = model.model.config.vocab;
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary ({vocab})"),
+                ));
+            }
+            (ids.clone(), "prompt")
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(param, "the prompt is empty"));
+    }
+    let ctx = app.engine.ctx;
+    if prompt.len() >= ctx {
+        return Err(ApiError {
+            param: Some(param.into()),
+            ..ApiError::bad_request(
+                "context_length_exceeded",
+                format!(
+                    "the prompt has {} tokens, but the context holds {ctx} (prompt and answer together)",
+                    prompt.len()
+                ),
+            )
+        });
+    }
+    Ok(Prepared {
+        request,
+        prompt,
+        in_thinking,
+    })
+}
+
+fn encode(tokenizer: &kasoku::tokenizer::Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
+    tokenizer
+        .encode_with_bos(text, true)
+        .map_err(|e| ApiError::bad_request("tokenizer_error", format!("tokenizing: {e}")))
+}
+
+fn add_json_instruction(messages: &mut Vec<Value>) {
+    match messages.first_mut() {
+        Some(first) if first["role"] == "system" => {
+            let content = first["content"].as_str().unwrap_or_default();
+            first["content"] = Value::String(format!("{content}\n\n{JSON_INSTRUCTION}"));
+        }
+        _ => messages.insert(0, json!({"role": "system", "content": JSON_INSTRUCTION})),
+    }
+}
+
+async fn generate(
+    app: Arc<App>,
+    headers: HeaderMap,
+    body: Body,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    authorize(&app, &headers)?;
+    let body = read_body(&app, &headers, body).await?;
+    let prepared = {
+        let app = Arc::clone(&app);
+        tokio::task::spawn_blocking(move || prepare(&app, &body, kind))
+            .await
+            .map_err(|_| ApiError::internal("preparing the request failed"))??
+    };
+    let Prepared {
+        request,
+        prompt,
+        in_thinking,
+    } = prepared;
+    let room = app.engine.ctx - prompt.len();
+    let options = GenerateOptions {
+        sampling: request.sampling.clone(),
+        max_tokens: request.max_tokens.unwrap_or(room).min(room),
+        stop_tokens: app.engine.stop_tokens.clone(),
+    };
+    let (tx, mut rx) = unbounded_channel();
+    let job = Job {
+        prompt,
+        options,
+        stop: request.stop.clone(),
+        in_thinking,
+        json_object: request.json_object,
+        events: tx,
+        arrived,
+    };
+    if let Err(e) = app.pool.submit(job) {
+        add(&app.engine.metrics.requests_rejected, 1);
+        return Err(e);
+    }
+    // Wait for the first event, so that a failure before any output is an HTTP error.
+    let first = rx
+        .recv()
+        .await
+        .ok_or_else(|| ApiError::internal("generation ended without a result"))?;
+    if let Event::Error(e) = first {
+        return Err(e);
+    }
+    let reply = Reply {
+        id: new_id(kind),
+        kind,
+        model: app.engine.id.clone(),
+        created: unix_now(),
+        include_usage: request.include_usage,
+    };
+    if request.stream {
+        Ok(stream(reply, first, rx))
+    } else {
+        collect(reply, first, rx).await
+    }
+}
+
+/// Fixed fields of one request's answer.
+struct Reply {
+    id: String,
+    kind: Kind,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("id".into(), self.id.clone().into());
+        m.insert("object".into(), self.object(chunk).into());
+        m.insert("created".into(), self.created.into());
+        m.insert("model".into(), self.model.clone().into());
+        m.insert(
+            "system_fingerprint".into(),
+            format!("kasoku-{}", env!("CARGO_PKG_VERSION")).into(),
+        );
+        m.insert("choices".into(), choices);
+        m
+    }
+
+    /// A streamed chunk carrying `delta` (chat) or text (completion), or the finish reason.
+    fn chunk(
+        &self,
+        delta: Option<&super::output::Delta>,
+        finish: Option<&str>,
+        role: bool,
+    ) -> String {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut d = Map::new();
+                if role {
+                    d.insert("role".into(), "assistant".into());
+                }
+                if let Some(delta) = delta {
+                    if !delta.reasoning.is_empty() {
+                        d.insert("reasoning_content".into(), delta.reasoning.clone().into());
+                    }
+                    if !delta.content.is_empty() || role {
+                        d.insert("content".into(), delta.content.clone().into());
+                    }
+                }
+                json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Completion => json!({
+                "index": 0,
+                "text": delta.map(|d| d.content.as_str()).unwrap_or(""),
+                "logprobs": null,
+                "finish_reason": finish,
+            }),
+        };
+        let mut m = self.envelope(true, json!([choice]));
+        if self.include_usage {
+            m.insert("usage".into(), Value::Null);
+        }
+        sse(&Value::Object(m))
+    }
+}
+
+fn sse(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+/// `usage` with kasoku's fields.
+fn usage(done: &Done) -> Value {
+    let s = &done.stats;
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+        "spec_verify_ct": s.decode_passes,
+        "spec_accepted_tokens": s.decode_tokens.saturating_sub(s.decode_passes),
+        "timings": {
+            "queue_ms": done.queue_time.as_secs_f64() * 1e3,
+            "ttft_ms": s.time_to_first_token.as_secs_f64() * 1e3,
+            "prefill_tokens": s.prompt_tokens,
+            "prefill_tokens_per_s": s.prefill_tokens_per_second(),
+            "decode_tokens_per_s": s.decode_tokens_per_second(),
+            "tokens_per_pass": s.tokens_per_pass(),
+        }
+    })
+}
+
+async fn collect(
+    reply: Reply,
+    first: Event,
+    mut rx: UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut event = Some(first);
+    let done = loop {
+        let next = match event.take() {
+            Some(e) => Some(e),
+            None => rx.recv().await,
+        };
+        match next {
+            Some(Event::Delta(d)) => {
+                content.push_str(&d.content);
+                reasoning.push_str(&d.reasoning);
+            }
+            Some(Event::Done(done)) => break done,
+            Some(Event::Error(e)) => return Err(e),
+            None => return Err(ApiError::internal("generation ended without a result")),
+        }
+    };
+    let choice = match reply.kind {
+        Kind::Chat => {
+            let mut message = Map::new();
+            message.insert("role".into(), "assistant".into());
+            message.insert("content".into(), content.into());
+            if !reasoning.is_empty() {
+                message.insert("reasoning_content".into(), reasoning.into());
+            }
+            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.finish})
+        }
+        Kind::Completion => {
+            json!({"index": 0, "text": content, "logprobs": null, "finish_reason": done.finish})
+        }
+    };
+    let mut m = reply.envelope(false, json!([choice]));
+    m.insert("usage".into(), usage(&done));
+    Ok(json_response(StatusCode::OK, &Value::Object(m)))
+}
+
+/// The streaming answer. Dropping the body (client gone) drops the receiver, which stops the
+/// worker at its next token.
+fn stream(reply: Reply, first: Event, rx: UnboundedReceiver<Event>) -> Response {
+    struct St {
+        reply: Reply,
+        rx: UnboundedReceiver<Event>,
+        first: Option<Event>,
+        role_sent: bool,
+        finished: bool,
+    }
+    let st = St {
+        reply,
+        rx,
+        first: Some(first),
+        role_sent: false,
+        finished: false,
+    };
+    let chunks = futures_util::stream::unfold(st, |mut st| async move {
+        if st.finished {
+            return None;
+        }
+        let event = match st.first.take() {
+            Some(e) => Some(e),
+            None => st.rx.recv().await,
+        };
+        let role = st.reply.kind == Kind::Chat && !st.role_sent;
+        st.role_sent = true;
+        let text = match event {
+            Some(Event::Delta(d)) => st.reply.chunk(Some(&d), None, role),
+            Some(Event::Done(done)) => {
+                st.finished = true;
+                let mut out = String::new();
+                if role {
+                    out.push_str(&st.reply.chunk(None, None, true));
+                }
+                out.push_str(&st.reply.chunk(None, Some(done.finish), false));
+                if st.reply.include_usage {
+                    let mut m = st.reply.envelope(true, json!([]));
+                    m.insert("usage".into(), usage(&done));
+                    out.push_str(&sse(&Value::Object(m)));
+                }
+                out.push_str("data: [DONE]\n\n");
+                out
+            }
+            Some(Event::Error(e)) => {
+                st.finished = true;
+                format!("{}data: [DONE]\n\n", sse(&e.body()))
+            }
+            None => {
+                st.finished = true;
+                let e = ApiError::internal("generation ended without a result");
+                format!("{}data: [DONE]\n\n", sse(&e.body()))
+            }
+        };
+        Some((Ok::<_, Infallible>(Bytes::from(text)), st))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(chunks))
+        .unwrap_or_else(|_| ApiError::internal("building the response").into_response())
+}
+
+fn new_id(kind: Kind) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!("{prefix}-{:x}{n:06}", unix_now())
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
