@@ -22,7 +22,8 @@
 //! convention (the converter adds 1), V heads keep HF's grouped order, and llama Q/K rows are
 //! not permuted: model code must ask [`TensorSource::origin`](super::TensorSource::origin).
 //!
-//! `mtp.*` (multi-token prediction) tensors keep their names. Vision-tower tensors
+//! `mtp.*` (multi-token prediction) tensors keep their names here (`model.mtp.*` loses the `model.`
+//! prefix): their GGUF names depend on the trunk's layer count, which [`mtp_name`] takes. Vision-tower tensors
 //! (`model.visual.*`) are skipped: [`translate`] answers [`HfName::Skipped`]. Any other name keeps
 //! its HF spelling, so strict claiming reports it as unclaimed.
 
@@ -44,6 +45,9 @@ pub fn translate(model_type: &str, hf: &str) -> HfName {
     if hf.starts_with("mtp.") {
         return HfName::Name(hf.to_string());
     }
+    if let Some(rest) = hf.strip_prefix("model.mtp.") {
+        return HfName::Name(format!("mtp.{rest}"));
+    }
     if hf == "lm_head.weight" {
         return HfName::Name("output.weight".into());
     }
@@ -59,6 +63,41 @@ pub fn translate(model_type: &str, hf: &str) -> HfName {
         _ => layer_name(model_type, rest),
     };
     HfName::Name(mapped.unwrap_or_else(|| hf.to_string()))
+}
+
+/// The GGUF name of a multi-token-prediction tensor (`mtp.*`, as [`translate`] leaves it) of a model
+/// with `n_layers` trunk layers, as llama.cpp's converter writes it: the block becomes the extra
+/// layer `blk.{n_layers}` (`mtp.layers.K.*` → `blk.{n_layers + K}.*`, named like trunk layers) and
+///
+/// | HF | GGUF |
+/// |---|---|
+/// | `mtp.fc.weight` | `blk.{n}.nextn.eh_proj.weight` |
+/// | `mtp.pre_fc_norm_embedding.weight` | `blk.{n}.nextn.enorm.weight` |
+/// | `mtp.pre_fc_norm_hidden.weight` | `blk.{n}.nextn.hnorm.weight` |
+/// | `mtp.norm.weight` | `blk.{n}.nextn.shared_head_norm.weight` |
+///
+/// `None` for any other name. Values are not changed (norms stay `(1 + w)`).
+pub fn mtp_name(model_type: &str, hf: &str, n_layers: usize) -> Option<String> {
+    let rest = hf.strip_prefix("mtp.")?;
+    let head = match rest {
+        "fc.weight" => Some("eh_proj"),
+        "pre_fc_norm_embedding.weight" => Some("enorm"),
+        "pre_fc_norm_hidden.weight" => Some("hnorm"),
+        "norm.weight" => Some("shared_head_norm"),
+        _ => None,
+    };
+    if let Some(part) = head {
+        return Some(format!("blk.{n_layers}.nextn.{part}.weight"));
+    }
+    let (index, part) = rest.strip_prefix("layers.")?.split_once('.')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let k: usize = index.parse().ok()?;
+    layer_name(
+        model_type,
+        &format!("layers.{}.{part}", n_layers.checked_add(k)?),
+    )
 }
 
 /// `layers.N.<part>` → `blk.N.<gguf part>`.
@@ -206,6 +245,49 @@ mod tests {
             "mtp.layers.0.self_attn.q_proj.weight"
         );
         assert_eq!(t(mt, "model.visual.blocks.0.attn.qkv.weight"), "<skipped>");
+    }
+
+    #[test]
+    fn mtp_names() {
+        let m = |hf: &str| mtp_name("qwen3_5", hf, 24);
+        assert_eq!(t("qwen3_5", "model.mtp.fc.weight"), "mtp.fc.weight");
+        assert_eq!(
+            m("mtp.fc.weight").as_deref(),
+            Some("blk.24.nextn.eh_proj.weight")
+        );
+        assert_eq!(
+            m("mtp.pre_fc_norm_embedding.weight").as_deref(),
+            Some("blk.24.nextn.enorm.weight")
+        );
+        assert_eq!(
+            m("mtp.pre_fc_norm_hidden.weight").as_deref(),
+            Some("blk.24.nextn.hnorm.weight")
+        );
+        assert_eq!(
+            m("mtp.norm.weight").as_deref(),
+            Some("blk.24.nextn.shared_head_norm.weight")
+        );
+        assert_eq!(
+            m("mtp.layers.0.self_attn.q_proj.weight").as_deref(),
+            Some("blk.24.attn_q.weight")
+        );
+        assert_eq!(
+            m("mtp.layers.0.post_attention_layernorm.weight").as_deref(),
+            Some("blk.24.post_attention_norm.weight")
+        );
+        assert_eq!(
+            m("mtp.layers.1.mlp.down_proj.weight").as_deref(),
+            Some("blk.25.ffn_down.weight")
+        );
+        for bad in [
+            "mtp.fc.bias",
+            "mtp.layers.x.mlp.down_proj.weight",
+            "mtp.layers.0.mystery.weight",
+            "mtp.embed_tokens.weight",
+            "model.layers.0.mlp.down_proj.weight",
+        ] {
+            assert_eq!(m(bad), None, "{bad}");
+        }
     }
 
     #[test]

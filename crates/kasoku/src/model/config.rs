@@ -122,7 +122,18 @@ impl ModelConfig {
         };
 
         let hidden = req("embedding_length")?;
-        let n_layers = req("block_count")?;
+        // Qwen3.5 GGUFs converted with their multi-token-prediction block count it in
+        // block_count (stored as the extra block blk.{n_layers}); the trunk is the rest.
+        let block_count = req("block_count")?;
+        let nextn = opt("nextn_predict_layers")?.unwrap_or(0);
+        if nextn >= block_count {
+            return Err(bad(format!(
+                "'{}' = {nextn} leaves no trunk layers of '{}' = {block_count}",
+                key("nextn_predict_layers"),
+                key("block_count")
+            )));
+        }
+        let n_layers = block_count - nextn;
         let n_heads = req("attention.head_count")?;
         // head_count_kv is a scalar, or (some hybrid converters) one value per layer with 0
         // for layers without attention.
@@ -198,7 +209,7 @@ impl ModelConfig {
                         "'{recurrent_key}' is {v:?}, expected an array of booleans"
                     ))
                 })?;
-                if flags.len() != n_layers {
+                if flags.len() != n_layers && flags.len() != block_count {
                     return Err(bad(format!(
                         "'{recurrent_key}' has {} entries for {n_layers} layers",
                         flags.len()
@@ -212,7 +223,7 @@ impl ModelConfig {
                     };
                 }
             } else if let Some(per) = &kv_per_layer {
-                if per.len() != n_layers {
+                if per.len() != n_layers && per.len() != block_count {
                     return Err(bad(format!(
                         "'{kv_key}' has {} entries for {n_layers} layers",
                         per.len()
@@ -642,6 +653,7 @@ mod tests {
             "qwen2/tiny",
             "qwen3/tiny",
             "qwen3_5/tiny",
+            "qwen3_5/tiny_mtp",
         ] {
             let g = gguf_config(rel);
             let h = ModelConfig::from_hf(&HfConfig::load(fixture_dir(rel)).unwrap()).unwrap();
@@ -720,6 +732,16 @@ mod tests {
             open(&meta),
             Err(ModelError::UnsupportedArch { .. })
         ));
+    }
+
+    /// A GGUF converted with its MTP block: block_count 5 and nextn_predict_layers 1 are a
+    /// 4-layer trunk (recurrent_layers has 5 entries); the trunk equals the MTP-less fixture's.
+    #[test]
+    fn qwen35_gguf_nextn_block_is_not_a_trunk_layer() {
+        let with = gguf_config("qwen3_5/tiny_mtp");
+        let without = gguf_config("qwen3_5/tiny");
+        assert_eq!(with.n_layers, 4);
+        assert_eq!(with, without);
     }
 
     #[test]

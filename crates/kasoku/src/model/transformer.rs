@@ -22,6 +22,7 @@ use super::config::{Arch, LayerKind, ModelConfig};
 use super::embedding::Embedding;
 use super::mixer::{Attention, GatedDeltaNet, Mixer};
 use super::mlp::Mlp;
+use super::mtp::MtpHead;
 use super::state::ModelState;
 use super::{weights, ModelError, RmsNorm};
 
@@ -54,6 +55,8 @@ pub struct Model {
     pub output_norm: RmsNorm,
     /// `output.weight`, or a packed copy of `token_embd.weight` when tied.
     pub head: MatMulWeight,
+    /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
+    pub mtp: Option<MtpHead>,
 }
 
 impl Model {
@@ -148,7 +151,8 @@ impl Model {
             }
         };
         config.tied_embeddings = !claims.has("output.weight");
-        // Multi-token-prediction blocks (Qwen3.5) are the drafter's business, not the trunk's.
+        // The multi-token-prediction block (Qwen3.5) claims its own tensors, strictly.
+        let mtp = MtpHead::load(&config, source, rope)?;
         claims.ignore_prefix(&format!("blk.{}.", config.n_layers));
         claims.ignore_prefix("mtp.");
         claims.finish()?;
@@ -158,6 +162,7 @@ impl Model {
             layers,
             output_norm,
             head,
+            mtp,
         })
     }
 
