@@ -4,6 +4,7 @@
 
 pub mod bench_client;
 mod error;
+mod http_client;
 mod metrics;
 mod output;
 mod pool;

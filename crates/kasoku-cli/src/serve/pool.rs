@@ -45,6 +45,8 @@ pub struct Job {
     /// The prompt ends inside an open `<think>` block.
     pub in_thinking: bool,
     pub json_object: bool,
+    /// Reuse and store prefixes in the prefix cache (when the server has one).
+    pub use_cache: bool,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
 }
@@ -176,26 +178,22 @@ fn run(engine: &Engine, session: &mut Session, job: &Job) {
         job.json_object,
     );
     let mut cancelled = false;
-    let result = session.generate_cached(
-        engine.cache.as_ref(),
-        &job.prompt,
-        &job.options,
-        &mut |token| {
-            if tx.is_closed() {
-                cancelled = true;
-                return Flow::Stop;
-            }
-            let delta = output.push(token);
-            if !delta.is_empty() {
-                let _ = tx.send(Event::Delta(delta));
-            }
-            if output.done() {
-                Flow::Stop
-            } else {
-                Flow::Continue
-            }
-        },
-    );
+    let cache = engine.cache.as_ref().filter(|_| job.use_cache);
+    let result = session.generate_cached(cache, &job.prompt, &job.options, &mut |token| {
+        if tx.is_closed() {
+            cancelled = true;
+            return Flow::Stop;
+        }
+        let delta = output.push(token);
+        if !delta.is_empty() {
+            let _ = tx.send(Event::Delta(delta));
+        }
+        if output.done() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    });
     let m = &engine.metrics;
     let generation = match result {
         Ok(g) => g,

@@ -35,6 +35,10 @@ pub struct Request {
     pub stream: bool,
     pub include_usage: bool,
     pub json_object: bool,
+    /// llama.cpp's extension: keep generating past end-of-text tokens.
+    pub ignore_eos: bool,
+    /// llama.cpp's `cache_prompt`: false = compute the whole prompt (no prefix reuse).
+    pub cache_prompt: bool,
 }
 
 /// The body as a JSON object (400 when it is not JSON or not an object).
@@ -342,7 +346,11 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
         Some(o) => Fields(o).bool("include_usage")?.unwrap_or(false),
         None => false,
     };
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let cache_prompt = f.bool("cache_prompt")?.unwrap_or(true);
     Ok(Request {
+        ignore_eos,
+        cache_prompt,
         model,
         prompt: PromptInput::Text(String::new()),
         sampling: s,

@@ -302,7 +302,11 @@ async fn generate(
     let options = GenerateOptions {
         sampling: request.sampling.clone(),
         max_tokens: request.max_tokens.unwrap_or(room).min(room),
-        stop_tokens: app.engine.stop_tokens.clone(),
+        stop_tokens: if request.ignore_eos {
+            Vec::new()
+        } else {
+            app.engine.stop_tokens.clone()
+        },
     };
     let (tx, mut rx) = unbounded_channel();
     let job = Job {
@@ -311,6 +315,7 @@ async fn generate(
         stop: request.stop.clone(),
         in_thinking,
         json_object: request.json_object,
+        use_cache: request.cache_prompt,
         events: tx,
         arrived,
     };
