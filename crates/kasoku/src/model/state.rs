@@ -5,6 +5,7 @@
 
 use super::config::LayerKind;
 use super::mixer::{GdnState, KvCache};
+use super::verify::PendingTree;
 
 /// The state of one layer.
 #[derive(Clone, Debug)]
@@ -30,6 +31,8 @@ pub struct ModelState {
     pub len: usize,
     /// Capacity: `forward` refuses to go past it.
     pub max_len: usize,
+    /// The last verified tree, until it is committed or discarded (its KV rows sit past `len`).
+    pub(crate) pending: Option<Box<PendingTree>>,
 }
 
 impl ModelState {
@@ -45,6 +48,7 @@ impl ModelState {
     /// Drops positions `len..` from every KV cache. Only possible when every layer is an
     /// attention layer (a recurrent state cannot be rewound); returns whether it was done.
     pub fn truncate(&mut self, len: usize) -> bool {
+        self.discard_pending();
         if len > self.len || self.layers.iter().any(|l| !matches!(l, LayerState::Kv(_))) {
             return false;
         }
@@ -55,5 +59,17 @@ impl ModelState {
         }
         self.len = len;
         true
+    }
+
+    /// Forgets an uncommitted verified tree (drops its KV rows).
+    pub fn discard_pending(&mut self) {
+        if self.pending.take().is_some() {
+            let len = self.len;
+            for l in &mut self.layers {
+                if let LayerState::Kv(c) = l {
+                    c.truncate(len);
+                }
+            }
+        }
     }
 }

@@ -172,6 +172,7 @@ impl Model {
             layers: self.layers.iter().map(|l| l.mixer.new_state()).collect(),
             len: 0,
             max_len,
+            pending: None,
         }
     }
 
@@ -185,6 +186,7 @@ impl Model {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        state.discard_pending();
         self.check(state, tokens)?;
         let (h, vocab) = (self.config.hidden, self.config.vocab);
         let mut out = Vec::with_capacity(match logits {
@@ -212,6 +214,7 @@ impl Model {
         state: &mut ModelState,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
+        state.discard_pending();
         self.check(state, tokens)?;
         let mut out = Vec::with_capacity(tokens.len() * self.config.hidden);
         for chunk in tokens.chunks(CHUNK) {
@@ -258,7 +261,7 @@ impl Model {
         Ok(x)
     }
 
-    fn check(&self, state: &ModelState, tokens: &[u32]) -> Result<(), ModelError> {
+    pub(crate) fn check(&self, state: &ModelState, tokens: &[u32]) -> Result<(), ModelError> {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
             return Err(ModelError::TokenOutOfRange {
                 token: bad,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::format::Claims;
 use crate::kernels::activation::sigmoid_gate;
-use crate::kernels::attention::{attention, AttnGeometry};
+use crate::kernels::attention::{attention, tree_attention, AttnGeometry};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::rope::Rope;
 
@@ -205,11 +205,42 @@ impl Attention {
     /// `cache.len()..cache.len() + n`, appends their keys and values to `cache`, and writes the
     /// layer's output (`n × hidden`) to `out`.
     pub fn forward(&self, cache: &mut KvCache, x: &[f32], n: usize, out: &mut [f32]) {
+        let past = cache.len();
+        let positions: Vec<usize> = (past..past + n).collect();
+        self.run(cache, x, &positions, None, out);
+    }
+
+    /// Runs the nodes of a token tree (`x`: one normed row per node): node `i` sits at position
+    /// `cache.len() + depths[i]` and attends to the cache and its ancestors (`parents`, as in
+    /// [`tree_attention`]). Appends every node's keys and values after the cache, uncommitted:
+    /// [`KvCache::commit`] keeps the accepted ones, [`KvCache::truncate`] drops them all.
+    pub fn forward_tree(
+        &self,
+        cache: &mut KvCache,
+        x: &[f32],
+        parents: &[usize],
+        depths: &[usize],
+        out: &mut [f32],
+    ) {
+        let past = cache.len();
+        let positions: Vec<usize> = depths.iter().map(|d| past + d).collect();
+        self.run(cache, x, &positions, Some(parents), out);
+    }
+
+    fn run(
+        &self,
+        cache: &mut KvCache,
+        x: &[f32],
+        positions: &[usize],
+        parents: Option<&[usize]>,
+        out: &mut [f32],
+    ) {
         let AttnGeometry {
             n_heads,
             n_kv_heads,
             head_dim: hd,
         } = self.geo;
+        let n = positions.len();
         let q_dim = n_heads * hd;
         let kv_dim = n_kv_heads * hd;
         let past = cache.len();
@@ -249,15 +280,17 @@ impl Attention {
         if let Some(norm) = &self.k_norm {
             norm.forward_inplace(&mut k);
         }
-        let positions: Vec<usize> = (past..past + n).collect();
-        self.rope.apply(&mut q, n_heads, &positions);
-        self.rope.apply(&mut k, n_kv_heads, &positions);
+        self.rope.apply(&mut q, n_heads, positions);
+        self.rope.apply(&mut k, n_kv_heads, positions);
         cache.append(&k, &v);
 
         let mut att = vec![0f32; n * q_dim];
         let keys: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.keys(h)).collect();
         let values: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.values(h)).collect();
-        attention(self.geo, &q, &keys, &values, past, self.scale, &mut att);
+        match parents {
+            None => attention(self.geo, &q, &keys, &values, past, self.scale, &mut att),
+            Some(p) => tree_attention(self.geo, &q, &keys, &values, past, p, self.scale, &mut att),
+        }
         if let Some(g) = &gate {
             sigmoid_gate(&mut att, g);
         }

@@ -14,13 +14,15 @@
 //! `h / (nv/nk)`).
 //!
 //! Per-sequence state ([`GdnState`]): the last `K−1` conv inputs (time-major rows, oldest
-//! first) and the recurrent state (`nv × dk × dv`, f32). Both are plain arrays, so a later
-//! tree verifier can commit an accepted path by picking conv rows of the path and replaying
-//! `S ← e^{g}·S + k ⊗ u` (see `kernels::gated_delta`).
+//! first) and the recurrent state (`nv × dk × dv`, f32). A draft tree is verified without
+//! writing either ([`GatedDeltaNet::forward_tree`]); the accepted path is then committed by
+//! taking the conv rows of the path and replaying `S ← e^{g}·S + k ⊗ δ` per accepted node
+//! ([`GatedDeltaNet::commit`], see `kernels::gated_delta::tree`).
 
 use crate::format::Claims;
 use crate::kernels::activation::silu;
-use crate::kernels::conv1d::{causal_conv1d_silu, ConvTaps};
+use crate::kernels::conv1d::{causal_conv1d_silu, tree_conv1d_silu, tree_conv_commit, ConvTaps};
+use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
 use crate::kernels::gated_delta::{self, gates, l2norm_heads, GdnDims, GdnInputs, HeadMap};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::norm::rmsnorm_inplace;
@@ -142,33 +144,134 @@ impl GatedDeltaNet {
     /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
     /// `state` advances past the tokens.
     pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
+        self.check(state, x, n, out);
+        if n == 0 {
+            return;
+        }
+        let p = self.project(x, n);
+        // Short causal conv + SiLU over [q | k | v].
+        let mut conv_out = vec![0f32; n * self.conv_dim()];
+        causal_conv1d_silu(&self.conv, &mut state.conv, &p.mixed, n, &mut conv_out);
+        let (q, k, v, g, beta) = self.recurrence_inputs(&conv_out, &p, n);
+        let mut o = vec![0f32; n * self.dims.nv * self.dims.dv];
+        let inputs = GdnInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        gated_delta::gated_delta(&self.dims, &inputs, n, &mut state.ssm, &mut o);
+        self.output(o, &p.z, n, out);
+    }
+
+    /// Mixes the nodes of a token tree (`x`: one normed row per node; `parents[i] < i`, or
+    /// `usize::MAX` for the root) without touching `state`: node `i`'s output is computed from
+    /// the committed state along its own path, with the bits plain decoding of that path
+    /// gives. Returns what [`GatedDeltaNet::commit`] needs to advance along an accepted path.
+    pub fn forward_tree(
+        &self,
+        state: &GdnState,
+        x: &[f32],
+        parents: &[usize],
+        out: &mut [f32],
+    ) -> GdnPending {
+        let n = parents.len();
+        self.check(state, x, n, out);
+        let p = self.project(x, n);
+        let mut conv_out = vec![0f32; n * self.conv_dim()];
+        tree_conv1d_silu(&self.conv, &state.conv, &p.mixed, parents, &mut conv_out);
+        let (q, k, v, g, beta) = self.recurrence_inputs(&conv_out, &p, n);
+        let vd = self.dims.nv * self.dims.dv;
+        let mut o = vec![0f32; n * vd];
+        let mut deltas = vec![0f32; n * vd];
+        let inputs = GdnInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        tree_recurrent(
+            &self.dims,
+            &inputs,
+            parents,
+            &state.ssm,
+            &mut o,
+            &mut deltas,
+        );
+        self.output(o, &p.z, n, out);
+        GdnPending {
+            parents: parents.to_vec(),
+            mixed: p.mixed,
+            k,
+            g,
+            deltas,
+        }
+    }
+
+    /// Advances `state` along `path` (node indices of the tree `pending` came from, root
+    /// first, each a child of the one before): the recurrent state replays each node's
+    /// update, the conv state becomes the path's last inputs.
+    pub fn commit(&self, state: &mut GdnState, pending: &GdnPending, path: &[usize]) {
         let GdnDims { nk, nv, dk, dv, .. } = self.dims;
-        let (kd, vd, cd) = (nk * dk, nv * dv, self.conv_dim());
+        let (kd, vd) = (nk * dk, nv * dv);
+        for &i in path {
+            replay(
+                &self.dims,
+                &mut state.ssm,
+                &pending.k[i * kd..(i + 1) * kd],
+                &pending.g[i * nv..(i + 1) * nv],
+                &pending.deltas[i * vd..(i + 1) * vd],
+            );
+        }
+        if let Some(&last) = path.last() {
+            tree_conv_commit(
+                &self.conv,
+                &mut state.conv,
+                &pending.mixed,
+                &pending.parents,
+                last,
+            );
+        }
+    }
+
+    fn check(&self, state: &GdnState, x: &[f32], n: usize, out: &[f32]) {
         assert_eq!(x.len(), n * self.hidden, "gated delta net: x length");
         assert_eq!(out.len(), n * self.hidden, "gated delta net: out length");
         assert!(
             state.conv.len() == self.conv.state_len() && state.ssm.len() == self.dims.state_len(),
             "gated delta net: state of another layer shape"
         );
-        if n == 0 {
-            return;
-        }
+    }
 
-        // Projections.
-        let mut mixed = vec![0f32; n * cd];
-        let mut z = vec![0f32; n * vd];
-        let mut b = vec![0f32; n * nv];
-        let mut a = vec![0f32; n * nv];
-        matmul(&self.qkv, x, n, &mut mixed);
-        matmul(&self.gate, x, n, &mut z);
-        matmul(&self.beta, x, n, &mut b);
-        matmul(&self.alpha, x, n, &mut a);
+    /// The four input projections of `n` rows.
+    fn project(&self, x: &[f32], n: usize) -> Projected {
+        let GdnDims { nv, dv, .. } = self.dims;
+        let mut p = Projected {
+            mixed: vec![0f32; n * self.conv_dim()],
+            z: vec![0f32; n * nv * dv],
+            b: vec![0f32; n * nv],
+            a: vec![0f32; n * nv],
+        };
+        matmul(&self.qkv, x, n, &mut p.mixed);
+        matmul(&self.gate, x, n, &mut p.z);
+        matmul(&self.beta, x, n, &mut p.b);
+        matmul(&self.alpha, x, n, &mut p.a);
+        p
+    }
 
-        // Short causal conv + SiLU over [q | k | v].
-        let mut conv_out = vec![0f32; n * cd];
-        causal_conv1d_silu(&self.conv, &mut state.conv, &mixed, n, &mut conv_out);
-
-        // Split into contiguous q, k, v; normalise q and k per head.
+    /// Splits the conv output into contiguous q, k, v (q and k l2-normalised per head, q
+    /// scaled), and computes the gates: `(q, k, v, g, β)`.
+    #[allow(clippy::type_complexity)]
+    fn recurrence_inputs(
+        &self,
+        conv_out: &[f32],
+        p: &Projected,
+        n: usize,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let GdnDims { nk, nv, dk, dv, .. } = self.dims;
+        let (kd, vd, cd) = (nk * dk, nv * dv, self.conv_dim());
         let (mut q, mut k, mut v) = (vec![0f32; n * kd], vec![0f32; n * kd], vec![0f32; n * vd]);
         for t in 0..n {
             let row = &conv_out[t * cd..(t + 1) * cd];
@@ -178,27 +281,39 @@ impl GatedDeltaNet {
         }
         l2norm_heads(&mut q, dk, 1.0 / (dk as f32).sqrt());
         l2norm_heads(&mut k, dk, 1.0);
-
-        // Gates, then the recurrence.
         let (mut g, mut beta) = (vec![0f32; n * nv], vec![0f32; n * nv]);
-        gates(&a, &b, &self.ssm_a, &self.dt_bias, &mut g, &mut beta);
-        let mut o = vec![0f32; n * vd];
-        let inputs = GdnInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-        };
-        gated_delta::gated_delta(&self.dims, &inputs, n, &mut state.ssm, &mut o);
+        gates(&p.a, &p.b, &self.ssm_a, &self.dt_bias, &mut g, &mut beta);
+        (q, k, v, g, beta)
+    }
 
-        // Gated RMSNorm per value head, then the output projection.
+    /// Gated RMSNorm per value head, then the output projection.
+    fn output(&self, mut o: Vec<f32>, z: &[f32], n: usize, out: &mut [f32]) {
         rmsnorm_inplace(&mut o, &self.norm, self.eps);
-        for (v, &zg) in o.iter_mut().zip(&z) {
+        for (v, &zg) in o.iter_mut().zip(z) {
             *v *= silu(zg);
         }
         matmul(&self.out, &o, n, out);
     }
+}
+
+/// The projections of a batch.
+struct Projected {
+    /// `[q | k | v]` before the conv: `n × conv_dim`.
+    mixed: Vec<f32>,
+    z: Vec<f32>,
+    b: Vec<f32>,
+    a: Vec<f32>,
+}
+
+/// What a tree pass leaves for [`GatedDeltaNet::commit`]: per node, the conv inputs, the
+/// normalised key, the log-decays and the deltas of the recurrence.
+#[derive(Clone, Debug)]
+pub struct GdnPending {
+    parents: Vec<usize>,
+    mixed: Vec<f32>,
+    k: Vec<f32>,
+    g: Vec<f32>,
+    deltas: Vec<f32>,
 }
 
 #[cfg(test)]

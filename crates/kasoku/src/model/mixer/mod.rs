@@ -8,7 +8,7 @@ pub mod attention;
 pub mod gated_delta_net;
 
 pub use attention::{Attention, KvCache};
-pub use gated_delta_net::{GatedDeltaNet, GdnState};
+pub use gated_delta_net::{GatedDeltaNet, GdnPending, GdnState};
 
 use super::config::LayerKind;
 use super::state::LayerState;

@@ -1,0 +1,269 @@
+//! Speculative verification: one forward pass over every node of a token tree, and the
+//! commit of the path the caller accepts.
+//!
+//! [`Model::verify`] runs the tree's nodes as one batch. Attention layers place node `i` at
+//! position `len + depth(i)` and let it see the committed context and its ancestors; Gated
+//! DeltaNet layers compute each node from the committed state along its own path. Every
+//! node's logits therefore have the bits plain decoding of its path would give. Nothing
+//! committed is written: attention keys and values of the nodes wait past the end of each
+//! cache, and the recurrent layers keep what the commit needs.
+//!
+//! [`Model::commit`] then keeps one root-to-node path: each layer state commits it its own
+//! way (KV rows compacted into place; recurrent state replayed along the path; conv state
+//! taken from the path's last inputs) and the state grows by the path's length. No layer
+//! snapshots or restores its state. Any other forward pass discards an uncommitted tree.
+
+use super::mixer::{GdnPending, Mixer};
+use super::state::{LayerState, ModelState};
+use super::transformer::Model;
+use super::tree::TokenTree;
+use super::ModelError;
+
+/// What a verification pass leaves in the state until its commit.
+#[derive(Clone, Debug)]
+pub struct PendingTree {
+    tree: TokenTree,
+    /// Per layer: the recurrent layers' commit data (`None` for attention layers).
+    layers: Vec<Option<GdnPending>>,
+}
+
+/// The result of [`Model::verify`].
+#[derive(Clone, Debug, Default)]
+pub struct Verified {
+    /// `nodes × vocab`: row `i` is the distribution of the token after node `i`.
+    pub logits: Vec<f32>,
+    /// `nodes × hidden` final-normed hidden states (what MTP and other drafters read), when
+    /// asked for; empty otherwise.
+    pub hidden: Vec<f32>,
+}
+
+impl Model {
+    /// Runs every node of `tree` in one pass (see the module doc) and returns their logits
+    /// (and final-normed hidden states when `want_hidden`). The tree stays pending in `state`
+    /// until [`Model::commit`]; a previous pending tree is discarded first.
+    pub fn verify(
+        &self,
+        state: &mut ModelState,
+        tree: &TokenTree,
+        want_hidden: bool,
+    ) -> Result<Verified, ModelError> {
+        state.discard_pending();
+        self.check(state, tree.tokens())?;
+        let n = tree.len();
+        if n == 0 {
+            return Ok(Verified::default());
+        }
+        let h = self.config.hidden;
+        let (parents, depths) = (tree.parents(), tree.depths());
+        let mut x = vec![0f32; n * h];
+        self.embedding.lookup(tree.tokens(), &mut x);
+        let mut normed = vec![0f32; n * h];
+        let mut delta = vec![0f32; n * h];
+        let mut pending = Vec::with_capacity(self.layers.len());
+        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
+            layer.attn_norm.forward(&x, &mut normed);
+            let p = match (&layer.mixer, st) {
+                (Mixer::Attention(a), LayerState::Kv(cache)) => {
+                    a.forward_tree(cache, &normed, parents, depths, &mut delta);
+                    None
+                }
+                (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => {
+                    Some(g.forward_tree(s, &normed, parents, &mut delta))
+                }
+                _ => unreachable!("`check` matched every layer with its state"),
+            };
+            pending.push(p);
+            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            layer.ffn_norm.forward(&x, &mut normed);
+            layer.mlp.forward(&normed, n, &mut delta);
+            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+        }
+        state.pending = Some(Box::new(PendingTree {
+            tree: tree.clone(),
+            layers: pending,
+        }));
+        self.output_norm.forward(&x, &mut normed);
+        let logits = self.head_logits(&normed);
+        Ok(Verified {
+            logits,
+            hidden: if want_hidden { normed } else { Vec::new() },
+        })
+    }
+
+    /// Commits `path` of the pending tree (node indices from the root down, each a child of
+    /// the one before; the root alone is a path): the state then holds exactly what plain
+    /// decoding of those tokens would have left. Other nodes are dropped.
+    pub fn commit(&self, state: &mut ModelState, path: &[usize]) -> Result<(), ModelError> {
+        let Some(pending) = state.pending.take() else {
+            return Err(ModelError::StateMismatch(
+                "commit without a verified tree".into(),
+            ));
+        };
+        if !pending.tree.is_root_path(path) {
+            let len = state.len;
+            state.pending = Some(pending);
+            state.discard_pending();
+            debug_assert_eq!(state.len, len);
+            return Err(ModelError::StateMismatch(format!(
+                "commit: {path:?} is not a path from the root of the verified tree"
+            )));
+        }
+        let base = state.len;
+        for ((layer, st), p) in self
+            .layers
+            .iter()
+            .zip(state.layers.iter_mut())
+            .zip(&pending.layers)
+        {
+            match (&layer.mixer, st, p) {
+                (Mixer::Attention(_), LayerState::Kv(cache), None) => cache.commit(base, path),
+                (Mixer::GatedDeltaNet(g), LayerState::Gdn(s), Some(p)) => g.commit(s, p, path),
+                _ => unreachable!("the pending tree was made for these layers"),
+            }
+        }
+        state.len += path.len();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::{Arch, SourceKind};
+    use crate::model::testing::{random_weights, tiny_config};
+    use crate::model::tree::TreeBuilder;
+    use crate::model::Logits;
+
+    fn models() -> Vec<(&'static str, Model)> {
+        let mut out = Vec::new();
+        for (name, arch) in [
+            ("llama", Arch::Llama),
+            ("qwen2", Arch::Qwen2),
+            ("qwen3", Arch::Qwen3),
+        ] {
+            let cfg = tiny_config(arch, SourceKind::Gguf);
+            let src = random_weights(&cfg, 5);
+            out.push((name, Model::from_source(cfg, &src).unwrap()));
+        }
+        let hybrid = crate::model::golden::fixture_dir("qwen3_5/tiny").join("model-f32.gguf");
+        out.push(("qwen35 hybrid", Model::load(hybrid).unwrap()));
+        out
+    }
+
+    /// A tree with branching at several depths.
+    fn sample_tree(vocab: u32) -> TokenTree {
+        let t = |i: u32| (i * 7 + 3) % vocab;
+        let mut b = TreeBuilder::new(t(1));
+        let a = b.add(0, t(2));
+        let c = b.add(a, t(3));
+        b.add(c, t(4));
+        b.add(c, t(5));
+        let d = b.add(a, t(6));
+        b.add(d, t(7));
+        let e = b.add(0, t(8));
+        b.add(e, t(9));
+        b.add(0, t(10));
+        b.build().0
+    }
+
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// Each node's logits equal plain decoding of its path token by token, bit for bit.
+    #[test]
+    fn tree_logits_equal_decoding_each_path() {
+        for (name, model) in models() {
+            let vocab = model.config.vocab;
+            let prompt: Vec<u32> = (0..6).map(|i| (i * 5 + 1) % vocab as u32).collect();
+            let tree = sample_tree(vocab as u32);
+            let mut state = model.new_state(64);
+            model.forward(&mut state, &prompt, Logits::Last).unwrap();
+            let verified = model.verify(&mut state, &tree, true).unwrap();
+            assert_eq!(verified.logits.len(), tree.len() * vocab);
+            for node in 0..tree.len() {
+                let mut plain = model.new_state(64);
+                model.forward(&mut plain, &prompt, Logits::Last).unwrap();
+                let mut last = Vec::new();
+                for i in tree.path(node) {
+                    last = model
+                        .forward(&mut plain, &[tree.token(i)], Logits::Last)
+                        .unwrap();
+                }
+                assert!(
+                    same_bits(&last, &verified.logits[node * vocab..(node + 1) * vocab]),
+                    "{name}: node {node}"
+                );
+            }
+        }
+    }
+
+    /// After a commit the state equals plain decoding's (KV rows, recurrent and conv
+    /// states), and decoding continues identically.
+    #[test]
+    fn commit_leaves_the_state_plain_decoding_leaves() {
+        for (name, model) in models() {
+            let vocab = model.config.vocab;
+            let prompt: Vec<u32> = (0..5).map(|i| (i * 3 + 2) % vocab as u32).collect();
+            let tree = sample_tree(vocab as u32);
+            for leaf in [0, 3, 4, 6, tree.len() - 1] {
+                let path = tree.path(leaf);
+                let mut spec = model.new_state(64);
+                model.forward(&mut spec, &prompt, Logits::Last).unwrap();
+                // A rejected verification first, to check nothing leaks from it.
+                model
+                    .verify(&mut spec, &sample_tree(vocab as u32 - 1), false)
+                    .unwrap();
+                model.verify(&mut spec, &tree, false).unwrap();
+                model.commit(&mut spec, &path).unwrap();
+
+                let mut plain = model.new_state(64);
+                model.forward(&mut plain, &prompt, Logits::Last).unwrap();
+                for &i in &path {
+                    model
+                        .forward(&mut plain, &[tree.token(i)], Logits::Last)
+                        .unwrap();
+                }
+                assert_eq!(spec.len, plain.len, "{name}");
+                for (l, (a, b)) in spec.layers.iter().zip(&plain.layers).enumerate() {
+                    match (a, b) {
+                        (LayerState::Kv(a), LayerState::Kv(b)) => {
+                            for h in 0..a.n_kv_heads() {
+                                assert!(same_bits(a.keys(h), b.keys(h)), "{name} l{l} keys");
+                                assert!(same_bits(a.values(h), b.values(h)), "{name} l{l} v");
+                            }
+                        }
+                        (LayerState::Gdn(a), LayerState::Gdn(b)) => {
+                            assert!(same_bits(&a.ssm, &b.ssm), "{name} l{l} ssm, leaf {leaf}");
+                            assert!(same_bits(&a.conv, &b.conv), "{name} l{l} conv");
+                        }
+                        _ => panic!("layer kinds differ"),
+                    }
+                }
+                let next = [(leaf as u32 * 11 + 1) % vocab as u32];
+                let a = model.forward(&mut spec, &next, Logits::Last).unwrap();
+                let b = model.forward(&mut plain, &next, Logits::Last).unwrap();
+                assert!(same_bits(&a, &b), "{name}: decoding after the commit");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_commits_are_errors_and_keep_the_state() {
+        let (_, model) = models().pop().unwrap();
+        let mut state = model.new_state(64);
+        model.forward(&mut state, &[1, 2, 3], Logits::Last).unwrap();
+        assert!(model.commit(&mut state, &[0]).is_err());
+        let tree = sample_tree(model.config.vocab as u32);
+        model.verify(&mut state, &tree, false).unwrap();
+        assert!(model.commit(&mut state, &[0, 3]).is_err());
+        assert!(
+            model.commit(&mut state, &[0, 1]).is_err(),
+            "the tree was discarded"
+        );
+        assert_eq!(state.len, 3);
+        // The state still decodes.
+        model.forward(&mut state, &[4], Logits::Last).unwrap();
+        assert_eq!(state.len, 4);
+    }
+}
