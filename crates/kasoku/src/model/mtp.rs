@@ -280,3 +280,288 @@ impl TensorSource for MtpView<'_> {
         self.source.origin()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::format::HfCheckpoint;
+    use crate::model::golden::{argmax, fixture_dir};
+    use crate::model::testing::{rel_diff, MemSource};
+
+    const TOL: f64 = 1e-4;
+
+    /// `reference.json` of `qwen3_5/tiny_mtp` (tools/make_mtp_fixture.py).
+    struct Reference {
+        tokens: Vec<u32>,
+        target_hidden: Vec<f64>,
+        target_next: u32,
+        ingest: usize,
+        steps: usize,
+        /// Row j: token, input hidden, output hidden, logits.
+        mtp_tokens: Vec<u32>,
+        hidden_in: Vec<f64>,
+        hidden_out: Vec<f64>,
+        logits: Vec<f64>,
+        final_draft: u32,
+    }
+
+    fn reference() -> Reference {
+        let text = std::fs::read_to_string(fixture_dir("qwen3_5/tiny_mtp/reference.json"))
+            .expect("read reference.json");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let ids = |x: &serde_json::Value| -> Vec<u32> {
+            x.as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let mat = |x: &serde_json::Value| -> Vec<f64> {
+            x.as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+                .collect()
+        };
+        let m = &v["mtp"];
+        Reference {
+            tokens: ids(&v["tokens"]),
+            target_hidden: mat(&v["target_hidden"]),
+            target_next: v["target_next_token"].as_u64().unwrap() as u32,
+            ingest: m["ingest_rows"].as_u64().unwrap() as usize,
+            steps: m["chain_steps"].as_u64().unwrap() as usize,
+            mtp_tokens: ids(&m["tokens"]),
+            hidden_in: mat(&m["hidden_in"]),
+            hidden_out: mat(&m["hidden_out"]),
+            logits: mat(&m["logits"]),
+            final_draft: m["final_draft_token"].as_u64().unwrap() as u32,
+        }
+    }
+
+    fn load(path: &Path) -> Model {
+        Model::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn sources() -> Vec<std::path::PathBuf> {
+        let dir = fixture_dir("qwen3_5/tiny_mtp");
+        vec![dir.join("model-f32.gguf"), dir]
+    }
+
+    /// Ingest (target hidden rows) then greedy chain steps (the MTP's own hidden), against the
+    /// Python reference, from the HF checkpoint and from llama.cpp's GGUF conversion.
+    #[test]
+    fn matches_python_reference_ingest_then_chain() {
+        let r = reference();
+        for path in sources() {
+            let what = path.display();
+            let model = load(&path);
+            let mtp = model.mtp.as_ref().expect("fixture has an MTP head");
+            let (h, vocab, t) = (model.config.hidden, model.config.vocab, r.tokens.len());
+            assert_eq!(r.ingest, t);
+
+            let mut st = model.new_state(t);
+            let target = model.forward_hidden(&mut st, &r.tokens).unwrap();
+            let d = rel_diff(&target, &r.target_hidden);
+            assert!(d < TOL, "{what}: target hidden differs by {d:e}");
+            assert_eq!(
+                argmax(&model.head_logits(&target[(t - 1) * h..])),
+                r.target_next
+            );
+
+            let mut cache = mtp.new_cache();
+            let (m, logits) = mtp
+                .forward(&model, &mut cache, &r.mtp_tokens[..t], &target, 0)
+                .unwrap();
+            assert_eq!((m.len(), logits.len(), cache.len()), (t * h, t * vocab, t));
+            let d = rel_diff(&m, &r.hidden_out[..t * h]);
+            assert!(d < TOL, "{what}: ingest hidden differs by {d:e}");
+            let d = rel_diff(&logits, &r.logits[..t * vocab]);
+            assert!(d < TOL, "{what}: ingest logits differ by {d:e}");
+            eprintln!("{what}: MTP ingest vs reference: relative max diff {d:.2e}");
+
+            let (mut last_m, mut last_l) = (
+                m[(t - 1) * h..].to_vec(),
+                logits[(t - 1) * vocab..].to_vec(),
+            );
+            for s in 0..r.steps {
+                let row = t + s;
+                let draft = argmax(&last_l);
+                assert_eq!(draft, r.mtp_tokens[row], "{what}: draft at step {s}");
+                let d = rel_diff(&last_m, &r.hidden_in[row * h..(row + 1) * h]);
+                assert!(d < TOL, "{what}: chained hidden input of step {s}: {d:e}");
+                let (m, l) = mtp
+                    .forward(&model, &mut cache, &[draft], &last_m, row)
+                    .unwrap();
+                let d = rel_diff(&m, &r.hidden_out[row * h..(row + 1) * h]);
+                assert!(d < TOL, "{what}: step {s} hidden differs by {d:e}");
+                let d = rel_diff(&l, &r.logits[row * vocab..(row + 1) * vocab]);
+                assert!(d < TOL, "{what}: step {s} logits differ by {d:e}");
+                (last_m, last_l) = (m, l);
+            }
+            assert_eq!(argmax(&last_l), r.final_draft);
+            assert_eq!(cache.len(), t + r.steps);
+        }
+    }
+
+    /// Ingest in two parts equals one; truncating the cache (rejected drafts) and running the
+    /// same rows again gives the same outputs.
+    #[test]
+    fn split_ingest_and_truncate() {
+        let r = reference();
+        let model = load(&fixture_dir("qwen3_5/tiny_mtp"));
+        let mtp = model.mtp.as_ref().unwrap();
+        let (h, vocab) = (model.config.hidden, model.config.vocab);
+        let n = r.mtp_tokens.len();
+        let hid: Vec<f32> = r.hidden_in.iter().map(|&x| x as f32).collect();
+
+        let mut whole = mtp.new_cache();
+        let (m_all, l_all) = mtp
+            .forward(&model, &mut whole, &r.mtp_tokens, &hid, 0)
+            .unwrap();
+        let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        // All rows at once (chain rows included, with their recorded inputs).
+        assert!(rel_diff(&l_all, &r.logits) < TOL);
+        assert!(rel_diff(&m_all, &r.hidden_out) < TOL);
+
+        let mut parts = mtp.new_cache();
+        let (m1, l1) = mtp
+            .forward(&model, &mut parts, &r.mtp_tokens[..5], &hid[..5 * h], 0)
+            .unwrap();
+        let (m2, l2) = mtp
+            .forward(&model, &mut parts, &r.mtp_tokens[5..], &hid[5 * h..], 5)
+            .unwrap();
+        assert!(rel_diff(&[m1, m2].concat(), &f(&m_all)) < 1e-5);
+        assert!(rel_diff(&[l1, l2].concat(), &f(&l_all)) < 1e-5);
+
+        // Drop the last 3 rows, then feed them again.
+        parts.truncate(n - 3);
+        let (m3, l3) = mtp
+            .forward(
+                &model,
+                &mut parts,
+                &r.mtp_tokens[n - 3..],
+                &hid[(n - 3) * h..],
+                n - 3,
+            )
+            .unwrap();
+        assert!(rel_diff(&m3, &f(&m_all[(n - 3) * h..])) < 1e-5);
+        assert!(rel_diff(&l3, &f(&l_all[(n - 3) * vocab..])) < 1e-5);
+        assert_eq!(parts.len(), n);
+    }
+
+    #[test]
+    fn checkpoints_without_mtp_have_none() {
+        let dir = fixture_dir("qwen3_5/tiny");
+        assert!(load(&dir).mtp.is_none());
+        assert!(load(&dir.join("model-f32.gguf")).mtp.is_none());
+    }
+
+    #[test]
+    fn bad_input_is_an_error_and_leaves_the_cache_alone() {
+        let model = load(&fixture_dir("qwen3_5/tiny_mtp"));
+        let mtp = model.mtp.as_ref().unwrap();
+        let h = model.config.hidden;
+        let mut cache = mtp.new_cache();
+        mtp.forward(&model, &mut cache, &[1, 2], &vec![0.5; 2 * h], 0)
+            .unwrap();
+        let row = vec![0.5f32; h];
+        let cases: Vec<(&str, Result<_, _>)> = vec![
+            ("position", mtp.forward(&model, &mut cache, &[1], &row, 3)),
+            (
+                "hidden values",
+                mtp.forward(&model, &mut cache, &[1, 2], &row, 2),
+            ),
+            (
+                "vocabulary",
+                mtp.forward(&model, &mut cache, &[model.config.vocab as u32], &row, 2),
+            ),
+            (
+                "cache rows",
+                mtp.forward(&model, &mut KvCache::new(1, 3), &[1], &row, 0),
+            ),
+        ];
+        for (what, res) in cases {
+            let e = res.err().unwrap_or_else(|| panic!("{what}: no error"));
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        }
+        assert_eq!(cache.len(), 2);
+        let (m, l) = mtp.forward(&model, &mut cache, &[], &[], 2).unwrap();
+        assert!(m.is_empty() && l.is_empty());
+    }
+
+    /// Every tensor of `path` in memory (under its GGUF names), and the model config.
+    fn in_memory(path: &Path) -> (ModelConfig, MemSource) {
+        let mut mem = MemSource::new();
+        let cfg = if path.is_dir() {
+            let ckpt = HfCheckpoint::open(path).unwrap();
+            mem.tensors = ckpt.names().iter().map(|n| ckpt.get(n).unwrap()).collect();
+            ModelConfig::from_hf(ckpt.config()).unwrap()
+        } else {
+            let file = crate::format::GgufFile::open(path).unwrap();
+            mem.tensors = file
+                .names()
+                .iter()
+                .map(|n| TensorSource::get(&file, n).unwrap())
+                .collect();
+            ModelConfig::from_gguf(&file).unwrap()
+        };
+        (cfg, mem)
+    }
+
+    fn load_err(cfg: &ModelConfig, src: &MemSource) -> String {
+        match Model::from_source(cfg.clone(), src) {
+            Ok(_) => panic!("loading must fail"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn bad_or_missing_mtp_tensors_are_clear_errors() {
+        let [gguf, hf] = <[_; 2]>::try_from(sources()).unwrap();
+        let (cfg, base) = in_memory(&hf);
+        assert!(Model::from_source(cfg.clone(), &base)
+            .unwrap()
+            .mtp
+            .is_some());
+
+        let mut src = in_memory(&hf).1;
+        src.tensors
+            .retain(|t| t.name != "mtp.layers.0.self_attn.k_proj.weight");
+        let e = load_err(&cfg, &src);
+        assert!(
+            e.contains("multi-token-prediction") && e.contains("blk.4.attn_k.weight"),
+            "{e}"
+        );
+
+        let mut src = in_memory(&hf).1;
+        let t = src
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "mtp.fc.weight")
+            .unwrap();
+        t.shape = vec![t.shape[1], t.shape[0]];
+        let e = load_err(&cfg, &src);
+        assert!(e.contains("blk.4.nextn.eh_proj.weight"), "{e}");
+
+        let mut src = in_memory(&hf).1;
+        src.add_f32("mtp.layers.0.mystery.weight", &[2], &[1.0, 2.0]);
+        let e = load_err(&cfg, &src);
+        assert!(e.contains("mtp.layers.0.mystery.weight"), "{e}");
+
+        let mut src = in_memory(&hf).1;
+        src.add_f32("mtp.layers.1.input_layernorm.weight", &[2], &[1.0, 2.0]);
+        let e = load_err(&cfg, &src);
+        assert!(e.contains("more than one MTP layer"), "{e}");
+
+        let (gcfg, mut src) = in_memory(&gguf);
+        assert!(Model::from_source(gcfg.clone(), &src)
+            .unwrap()
+            .mtp
+            .is_some());
+        src.tensors.retain(|t| t.name != "blk.4.nextn.hnorm.weight");
+        let e = load_err(&gcfg, &src);
+        assert!(e.contains("blk.4.nextn.hnorm.weight"), "{e}");
+    }
+}
