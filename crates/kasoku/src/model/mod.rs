@@ -5,6 +5,7 @@
 //! - [`transformer`]: `Model` (load, forward) and `Layer`.
 //! - [`mixer`]: attention (+ KV cache) and Gated DeltaNet (+ recurrent state).
 //! - [`mlp`], [`norm`], [`embedding`]: the other parts; [`weights`]: claiming tensors.
+//! - [`mtp`]: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
 //! - [`state`]: `ModelState`, one `LayerState` per layer.
 //!
 //! Tensors are addressed by GGUF names (`blk.N.attn_q.weight`, ...) whatever the source.
@@ -14,6 +15,7 @@ pub mod embedding;
 pub mod error;
 pub mod mixer;
 pub mod mlp;
+pub mod mtp;
 pub mod norm;
 pub mod state;
 pub mod transformer;
@@ -29,6 +31,7 @@ pub(crate) mod testing;
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
 pub use error::ModelError;
 pub use mixer::{Attention, GatedDeltaNet, GdnState, KvCache, Mixer};
+pub use mtp::MtpHead;
 pub use norm::RmsNorm;
 pub use state::{LayerState, ModelState};
 pub use transformer::{Layer, Logits, Model};
