@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Prefix cache memory budget in MiB.
     #[arg(long, default_value_t = 1024)]
     pub prefix_cache_mb: usize,
+    /// Prompt tokens between prefix cache snapshots of recurrent (hybrid) models.
+    #[arg(long, default_value_t = engine::prefix_cache::DEFAULT_BLOCK)]
+    pub prefix_cache_block: usize,
     /// Require `Authorization: Bearer KEY` on every /v1 route.
     #[arg(long)]
     pub api_key: Option<String>,
@@ -85,7 +88,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let cache = (!args.no_prefix_cache).then(|| {
         Mutex::new(PrefixCache::new(
             args.prefix_cache_mb << 20,
-            engine::prefix_cache::DEFAULT_BLOCK,
+            args.prefix_cache_block,
         ))
     });
     let engine = Arc::new(Engine {

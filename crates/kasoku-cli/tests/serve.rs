@@ -1,0 +1,399 @@
+//! `kasoku serve` end to end, over real sockets: the official `openai` Python client (installed
+//! into a cached venv, skipped when PyPI is unreachable), disconnects freeing the session,
+//! concurrent streams matching solo answers, and the prefix cache on SmolLM2 and on the hybrid
+//! (Gated DeltaNet) fixture.
+
+#[path = "../src/serve/http_client.rs"]
+#[allow(dead_code)]
+mod http_client;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_client::Url;
+use serde_json::{json, Value};
+
+/// The `openai` package version the client test pins.
+const OPENAI_VERSION: &str = "2.8.1";
+
+fn fixture(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+fn smollm2() -> Option<String> {
+    kasoku::fetch::ensure_for_test("smollm2-135m").map(|p| p.display().to_string())
+}
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    url: Url,
+    base: String,
+    id: String,
+}
+
+impl Server {
+    fn start(model: &str, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kasoku"))
+            .args(["serve", "--model", model, "--port", "0", "--threads", "2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kasoku serve");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        let (base, id) = loop {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.kill();
+                panic!("kasoku serve exited before listening:\n{seen}");
+            };
+            seen.push_str(&line);
+            seen.push('\n');
+            if let Some(at) = line.find(" on http://") {
+                let rest = &line[at + 4..];
+                let url = rest.split_whitespace().next().unwrap().to_string();
+                let id = line[..at]
+                    .split('\'')
+                    .nth(1)
+                    .expect("model id in the banner")
+                    .to_string();
+                break (url, id);
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server {
+            child,
+            url: Url::parse(&base).unwrap(),
+            base,
+            id,
+        }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = http_client::request(
+            &self.url,
+            "POST",
+            path,
+            Some(&body.to_string()),
+            None,
+            Duration::from_secs(300),
+        )
+        .unwrap();
+        let status = r.status;
+        let text = r.text().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+        )
+    }
+
+    /// A streaming chat: the text and the usage chunk.
+    fn stream(&self, body: &Value) -> (String, Value) {
+        let mut body = body.clone();
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let r = http_client::request(
+            &self.url,
+            "POST",
+            "/v1/chat/completions",
+            Some(&body.to_string()),
+            None,
+            Duration::from_secs(300),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200);
+        let (mut text, mut usage) = (String::new(), Value::Null);
+        for line in r.body.lines() {
+            let line = line.unwrap();
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                break;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+                text.push_str(t);
+            }
+            if v["usage"].is_object() {
+                usage = v["usage"].clone();
+            }
+        }
+        (text, usage)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let r = http_client::request(
+            &self.url,
+            "GET",
+            "/metrics",
+            None,
+            None,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let text = r.text().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chat_body(model: &str, question: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    })
+}
+
+/// A venv with the pinned `openai` package, made once; `None` (with a note) when it cannot be
+/// installed (no network, no venv module).
+fn openai_python() -> Option<PathBuf> {
+    let dir = kasoku::fetch::models_dir()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("venv-openai-{OPENAI_VERSION}"));
+    let python = dir.join("bin/python");
+    let works = |p: &Path| {
+        Command::new(p)
+            .args(["-c", "import openai"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if works(&python) {
+        return Some(python);
+    }
+    if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "note: KASOKU_OFFLINE=1 and no cached openai venv; skipping the openai client test"
+        );
+        return None;
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    let installed = made
+        && Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .arg(format!("openai=={OPENAI_VERSION}"))
+            .status()
+            .is_ok_and(|s| s.success());
+    if installed && works(&python) {
+        Some(python)
+    } else {
+        eprintln!(
+            "note: could not install openai=={OPENAI_VERSION} into {} (no PyPI?); skipping the openai client test",
+            dir.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn the_official_openai_client_works() {
+    let Some(model) = smollm2() else { return };
+    let Some(python) = openai_python() else {
+        return;
+    };
+    let server = Server::start(&model, &["--api-key", "test-key", "--ctx-size", "2048"]);
+    let out = Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/serve_openai.py"
+        ))
+        .env("KASOKU_URL", &server.base)
+        .env("KASOKU_MODEL_ID", &server.id)
+        .env("KASOKU_API_KEY", "test-key")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("checks passed"), "{stdout}");
+}
+
+#[test]
+fn a_disconnect_mid_stream_frees_the_session() {
+    let Some(model) = smollm2() else { return };
+    let server = Server::start(&model, &["--parallel", "1", "--ctx-size", "2048"]);
+    let mut long = chat_body(&server.id, "Count from one to a thousand.", 1900);
+    long["ignore_eos"] = json!(true);
+    long["stream"] = json!(true);
+    let r = http_client::request(
+        &server.url,
+        "POST",
+        "/v1/chat/completions",
+        Some(&long.to_string()),
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let mut lines = r.body.lines();
+    let mut chunks = 0;
+    while chunks < 3 {
+        let line = lines.next().unwrap().unwrap();
+        chunks += line.starts_with("data: ") as usize;
+    }
+    drop(lines); // the connection closes
+                 // The only session must be free at once: the next request does not wait for 1900 tokens.
+    let start = Instant::now();
+    let (status, v) = server.post("/v1/chat/completions", &chat_body(&server.id, "Say hi.", 4));
+    assert_eq!(status, 200, "{v}");
+    let queued_ms = v["usage"]["timings"]["queue_ms"].as_f64().unwrap();
+    assert!(
+        queued_ms < 2000.0 && start.elapsed() < Duration::from_secs(10),
+        "waited {queued_ms} ms in the queue, {:?} in all",
+        start.elapsed()
+    );
+    assert_eq!(
+        server.metric("kasoku_requests_total{outcome=\"cancelled\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn concurrent_streams_give_the_same_text_as_solo_requests() {
+    let Some(model) = smollm2() else { return };
+    let server = Server::start(&model, &["--parallel", "2", "--ctx-size", "1024"]);
+    let questions = [
+        "What is the capital of France?",
+        "Name three colors.",
+        "Why is the sky blue?",
+    ];
+    let bodies: Vec<Value> = questions
+        .iter()
+        .map(|q| {
+            let mut b = chat_body(&server.id, q, 24);
+            b["cache_prompt"] = json!(false);
+            b
+        })
+        .collect();
+    let solo: Vec<String> = bodies.iter().map(|b| server.stream(b).0).collect();
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| s.spawn(|| server.stream(b).0))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((q, a), b) in questions.iter().zip(&solo).zip(&together) {
+        assert!(!a.is_empty(), "{q}: empty answer");
+        assert_eq!(a, b, "{q}: concurrent answer differs from the solo one");
+    }
+}
+
+/// A request sharing a long prefix with an earlier one reuses it (`cached_tokens`), answers as
+/// an uncached request does, and (SmolLM2) reaches its first token sooner.
+fn check_prefix_reuse(server: &Server, path: &str, first: Value, second: Value, min_cached: u64) {
+    let (status, a) = server.post(path, &first);
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, hit) = server.post(path, &second);
+    let mut uncached = second.clone();
+    uncached["cache_prompt"] = json!(false);
+    let (_, miss) = server.post(path, &uncached);
+    let cached = hit["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= min_cached,
+        "cached {cached} < {min_cached}: {hit}"
+    );
+    assert_eq!(miss["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let text = |v: &Value| {
+        let c = &v["choices"][0];
+        c["message"]["content"]
+            .as_str()
+            .or(c["text"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        text(&hit),
+        text(&miss),
+        "cached and uncached answers differ"
+    );
+}
+
+#[test]
+fn the_prefix_cache_reuses_a_shared_prefix() {
+    let Some(model) = smollm2() else { return };
+    let server = Server::start(&model, &["--ctx-size", "2048"]);
+    let system = "You are a careful assistant. ".repeat(5)
+        + &"The library opens at nine, closes at five, and lends books for three weeks. "
+            .repeat(30);
+    let body = |q: &str| {
+        json!({
+            "model": server.id,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "temperature": 0,
+            "max_tokens": 12,
+        })
+    };
+    check_prefix_reuse(
+        &server,
+        "/v1/chat/completions",
+        body("When does the library open?"),
+        body("How long can I keep a book?"),
+        400,
+    );
+    // Time to first token: reuse beats recomputing (~500 prompt tokens).
+    let ttft = |b: &Value| {
+        let (_, v) = server.post("/v1/chat/completions", b);
+        v["usage"]["timings"]["ttft_ms"].as_f64().unwrap()
+    };
+    let mut uncached = body("When does it close?");
+    uncached["cache_prompt"] = json!(false);
+    let slow = ttft(&uncached);
+    let fast = ttft(&body("When does it close?"));
+    assert!(
+        fast < slow,
+        "cached TTFT {fast:.1} ms not below uncached {slow:.1} ms"
+    );
+}
+
+#[test]
+fn the_prefix_cache_works_on_a_hybrid_model() {
+    let server = Server::start(
+        &fixture("qwen3_5/tiny/model-f32.gguf"),
+        &["--ctx-size", "1024", "--prefix-cache-block", "64"],
+    );
+    let shared = "the quick brown fox jumps over the lazy dog and ".repeat(20);
+    let body = |tail: &str| {
+        json!({
+            "model": server.id,
+            "prompt": format!("{shared}{tail}"),
+            "temperature": 0,
+            "max_tokens": 8,
+        })
+    };
+    check_prefix_reuse(
+        &server,
+        "/v1/completions",
+        body("then it sleeps"),
+        body("finally a cat arrives"),
+        64,
+    );
+}
