@@ -188,6 +188,50 @@ impl JsonCut {
 mod tests {
     use super::*;
 
+    fn qwen35_tokenizer() -> Tokenizer {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen3_5/tiny"
+        );
+        Tokenizer::from_hf_dir(dir).unwrap()
+    }
+
+    fn run(out: &mut Output, ids: &[u32]) -> Delta {
+        let mut all = Delta::default();
+        for &id in ids {
+            all.append(out.push(id));
+        }
+        all.append(out.finish());
+        all
+    }
+
+    #[test]
+    fn thinking_is_split_into_reasoning() {
+        let tok = qwen35_tokenizer();
+        let think = ThinkTokens::of(&tok).expect("<think> tokens");
+        // The model opens the block itself.
+        let ids = tok
+            .encode("<think>\nLet me see.\n</think>\n\nThe answer is 4.", true)
+            .unwrap();
+        assert!(ids.contains(&think.open) && ids.contains(&think.close));
+        let d = run(&mut Output::new(&tok, Some(think), false, &[], false), &ids);
+        assert_eq!(d.reasoning, "\nLet me see.\n");
+        assert_eq!(d.content, "The answer is 4.");
+        // The prompt opened it (thinking on); a stop string applies to the answer only.
+        let ids = tok
+            .encode("Hmm, 2+2. END</think>\n\n4 END 5", true)
+            .unwrap();
+        let stops = ["END".to_string()];
+        let mut out = Output::new(&tok, Some(think), true, &stops, false);
+        let d = run(&mut out, &ids);
+        assert_eq!(d.reasoning, "Hmm, 2+2. END");
+        assert_eq!(d.content, "4 ");
+        assert!(out.done());
+        // Without thinking tokens, everything is content.
+        let d = run(&mut Output::new(&tok, None, true, &[], false), &ids[..3]);
+        assert!(d.reasoning.is_empty() && !d.content.is_empty());
+    }
+
     #[test]
     fn json_cut_keeps_the_first_object() {
         let mut j = JsonCut::default();
