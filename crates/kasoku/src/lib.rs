@@ -5,7 +5,9 @@
 //! - [`format`]: GGUF and safetensors readers, HF config.json, strict tensor claiming.
 //! - [`tokenizer`]: tokenizers from GGUF metadata or tokenizer.json, chat templates.
 //! - [`kernels`]: CPU compute (quantized matmul, norms, RoPE, attention, Gated DeltaNet, conv1d).
-//! - [`model`]: architectures assembled from parts, per-layer state.
+//! - [`model`]: architectures assembled from parts, per-layer state, tree verification.
+//! - [`spec`]: speculative decoding's drafters, acceptance rule and budget policy (its
+//!   acceptance walk calls the engine's pure sampler).
 //! - [`engine`]: sessions, sampling, the decode loop, statistics.
 //!
 //! Beside them, [`fetch`] downloads the models kasoku knows by name into a local cache.
@@ -16,4 +18,5 @@ pub mod format;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod spec;
 pub mod tokenizer;

@@ -1,11 +1,12 @@
 //! `Session`: one conversation's state over shared model weights. It feeds prompts (reusing
 //! the longest prefix already in its cache), samples, and reports statistics. Plain decoding
-//! is the loop below; speculative decoding will plug its drafter into the same loop.
+//! is the loop below; with a [`Speculator`] the decode loop of `speculative` runs instead.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::sampler::{self, ParamError, SamplingParams};
+use super::speculative::Speculator;
 use super::stats::GenerationStats;
 use crate::model::{Logits, Model, ModelError, ModelState};
 
@@ -65,6 +66,8 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, ctx: usize },
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("{0}")]
+    Draft(String),
 }
 
 /// A conversation's state. Cheap to create; the weights are shared.
@@ -73,6 +76,8 @@ pub struct Session {
     pub(super) state: ModelState,
     /// The tokens whose effects are in `state`, in order.
     pub(super) tokens: Vec<u32>,
+    /// Speculative decoding, when enabled.
+    pub(super) spec: Option<Speculator>,
 }
 
 impl Session {
@@ -82,7 +87,17 @@ impl Session {
             model,
             state,
             tokens: Vec::new(),
+            spec: None,
         }
+    }
+
+    /// Turns speculative decoding on (with this drafter and policy) or off.
+    pub fn set_speculator(&mut self, spec: Option<Speculator>) {
+        self.spec = spec;
+    }
+
+    pub fn speculator(&self) -> Option<&Speculator> {
+        self.spec.as_ref()
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -129,50 +144,77 @@ impl Session {
         let reused = self.reuse_prefix(prompt);
         stats.cached_tokens = reused;
         stats.prompt_tokens = prompt.len() - reused;
-        let mut logits = self.feed(&prompt[reused..])?;
+        let wants_hidden = self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden());
+        let (logits, hidden) = if wants_hidden {
+            let hidden = self
+                .model
+                .forward_hidden(&mut self.state, &prompt[reused..])?;
+            self.tokens.extend_from_slice(&prompt[reused..]);
+            let h = self.model.config.hidden;
+            (
+                self.model.head_logits(&hidden[hidden.len() - h..]),
+                Some(hidden),
+            )
+        } else {
+            (self.feed(&prompt[reused..])?, None)
+        };
         stats.prefill_time = start.elapsed();
 
-        let mut generated = Vec::new();
-        let mut history: Vec<u32> = prompt.to_vec();
-        let mut first_token_at = None;
-        let finish = loop {
-            if generated.len() >= options.max_tokens {
-                break FinishReason::Length;
+        let mut run = Run {
+            options,
+            on_token,
+            start,
+            generated: Vec::new(),
+            history: prompt.to_vec(),
+            first_token_at: None,
+            stats,
+        };
+        let finish = if options.max_tokens == 0 {
+            FinishReason::Length
+        } else {
+            let first = sampler::sample(&options.sampling, &logits, &run.history, prompt.len());
+            match self.spec.take() {
+                Some(mut spec) => {
+                    let r = spec.decode(self, &mut run, first, prompt, hidden.as_deref());
+                    run.stats.spec = Some(spec.take_stats());
+                    self.spec = Some(spec);
+                    r?
+                }
+                None => self.decode_plain(&mut run, first)?,
             }
-            let token = sampler::sample(&options.sampling, &logits, &history, history.len());
-            if stats.decode_passes > 0 {
-                stats.decode_tokens += 1;
-            }
-            if first_token_at.is_none() {
-                first_token_at = Some(Instant::now());
-                stats.time_to_first_token = start.elapsed();
-            }
-            if options.stop_tokens.contains(&token) {
-                break FinishReason::Stop;
-            }
-            generated.push(token);
-            history.push(token);
-            if on_token(token) == Flow::Stop {
-                break FinishReason::Stop;
-            }
-            if generated.len() >= options.max_tokens {
-                break FinishReason::Length;
-            }
-            if self.state.len() + 1 >= self.ctx_size() {
-                break FinishReason::ContextFull;
-            }
-            logits = self.feed(&[token])?;
-            stats.decode_passes += 1;
         };
         let end = Instant::now();
-        stats.generated_tokens = generated.len();
-        stats.decode_time = first_token_at.map(|t| end - t).unwrap_or_default();
+        let mut stats = run.stats;
+        stats.generated_tokens = run.generated.len();
+        stats.decode_time = run.first_token_at.map(|t| end - t).unwrap_or_default();
         stats.total_time = end - start;
         Ok(Generation {
-            tokens: generated,
+            tokens: run.generated,
             finish,
             stats,
         })
+    }
+
+    /// Plain decoding: one forward pass per token.
+    fn decode_plain(&mut self, run: &mut Run, first: u32) -> Result<FinishReason, EngineError> {
+        let mut token = first;
+        loop {
+            if let Some(finish) = run.take(token) {
+                return Ok(finish);
+            }
+            if self.state.len() + 1 >= self.ctx_size() {
+                return Ok(FinishReason::ContextFull);
+            }
+            let logits = self.feed(&[token])?;
+            run.stats.decode_passes += 1;
+            token = sampler::sample(
+                &run.options.sampling,
+                &logits,
+                &run.history,
+                run.history.len(),
+            );
+            run.stats.decode_tokens += 1;
+        }
     }
 
     /// Keeps the longest common prefix of the cache and `prompt` (at most `prompt.len() - 1`
@@ -202,5 +244,40 @@ impl Session {
         let logits = self.model.forward(&mut self.state, tokens, Logits::Last)?;
         self.tokens.extend_from_slice(tokens);
         Ok(logits)
+    }
+}
+
+/// The answer being generated: emitted tokens, the history the sampler reads, statistics.
+pub(super) struct Run<'a> {
+    pub(super) options: &'a GenerateOptions,
+    pub(super) on_token: &'a mut dyn FnMut(u32) -> Flow,
+    pub(super) start: Instant,
+    pub(super) generated: Vec<u32>,
+    /// The prompt and every emitted token.
+    pub(super) history: Vec<u32>,
+    pub(super) first_token_at: Option<Instant>,
+    pub(super) stats: GenerationStats,
+}
+
+impl Run<'_> {
+    /// Takes the next sampled token: emits it, or ends the answer (a stop token is not
+    /// emitted). Returns why generation ends, if it does.
+    pub(super) fn take(&mut self, token: u32) -> Option<FinishReason> {
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(Instant::now());
+            self.stats.time_to_first_token = self.start.elapsed();
+        }
+        if self.options.stop_tokens.contains(&token) {
+            return Some(FinishReason::Stop);
+        }
+        self.generated.push(token);
+        self.history.push(token);
+        if (self.on_token)(token) == Flow::Stop {
+            return Some(FinishReason::Stop);
+        }
+        if self.generated.len() >= self.options.max_tokens {
+            return Some(FinishReason::Length);
+        }
+        None
     }
 }

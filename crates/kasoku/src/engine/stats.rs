@@ -21,6 +21,8 @@ pub struct GenerationStats {
     /// Time spent generating after the first token.
     pub decode_time: Duration,
     pub total_time: Duration,
+    /// Speculative decoding's counters, when it ran.
+    pub spec: Option<crate::spec::SpecStats>,
 }
 
 impl GenerationStats {

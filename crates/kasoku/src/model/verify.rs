@@ -18,6 +18,7 @@ use super::state::{LayerState, ModelState};
 use super::transformer::Model;
 use super::tree::TokenTree;
 use super::ModelError;
+use crate::kernels::matmul::{matmul, MatMulWeight};
 
 /// What a verification pass leaves in the state until its commit.
 #[derive(Clone, Debug)]
@@ -30,7 +31,7 @@ pub struct PendingTree {
 /// The result of [`Model::verify`].
 #[derive(Clone, Debug, Default)]
 pub struct Verified {
-    /// `nodes × vocab`: row `i` is the distribution of the token after node `i`.
+    /// `nodes × vocab` (or the head's rows): row `i` scores the token after node `i`.
     pub logits: Vec<f32>,
     /// `nodes × hidden` final-normed hidden states (what MTP and other drafters read), when
     /// asked for; empty otherwise.
@@ -45,6 +46,18 @@ impl Model {
         &self,
         state: &mut ModelState,
         tree: &TokenTree,
+        want_hidden: bool,
+    ) -> Result<Verified, ModelError> {
+        self.verify_with_head(state, tree, None, want_hidden)
+    }
+
+    /// [`Model::verify`] with logits from `head` instead of the model's own LM head (e.g. its
+    /// first rows only: a drafter's reduced vocabulary).
+    pub fn verify_with_head(
+        &self,
+        state: &mut ModelState,
+        tree: &TokenTree,
+        head: Option<&MatMulWeight>,
         want_hidden: bool,
     ) -> Result<Verified, ModelError> {
         state.discard_pending();
@@ -83,7 +96,14 @@ impl Model {
             layers: pending,
         }));
         self.output_norm.forward(&x, &mut normed);
-        let logits = self.head_logits(&normed);
+        let logits = match head {
+            None => self.head_logits(&normed),
+            Some(w) => {
+                let mut l = vec![0f32; n * w.rows];
+                matmul(w, &normed, n, &mut l);
+                l
+            }
+        };
         Ok(Verified {
             logits,
             hidden: if want_hidden { normed } else { Vec::new() },

@@ -138,6 +138,27 @@ fn family(dtype: DType) -> Family {
 }
 
 impl MatMulWeight {
+    /// The matrix of the first `n` rows (`n ≤ rows`), e.g. an LM head over a reduced
+    /// vocabulary for a drafter. Rows keep their packed bytes, so row `j < n` of the result
+    /// computes exactly what row `j` of `self` does.
+    pub fn first_rows(&self, n: usize) -> MatMulWeight {
+        let n = n.min(self.rows);
+        let bytes = match family(self.dtype) {
+            Family::Reference => self.packed.len() / self.rows.max(1) * n,
+            // Packed in groups of 8 rows, group after group.
+            Family::Floats | Family::Legacy | Family::KQuants => {
+                let groups = self.rows.div_ceil(8).max(1);
+                self.packed.len() / groups * n.div_ceil(8)
+            }
+        };
+        MatMulWeight {
+            dtype: self.dtype,
+            rows: n,
+            cols: self.cols,
+            packed: self.packed[..bytes].to_vec(),
+        }
+    }
+
     /// Packs a `[rows, cols]` matrix whose rows are stored contiguously in `bytes` (GGUF or
     /// safetensors layout) in format `dtype`.
     pub fn new(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, MatMulError> {
@@ -450,6 +471,31 @@ mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{dtype}: row {r}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn first_rows_compute_what_the_full_matrix_computes() {
+        let mut rng = Rng(9);
+        for dtype in ALL {
+            let (rows, cols, n) = (37, 256, 3);
+            let wb = random_matrix(&mut rng, dtype, rows, cols);
+            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let mut full = vec![0f32; n * rows];
+            matmul(&w, &x, n, &mut full);
+            for keep in [8, 13, 37] {
+                let part = w.first_rows(keep);
+                let mut y = vec![0f32; n * keep];
+                matmul(&part, &x, n, &mut y);
+                for r in 0..n {
+                    assert_eq!(
+                        y[r * keep..(r + 1) * keep],
+                        full[r * rows..r * rows + keep],
+                        "{dtype}"
+                    );
+                }
             }
         }
     }

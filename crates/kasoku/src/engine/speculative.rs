@@ -1,0 +1,158 @@
+//! The speculative decode loop. Each cycle: the policy sets a node budget; the drafter proposes
+//! a tree rooted at the last sampled token; the target verifies every node in one pass; the
+//! target's sampler walks down the tree (`spec::accept_path`); the emitted tokens go out one
+//! by one exactly as plain decoding would emit them, and the state commits the path of the
+//! tokens plain decoding would have fed. With budget 0 the cycle is a plain decoding step.
+
+use std::time::Instant;
+
+use super::session::{EngineError, FinishReason, Run, Session};
+use crate::model::TokenTree;
+use crate::spec::{
+    accept_path, Accepted, DraftError, DraftRequest, Drafter, Policy, PolicyConfig, SpecStats,
+};
+
+impl From<DraftError> for EngineError {
+    fn from(e: DraftError) -> Self {
+        EngineError::Draft(e.to_string())
+    }
+}
+
+/// A drafter and the policy that sizes its trees: attach to a [`Session`] with
+/// [`Session::set_speculator`].
+pub struct Speculator {
+    pub drafter: Box<dyn Drafter>,
+    pub policy: Policy,
+    stats: SpecStats,
+}
+
+impl Speculator {
+    pub fn new(drafter: Box<dyn Drafter>, config: PolicyConfig) -> Speculator {
+        let stats = SpecStats {
+            drafter: drafter.name().to_string(),
+            ..SpecStats::default()
+        };
+        Speculator {
+            drafter,
+            policy: Policy::new(config),
+            stats,
+        }
+    }
+
+    /// This generation's statistics (and a fresh set for the next one).
+    pub(super) fn take_stats(&mut self) -> SpecStats {
+        let fresh = SpecStats {
+            drafter: self.stats.drafter.clone(),
+            ..SpecStats::default()
+        };
+        std::mem::replace(&mut self.stats, fresh)
+    }
+
+    /// Decodes from the first sampled token `first` until the answer ends. `prompt` is in
+    /// the session's state; `hidden` holds the target's hidden states of its newly computed
+    /// part when the drafter wants them.
+    pub(super) fn decode(
+        &mut self,
+        session: &mut Session,
+        run: &mut Run,
+        first: u32,
+        prompt: &[u32],
+        hidden: Option<&[f32]>,
+    ) -> Result<FinishReason, EngineError> {
+        let model = session.model.clone();
+        let wants_hidden = self.drafter.wants_hidden();
+        self.drafter.start(prompt, hidden)?;
+        let mut token = first;
+        if let Some(finish) = run.take(token) {
+            return Ok(finish);
+        }
+        loop {
+            // `token` is emitted and roots this pass.
+            let len = session.state.len();
+            let ctx = session.ctx_size();
+            if len + 1 >= ctx {
+                return Ok(FinishReason::ContextFull);
+            }
+            // Room for drafts: the context, and the answer's remaining length.
+            let room = (ctx - len - 2).min(run.options.max_tokens - run.generated.len());
+            let budget = self.policy.budget().min(room);
+
+            let (tree, draft_time) = if budget == 0 {
+                (TokenTree::chain(&[token]), None)
+            } else {
+                let t = Instant::now();
+                let tree = self.drafter.draft(&DraftRequest {
+                    tokens: &run.history,
+                    budget,
+                    max_depth: self.policy.config.max_depth,
+                })?;
+                let elapsed = t.elapsed();
+                self.stats.draft_time += elapsed;
+                // A drafter must root its tree at the token; anything else is ignored.
+                if tree.is_empty() || tree.token(0) != token || tree.len() > budget + 1 {
+                    (TokenTree::chain(&[token]), Some(elapsed))
+                } else {
+                    (tree, Some(elapsed))
+                }
+            };
+
+            let t = Instant::now();
+            let verified = model.verify(&mut session.state, &tree, wants_hidden)?;
+            let acceptance = accept_path(
+                &tree,
+                &verified.logits,
+                model.config.vocab,
+                &run.options.sampling,
+                &run.history,
+            );
+            let verify_time = t.elapsed();
+            run.stats.decode_passes += 1;
+            if tree.len() > 1 {
+                self.stats.verify_time += verify_time;
+                self.stats.record(tree.len(), acceptance.accepted_drafts());
+            }
+            self.policy.record(
+                tree.len(),
+                tree.max_depth(),
+                acceptance.accepted_drafts(),
+                draft_time,
+                verify_time,
+            );
+
+            // Emit as plain decoding would; it would have fed every emitted token but the last.
+            let mut finish = None;
+            let mut fed = acceptance.path.len();
+            for (j, &y) in acceptance.tokens.iter().enumerate() {
+                run.stats.decode_tokens += 1;
+                if let Some(f) = run.take(y) {
+                    finish = Some(f);
+                    fed = j + 1;
+                    break;
+                }
+            }
+            let path = &acceptance.path[..fed.min(acceptance.path.len())];
+            model.commit(&mut session.state, path)?;
+            let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
+            session.tokens.extend_from_slice(&committed);
+            let rows: Option<Vec<f32>> = wants_hidden.then(|| {
+                let h = model.config.hidden;
+                path.iter()
+                    .flat_map(|&i| verified.hidden[i * h..(i + 1) * h].iter().copied())
+                    .collect()
+            });
+            self.drafter.accept(&Accepted {
+                tokens: &committed,
+                committed_len: session.state.len(),
+                hidden: rows.as_deref(),
+            })?;
+            if let Some(f) = finish {
+                return Ok(f);
+            }
+            // The last sampled token (it matched no child) roots the next pass.
+            token = *acceptance
+                .tokens
+                .last()
+                .expect("a pass samples at least one token");
+        }
+    }
+}

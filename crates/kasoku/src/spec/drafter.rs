@@ -1,0 +1,62 @@
+//! The drafter interface. A drafter sees the sequence so far and proposes a token tree rooted
+//! at the last sampled token (the one the target has not consumed yet); after the target's
+//! pass it is told which tokens were committed, with the target's hidden states for them when
+//! it asked for those (MTP reads them today; DFlash and Weaver drafters will too).
+
+use crate::model::{ModelError, TokenTree};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DraftError {
+    #[error("drafter: {0}")]
+    Model(#[from] ModelError),
+    #[error("drafter: {0}")]
+    Incompatible(String),
+}
+
+/// What a drafter is asked for.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftRequest<'a> {
+    /// Every token of the sequence: prompt, generated tokens, and last the root (sampled, not
+    /// yet in the target's state).
+    pub tokens: &'a [u32],
+    /// Nodes the tree may have besides the root.
+    pub budget: usize,
+    /// Deepest level a node may sit at (the root is level 0).
+    pub max_depth: usize,
+}
+
+/// What the target committed in a pass.
+#[derive(Clone, Copy, Debug)]
+pub struct Accepted<'a> {
+    /// The committed tokens, in order (the pass's root first); the target's state now holds
+    /// `committed_len` tokens, these being the last of them.
+    pub tokens: &'a [u32],
+    pub committed_len: usize,
+    /// The target's final-normed hidden states of those tokens (`tokens.len() × hidden`),
+    /// when [`Drafter::wants_hidden`].
+    pub hidden: Option<&'a [f32]>,
+}
+
+/// A source of draft trees.
+pub trait Drafter: Send {
+    /// A short name for statistics (`ngram`, `draft`, `mtp`).
+    fn name(&self) -> &'static str;
+
+    /// Whether [`Accepted::hidden`] and the prompt's hidden states are wanted (the target
+    /// then computes them; they cost a little).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+
+    /// A generation starts: the target's state holds all of `prompt`; `hidden` (only when
+    /// wanted) has the target's final-normed hidden states of its last `hidden.len() / H`
+    /// tokens, the ones just computed (the others came from a cache). Drafters resynchronise
+    /// their own state here.
+    fn start(&mut self, prompt: &[u32], hidden: Option<&[f32]>) -> Result<(), DraftError>;
+
+    /// A tree rooted at `req.tokens.last()` within the budget; a lone root means no guess.
+    fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError>;
+
+    /// The target committed `accepted.tokens`.
+    fn accept(&mut self, accepted: &Accepted) -> Result<(), DraftError>;
+}

@@ -1,0 +1,212 @@
+//! How many nodes a pass verifies. On a CPU a k-node pass costs noticeably more than a
+//! 1-node pass, so drafting pays only when the expected accepted tokens outgrow that cost.
+//! The policy measures both as it goes: the time of verifying `n` nodes, the time of a draft,
+//! and the chance that level `d` of a draft is accepted when level `d − 1` was; it then picks
+//! the budget with the best expected tokens per second, 0 (plain decoding) included, and
+//! now and then tries the next larger budget to keep its estimates fresh.
+
+use std::time::Duration;
+
+/// Budgets the policy chooses among (nodes below the root).
+const CANDIDATES: [usize; 9] = [0, 1, 2, 3, 4, 6, 8, 12, 16];
+/// Weight of a new measurement in the moving averages.
+const EMA: f64 = 0.2;
+/// Every this many passes, a budget above the best is tried.
+const EXPLORE_EVERY: u64 = 16;
+
+/// Limits of the policy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// Most nodes below the root.
+    pub max_budget: usize,
+    /// Deepest level a draft may reach.
+    pub max_depth: usize,
+    /// Adapt the budget to measurements (otherwise always `max_budget`).
+    pub adaptive: bool,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            max_budget: 8,
+            max_depth: 8,
+            adaptive: true,
+        }
+    }
+}
+
+/// The adaptive budget.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub config: PolicyConfig,
+    /// Seconds per pass by node count (index = nodes), moving averages.
+    verify_cost: Vec<Option<f64>>,
+    /// Seconds per draft call.
+    draft_cost: Option<f64>,
+    /// Per level d ≥ 1: (times offered with level d − 1 accepted, times accepted), decayed.
+    levels: Vec<(f64, f64)>,
+    passes: u64,
+    last_choice: usize,
+}
+
+impl Policy {
+    pub fn new(config: PolicyConfig) -> Policy {
+        Policy {
+            config,
+            verify_cost: vec![None; config.max_budget + 2],
+            draft_cost: None,
+            levels: vec![(0.0, 0.0); config.max_depth + 1],
+            passes: 0,
+            last_choice: 0,
+        }
+    }
+
+    /// Nodes below the root the next pass may verify (0: decode plainly).
+    pub fn budget(&mut self) -> usize {
+        let max = self.config.max_budget;
+        if !self.config.adaptive || max == 0 {
+            return max;
+        }
+        self.passes += 1;
+        if self.verify_cost[1].is_none() {
+            // Measure plain decoding first: every choice is weighed against it.
+            self.last_choice = 0;
+            return 0;
+        }
+        let options: Vec<usize> = CANDIDATES.iter().copied().filter(|&b| b <= max).collect();
+        let best = options
+            .iter()
+            .copied()
+            .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
+            .unwrap_or(0);
+        let choice = if self.passes.is_multiple_of(EXPLORE_EVERY) {
+            options.iter().copied().find(|&b| b > best).unwrap_or(best)
+        } else {
+            best
+        };
+        self.last_choice = choice;
+        choice
+    }
+
+    /// The last budget [`Policy::budget`] returned.
+    pub fn last_budget(&self) -> usize {
+        self.last_choice
+    }
+
+    /// Predicted tokens per second with budget `b`.
+    pub fn rate(&self, b: usize) -> f64 {
+        let depth = b.min(self.config.max_depth);
+        let mut expected = 1.0;
+        let mut reach = 1.0;
+        for d in 1..=depth {
+            reach *= self.level_rate(d);
+            expected += reach;
+        }
+        let draft = if b > 0 {
+            self.draft_cost.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        expected / (draft + self.cost(b + 1))
+    }
+
+    /// Chance that level `d` is accepted given level `d − 1` was (optimistic before any
+    /// measurement, so that drafting gets tried).
+    fn level_rate(&self, d: usize) -> f64 {
+        let (offered, accepted) = self.levels.get(d).copied().unwrap_or((0.0, 0.0));
+        // A prior worth two observations at 0.6.
+        (accepted + 1.2) / (offered + 2.0)
+    }
+
+    /// Seconds for a pass of `n` nodes: measured, else interpolated from a 1-node pass with a
+    /// prior slope of 15% per node.
+    fn cost(&self, n: usize) -> f64 {
+        if let Some(Some(c)) = self.verify_cost.get(n) {
+            return *c;
+        }
+        let base = self
+            .verify_cost
+            .iter()
+            .enumerate()
+            .filter_map(|(k, c)| c.map(|c| (k, c)))
+            .filter(|&(k, _)| k <= n)
+            .last();
+        match base {
+            Some((k, c)) => c * (1.0 + 0.15 * (n - k) as f64),
+            None => 1.0 + 0.15 * (n.saturating_sub(1)) as f64,
+        }
+    }
+
+    /// Records a pass: `nodes` verified (root included) in `verify` time after a draft of
+    /// `draft` time (none when no draft was asked for), whose tree reached `depth` levels,
+    /// of which `accepted` were accepted.
+    pub fn record(
+        &mut self,
+        nodes: usize,
+        depth: usize,
+        accepted: usize,
+        draft: Option<Duration>,
+        verify: Duration,
+    ) {
+        let ema = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + EMA * (new - o)));
+        if let Some(slot) = self.verify_cost.get_mut(nodes) {
+            *slot = ema(*slot, verify.as_secs_f64());
+        }
+        if let Some(d) = draft {
+            self.draft_cost = ema(self.draft_cost, d.as_secs_f64());
+        }
+        for d in 1..=depth.min(self.config.max_depth) {
+            if d > accepted + 1 {
+                break;
+            }
+            let l = &mut self.levels[d];
+            l.0 = l.0 * (1.0 - EMA / 4.0) + 1.0;
+            l.1 = l.1 * (1.0 - EMA / 4.0) + if d <= accepted { 1.0 } else { 0.0 };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(x: f64) -> Duration {
+        Duration::from_secs_f64(x / 1000.0)
+    }
+
+    #[test]
+    fn drafting_stops_when_nothing_is_accepted() {
+        let mut p = Policy::new(PolicyConfig::default());
+        assert_eq!(p.budget(), 0, "plain decoding is measured first");
+        p.record(1, 0, 0, None, ms(30.0));
+        assert!(p.budget() > 0, "then drafting is tried");
+        for _ in 0..200 {
+            let b = p.budget();
+            let nodes = b + 1;
+            p.record(nodes, b, 0, Some(ms(0.1)), ms(30.0 + 10.0 * b as f64));
+        }
+        let zeros = (0..32).filter(|_| p.budget() == 0).count();
+        assert!(zeros >= 28, "mostly plain decoding, got {zeros}/32");
+    }
+
+    #[test]
+    fn drafting_grows_when_drafts_are_accepted_and_verification_is_cheap() {
+        let mut p = Policy::new(PolicyConfig::default());
+        for _ in 0..200 {
+            let b = p.budget();
+            p.record(b + 1, b, b, Some(ms(0.1)), ms(30.0 + 3.0 * b as f64));
+        }
+        assert!(p.budget() >= 6, "got {}", p.budget());
+    }
+
+    #[test]
+    fn fixed_budget_when_not_adaptive() {
+        let mut p = Policy::new(PolicyConfig {
+            max_budget: 5,
+            max_depth: 5,
+            adaptive: false,
+        });
+        p.record(6, 5, 0, None, ms(100.0));
+        assert_eq!(p.budget(), 5);
+    }
+}
