@@ -253,7 +253,10 @@ fn the_official_openai_client_works() {
 #[test]
 fn a_disconnect_mid_stream_frees_the_session() {
     let Some(model) = smollm2() else { return };
-    let server = Server::start(&model, &["--parallel", "1", "--ctx-size", "2048"]);
+    let server = Server::start(
+        &model,
+        &["--parallel", "1", "--queue-size", "0", "--ctx-size", "2048"],
+    );
     let mut long = chat_body(&server.id, "Count from one to a thousand.", 1900);
     long["ignore_eos"] = json!(true);
     long["stream"] = json!(true);
@@ -273,10 +276,22 @@ fn a_disconnect_mid_stream_frees_the_session() {
         let line = lines.next().unwrap().unwrap();
         chunks += line.starts_with("data: ") as usize;
     }
-    drop(lines); // the connection closes
-                 // The only session must be free at once: the next request does not wait for 1900 tokens.
+    // The only session is busy and no request may wait: 503, in OpenAI's error shape.
+    let short = chat_body(&server.id, "Say hi.", 4);
+    let (status, v) = server.post("/v1/chat/completions", &short);
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "queue_full");
+    drop(lines);
+    // The connection is closed. The session must be free at once: the next request does not
+    // wait for 1900 tokens. (The worker notices at its next token: retry a 503 for a moment.)
     let start = Instant::now();
-    let (status, v) = server.post("/v1/chat/completions", &chat_body(&server.id, "Say hi.", 4));
+    let (status, v) = loop {
+        let (status, v) = server.post("/v1/chat/completions", &short);
+        if status != 503 || start.elapsed() > Duration::from_secs(2) {
+            break (status, v);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(status, 200, "{v}");
     let queued_ms = v["usage"]["timings"]["queue_ms"].as_f64().unwrap();
     assert!(

@@ -105,7 +105,12 @@ impl Pool {
     /// Queues a job, or refuses it (503) when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let mut queue = self.shared.lock();
-        if queue.len() >= self.shared.capacity {
+        // Jobs that idle sessions are about to take do not count as waiting.
+        let idle = self
+            .shared
+            .sessions
+            .saturating_sub(self.shared.running.load(Ordering::Relaxed));
+        if queue.len() >= self.shared.capacity + idle {
             return Err(ApiError::overloaded(format!(
                 "the server is busy: {} requests are waiting; retry later",
                 queue.len()
@@ -179,21 +184,27 @@ fn run(engine: &Engine, session: &mut Session, job: &Job) {
     );
     let mut cancelled = false;
     let cache = engine.cache.as_ref().filter(|_| job.use_cache);
-    let result = session.generate_cached(cache, &job.prompt, &job.options, &mut |token| {
-        if tx.is_closed() {
-            cancelled = true;
-            return Flow::Stop;
-        }
-        let delta = output.push(token);
-        if !delta.is_empty() {
-            let _ = tx.send(Event::Delta(delta));
-        }
-        if output.done() {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        }
-    });
+    let result = session.generate_cached_until(
+        cache,
+        &job.prompt,
+        &job.options,
+        &|| tx.is_closed(),
+        &mut |token| {
+            if tx.is_closed() {
+                cancelled = true;
+                return Flow::Stop;
+            }
+            let delta = output.push(token);
+            if !delta.is_empty() {
+                let _ = tx.send(Event::Delta(delta));
+            }
+            if output.done() {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        },
+    );
     let m = &engine.metrics;
     let generation = match result {
         Ok(g) => g,

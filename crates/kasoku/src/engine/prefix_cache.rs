@@ -9,11 +9,15 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
+use super::session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
+use super::stats::GenerationStats;
 use crate::model::{LayerState, ModelState};
 
 /// Default snapshot spacing for recurrent states, in prompt tokens.
 pub const DEFAULT_BLOCK: usize = 256;
+
+/// Prefill block (tokens) between cancellation checks for attention-only models.
+const PREFILL_BLOCK: usize = 512;
 
 /// Snapshots of model states, keyed by token prefix, under a byte budget with LRU eviction.
 #[derive(Debug)]
@@ -216,19 +220,89 @@ impl Session {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> Flow,
     ) -> Result<Generation, EngineError> {
-        let Some(cache) = cache else {
-            self.reset();
-            return self.generate(prompt, options, on_token);
-        };
+        self.generate_cached_until(cache, prompt, options, &|| false, on_token)
+    }
+
+    /// [`Session::generate_cached`] that also asks `cancelled` between blocks of the prefill,
+    /// so that a long prompt is not computed for a client that has gone: then the generation
+    /// ends at once with no tokens and finish reason `Stop`.
+    pub fn generate_cached_until(
+        &mut self,
+        cache: Option<&Mutex<PrefixCache>>,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        cancelled: &dyn Fn() -> bool,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+    ) -> Result<Generation, EngineError> {
         options.sampling.validate()?;
         if prompt.is_empty() || prompt.len() >= self.ctx_size() {
             // `generate` reports these.
             return self.generate(prompt, options, on_token);
         }
         let start = Instant::now();
-        // The last prompt token is always computed: it yields the first logits.
+        // The last prompt token is always computed by `generate`: it yields the first logits.
         let limit = prompt.len() - 1;
         let rewindable = is_rewindable(&self.state);
+        match cache {
+            Some(cache) => self.restore_prefix(cache, prompt, limit, rewindable),
+            None => self.reset(),
+        }
+        let reused = self.tokens.len();
+
+        // Prefill up to `limit` in blocks; recurrent states are snapshotted at block ends.
+        let block = match cache {
+            Some(c) if !rewindable => lock(c).block(),
+            _ => PREFILL_BLOCK,
+        };
+        let mut pos = reused;
+        while pos < limit {
+            if cancelled() {
+                let elapsed = start.elapsed();
+                return Ok(Generation {
+                    tokens: Vec::new(),
+                    finish: FinishReason::Stop,
+                    stats: GenerationStats {
+                        cached_tokens: reused,
+                        prompt_tokens: pos - reused,
+                        prefill_time: elapsed,
+                        total_time: elapsed,
+                        ..Default::default()
+                    },
+                });
+            }
+            let next = ((pos / block + 1) * block).min(limit);
+            self.model
+                .forward_hidden(&mut self.state, &prompt[pos..next])?;
+            self.tokens.extend_from_slice(&prompt[pos..next]);
+            pos = next;
+            if let Some(c) = cache.filter(|_| !rewindable) {
+                self.snapshot(c);
+            }
+        }
+        let own_prefill = start.elapsed();
+
+        let mut generation = self.generate(prompt, options, on_token)?;
+        let stats = &mut generation.stats;
+        stats.cached_tokens = reused;
+        stats.prompt_tokens = prompt.len() - reused;
+        stats.prefill_time += own_prefill;
+        stats.time_to_first_token += own_prefill;
+        stats.total_time += own_prefill;
+        if let Some(c) = cache {
+            self.snapshot(c);
+        }
+        Ok(generation)
+    }
+
+    /// Starts from the longest usable prefix of `prompt` (at most `limit` tokens): this
+    /// session's own, or a copy of the cache's if that is longer.
+    fn restore_prefix(
+        &mut self,
+        cache: &Mutex<PrefixCache>,
+        prompt: &[u32],
+        limit: usize,
+        rewindable: bool,
+    ) {
         let common = common_prefix(&self.tokens, prompt).min(limit);
         let own = if common == self.tokens.len() || rewindable {
             common
@@ -251,32 +325,6 @@ impl Session {
             }
             None => {}
         }
-        let reused = self.tokens.len();
-
-        // Prefill up to `limit`, snapshotting recurrent states at block boundaries.
-        if !rewindable {
-            let block = lock(cache).block();
-            let mut pos = reused;
-            while pos < limit {
-                let next = ((pos / block + 1) * block).min(limit);
-                self.model
-                    .forward_hidden(&mut self.state, &prompt[pos..next])?;
-                self.tokens.extend_from_slice(&prompt[pos..next]);
-                pos = next;
-                self.snapshot(cache);
-            }
-        }
-        let own_prefill = start.elapsed();
-
-        let mut generation = self.generate(prompt, options, on_token)?;
-        let stats = &mut generation.stats;
-        stats.cached_tokens = reused;
-        stats.prompt_tokens = prompt.len() - reused;
-        stats.prefill_time += own_prefill;
-        stats.time_to_first_token += own_prefill;
-        stats.total_time += own_prefill;
-        self.snapshot(cache);
-        Ok(generation)
     }
 
     /// Puts a copy of the current state into `cache` (if it fits and is new).
@@ -376,6 +424,33 @@ mod tests {
             let fresh = run(&mut Session::new(Arc::clone(&model), 128), None, &turn);
             assert_eq!(follow.tokens, fresh.tokens, "{fixture_path}");
         }
+    }
+
+    #[test]
+    fn a_cancelled_prefill_stops_between_blocks() {
+        let model = fixture("qwen3_5/tiny/model-f32.gguf");
+        let cache = Mutex::new(PrefixCache::new(64 << 20, 16));
+        let mut s = Session::new(Arc::clone(&model), 128);
+        let checks = std::cell::Cell::new(0);
+        let cancel_on_third = || {
+            checks.set(checks.get() + 1);
+            checks.get() >= 3
+        };
+        let g = s
+            .generate_cached_until(
+                Some(&cache),
+                &prompt(60, 2),
+                &greedy(6),
+                &cancel_on_third,
+                &mut |_| Flow::Continue,
+            )
+            .unwrap();
+        assert!(g.tokens.is_empty());
+        assert_eq!(g.finish, FinishReason::Stop);
+        assert_eq!(g.stats.prompt_tokens, 32, "two 16-token blocks computed");
+        // What was computed is cached.
+        let again = run(&mut Session::new(model, 128), Some(&cache), &prompt(60, 2));
+        assert_eq!(again.stats.cached_tokens, 32);
     }
 
     #[test]
