@@ -234,7 +234,11 @@ fn the_official_openai_client_works() {
         return;
     };
     let server = Server::start(&model, &["--api-key", "test-key", "--ctx-size", "2048"]);
-    let out = Command::new(python)
+    let mut command = Command::new(python);
+    if let Some(p) = pythonpath {
+        command.env("PYTHONPATH", p);
+    }
+    let out = command
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/serve_openai.py"
