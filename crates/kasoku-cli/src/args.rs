@@ -105,6 +105,8 @@ pub struct RunArgs {
     /// Print only the answer, no statistics or progress.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
 }
 
 #[derive(Args, Debug, Clone)]

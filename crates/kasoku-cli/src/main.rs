@@ -7,6 +7,7 @@ mod inspect;
 mod logits;
 mod progress;
 mod run;
+mod spec_args;
 mod serve;
 
 use kasoku::fetch;

@@ -25,6 +25,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .ctx_size
         .unwrap_or(model.model.config.max_context.clamp(1, DEFAULT_CTX));
     let mut session = Session::new(Arc::clone(&model.model), ctx);
+    let draft = args.spec.load_draft(args.quiet)?;
+    session.set_speculator(args.spec.speculator(&model.model, draft, ctx)?);
     let options = generate_options(args, &model)?;
     let prompt_options = PromptOptions {
         raw: args.raw,
@@ -138,6 +140,9 @@ fn answer(
             generation.finish.as_str(),
             generation.stats.summary()
         );
+        if let Some(spec) = &generation.stats.spec {
+            eprintln!("{}", spec.summary());
+        }
     }
     Ok(text)
 }

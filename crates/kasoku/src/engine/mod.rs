@@ -14,6 +14,6 @@ pub use loader::{LoadError, LoadedModel};
 pub use prefix_cache::PrefixCache;
 pub use sampler::SamplingParams;
 pub use session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
-pub use speculative::Speculator;
+pub use speculative::{build_speculator, SpecKind, Speculator};
 pub use stats::GenerationStats;
 pub use text::{generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError};

@@ -156,3 +156,75 @@ impl Speculator {
         }
     }
 }
+
+/// Which drafter a session uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecKind {
+    /// Plain decoding.
+    None,
+    /// Prompt lookup.
+    Ngram,
+    /// A smaller model (`draft` must be given).
+    Draft,
+    /// The checkpoint's multi-token-prediction head.
+    Mtp,
+    /// The best available: a draft model if given, else the MTP head if the checkpoint has
+    /// one, else prompt lookup; the adaptive policy turns drafting off where it does not pay.
+    Auto,
+}
+
+impl std::str::FromStr for SpecKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" => SpecKind::None,
+            "ngram" => SpecKind::Ngram,
+            "draft" => SpecKind::Draft,
+            "mtp" => SpecKind::Mtp,
+            "auto" => SpecKind::Auto,
+            other => {
+                return Err(format!(
+                    "unknown speculation '{other}' (expected none, ngram, draft, mtp or auto)"
+                ))
+            }
+        })
+    }
+}
+
+/// Builds the speculator for `kind` (`None` for plain decoding). `draft` is the draft model,
+/// when one was given; `ctx_size` the session's context.
+pub fn build_speculator(
+    kind: SpecKind,
+    target: &std::sync::Arc<crate::model::Model>,
+    draft: Option<std::sync::Arc<crate::model::Model>>,
+    ctx_size: usize,
+    policy: PolicyConfig,
+) -> Result<Option<Speculator>, EngineError> {
+    use crate::spec::{draft_model::DraftModelConfig, DraftModelDrafter, MtpDrafter, NgramDrafter};
+    let kind = match kind {
+        SpecKind::Auto if draft.is_some() => SpecKind::Draft,
+        SpecKind::Auto if target.mtp.is_some() => SpecKind::Mtp,
+        SpecKind::Auto => SpecKind::Ngram,
+        k => k,
+    };
+    let drafter: Box<dyn Drafter> = match kind {
+        SpecKind::None => return Ok(None),
+        SpecKind::Ngram => Box::new(NgramDrafter::default()),
+        SpecKind::Mtp => Box::new(MtpDrafter::new(target.clone())?),
+        SpecKind::Draft => {
+            let Some(d) = draft else {
+                return Err(EngineError::Draft(
+                    "speculation 'draft' needs a draft model (--draft PATH)".into(),
+                ));
+            };
+            Box::new(DraftModelDrafter::new(
+                d,
+                ctx_size,
+                target.config.vocab,
+                DraftModelConfig::default(),
+            )?)
+        }
+        SpecKind::Auto => unreachable!("resolved above"),
+    };
+    Ok(Some(Speculator::new(drafter, policy)))
+}

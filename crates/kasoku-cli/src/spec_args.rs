@@ -1,0 +1,70 @@
+//! The speculative-decoding options shared by `run`, `bench` and `serve`, and turning them
+//! into a session's speculator.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kasoku::engine::{build_speculator, SpecKind, Speculator};
+use kasoku::model::Model;
+use kasoku::spec::PolicyConfig;
+
+use crate::progress;
+
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: none, ngram (prompt lookup), draft (a smaller model, --draft),
+    /// mtp (the checkpoint's multi-token-prediction head), or auto (the best available;
+    /// drafting turns itself off when it does not pay).
+    #[arg(long, default_value = "auto")]
+    pub spec: SpecKind,
+    /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer).
+    #[arg(long)]
+    pub draft: Option<String>,
+    /// Most draft-tree nodes one target pass verifies (besides the root).
+    #[arg(long, default_value_t = 8)]
+    pub tree_budget: usize,
+    /// Deepest level of a draft tree.
+    #[arg(long, default_value_t = 8)]
+    pub max_depth: usize,
+    /// Always verify --tree-budget nodes instead of adapting the budget to measured cost and
+    /// acceptance.
+    #[arg(long)]
+    pub fixed_budget: bool,
+}
+
+impl SpecArgs {
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig {
+            max_budget: self.tree_budget,
+            max_depth: self.max_depth.max(1),
+            adaptive: !self.fixed_budget,
+        }
+    }
+
+    /// Loads the draft model, if one was named.
+    pub fn load_draft(&self, quiet: bool) -> Result<Option<Arc<Model>>> {
+        let Some(name) = &self.draft else {
+            return Ok(None);
+        };
+        let path = progress::resolve_model(name, quiet)?;
+        let model = Model::load(&path)
+            .with_context(|| format!("loading the draft model {}", path.display()))?;
+        Ok(Some(Arc::new(model)))
+    }
+
+    /// The speculator for a session on `target` (None: plain decoding).
+    pub fn speculator(
+        &self,
+        target: &Arc<Model>,
+        draft: Option<Arc<Model>>,
+        ctx: usize,
+    ) -> Result<Option<Speculator>> {
+        let kind = if self.draft.is_some() && self.spec == SpecKind::Auto {
+            SpecKind::Draft
+        } else {
+            self.spec
+        };
+        Ok(build_speculator(kind, target, draft, ctx, self.policy())?)
+    }
+}
