@@ -131,4 +131,10 @@ pub struct BenchArgs {
     /// Write the result as JSON to this file (also printed).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Instead: generate `--gen-tokens` (greedy) for each prompt of this JSON-lines file
+    /// (`{"prompt": "..."}` per line, fed without a template) with the decoding strategy below.
+    #[arg(long)]
+    pub prompts: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
 }

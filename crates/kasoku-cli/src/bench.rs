@@ -18,6 +18,7 @@
 //! The human table goes to stderr, the JSON to stdout (and to `--json FILE`).
 
 mod profile;
+mod prompts;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -50,6 +51,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "--verify sizes must be at least 1"
     );
     let path = crate::progress::resolve_model(&args.model, true)?;
+    if let Some(prompts) = &args.prompts {
+        return prompts::bench_prompts(args, &path, prompts);
+    }
 
     let t = Instant::now();
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
