@@ -1,13 +1,14 @@
-//! Measures the legacy-format and float matrix products: GB/s of packed weight bytes for
+//! Measures the legacy-format, K-quant and float matrix products: GB/s of packed weight bytes for
 //! Qwen2.5-1.5B-shaped matrices (1536×8960 and 8960×1536) at 1..16 activation rows, plus the
 //! worker pool's per-call overhead.
 //!
 //! `cargo run --release --example matmul_bench [-- THREADS... FORMATS... hot]`, e.g.
-//! `-- 1 2 Q4_0 Q8_0` (defaults: 1 and 2 threads; Q4_0, Q4_1, Q8_0). Each thread count runs in
+//! `-- 1 2 Q4_0 Q8_0 Q4_K` (defaults: 1 and 2 threads; Q4_0, Q4_1, Q8_0). Each thread count runs in
 //! a child process. "mem" rotates over enough copies of the matrix to exceed the last-level
 //! cache (what decode sees); with `hot`, one matrix that stays in cache is measured too (the
 //! kernels' compute ceiling). `-- kernel [FORMATS...]` measures single-thread compute cost per
 //! block and activation row on an in-cache matrix, by CPU time (robust to a busy machine).
+//! (`MATMUL_BENCH_ROWS` / `MATMUL_BENCH_COLS` change its 512×4096 shape.)
 //! `MATMUL_BENCH_CPU=1` times the "mem" products by the calling thread's CPU time instead of
 //! wall time (meaningful for 1 thread, or with a spinning pool that has the cores to itself).
 
@@ -47,6 +48,20 @@ fn random_weights(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
             }
         }
         DType::BF16 => {}
+        DType::Q4K | DType::Q5K => {
+            // d, dmin: small finite scales (the 6-bit sub-block scales stay random).
+            let d = half::f16::from_f32(0.01).to_le_bytes();
+            for blk in b.chunks_exact_mut(dtype.block_bytes()) {
+                blk[0..2].copy_from_slice(&d);
+                blk[2..4].copy_from_slice(&d);
+            }
+        }
+        DType::Q6K => {
+            let d = half::f16::from_f32(0.01).to_le_bytes();
+            for blk in b.chunks_exact_mut(dtype.block_bytes()) {
+                blk[208..210].copy_from_slice(&d);
+            }
+        }
         _ => {
             let d = half::f16::from_f32(0.01).to_le_bytes();
             for blk in b.chunks_exact_mut(dtype.block_bytes()) {
@@ -183,7 +198,16 @@ fn thread_cpu_ns() -> Option<u64> {
 /// time (robust to other processes on the machine). Prints ns per (8-row block × activation row).
 fn kernel_cost(formats: &[DType]) {
     threads::set_threads(1);
-    let (rows, cols) = (512, 4096);
+    let size = |var: &str, default: usize| {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (rows, cols) = (
+        size("MATMUL_BENCH_ROWS", 512),
+        size("MATMUL_BENCH_COLS", 4096),
+    );
     println!("\n## compute: 1 thread, {rows}x{cols} in cache, CPU ns per 8 rows x 32 columns x activation row");
     println!("| format | {} |", NS.map(|n| format!("n={n}")).join(" | "));
     println!("|---|{}", "---|".repeat(NS.len()));
@@ -228,6 +252,9 @@ fn parse_dtype(s: &str) -> Option<DType> {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
     ]
     .into_iter()
     .find(|d| d.name().eq_ignore_ascii_case(s))

@@ -172,13 +172,36 @@ pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize) -> Prepared {
     if nb == 0 {
         return Prepared::Bytes(out);
     }
+    let simd = simd_quantizer();
     for (r, xr) in x.chunks_exact(w.cols).enumerate() {
         for (s, xs) in xr.chunks_exact(QK_K).enumerate() {
             let at = (s * n + r) * ACT_BLOCK;
-            write_act_block(&kq::quantize_block_q8_k(xs), &mut out[at..at + ACT_BLOCK]);
+            quantize_act_block(simd, xs, &mut out[at..at + ACT_BLOCK]);
         }
     }
     Prepared::Bytes(out)
+}
+
+/// Whether this CPU runs the AVX2 activation quantizer (the same bits as the scalar one).
+fn simd_quantizer() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Isa::detect() != Isa::Portable
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Quantizes 256 activations into one activation block, on AVX2 when `simd` (which then
+/// leaves blocks with infinities or NaNs to the scalar quantizer).
+fn quantize_act_block(simd: bool, xs: &[f32], blk: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `simd` only when the CPU has AVX2 (`simd_quantizer`); the lengths are checked.
+    if simd && unsafe { avx2::quantize_act_block(xs, blk) } {
+        return;
+    }
+    let _ = simd;
+    write_act_block(&kq::quantize_block_q8_k(xs), blk);
 }
 
 fn write_act_block(q: &kq::BlockQ8K, blk: &mut [u8]) {
@@ -553,6 +576,47 @@ mod tests {
             seen.contains(&DType::Q4K) && seen.contains(&DType::Q6K),
             "{seen:?}"
         );
+    }
+
+    #[test]
+    fn simd_activation_quantizer_matches_the_scalar_one() {
+        let mut rng = Rng(0xac7);
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for scale in [1e-30f32, 1e-3, 1.0, 3e4, 1e30] {
+            blocks.push((0..QK_K).map(|_| rng.f32() * scale).collect());
+        }
+        // Ties: max 127 makes iscale −1, so the halves round to even.
+        blocks.push(
+            (0..QK_K)
+                .map(|i| (i % 255) as f32 - 127.0 + 0.5 * (i % 2) as f32)
+                .collect(),
+        );
+        blocks.push(
+            (0..QK_K)
+                .map(|i| if i == 77 { -3.0 } else { 0.0 })
+                .collect(),
+        );
+        blocks.push(
+            (0..QK_K)
+                .map(|i| if i % 9 == 0 { 2.5 } else { -2.5 })
+                .collect(),
+        );
+        blocks.push(vec![0.0; QK_K]);
+        blocks.push(vec![-0.0; QK_K]);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut b: Vec<f32> = (0..QK_K).map(|_| rng.f32()).collect();
+            b[100] = bad;
+            blocks.push(b);
+        }
+        for (k, xs) in blocks.iter().enumerate() {
+            let mut expect = vec![0u8; ACT_BLOCK];
+            write_act_block(&kq::quantize_block_q8_k(xs), &mut expect);
+            for simd in [false, simd_quantizer()] {
+                let mut got = vec![0xA5u8; ACT_BLOCK];
+                quantize_act_block(simd, xs, &mut got);
+                assert_eq!(got, expect, "block {k} simd={simd}");
+            }
+        }
     }
 
     #[test]

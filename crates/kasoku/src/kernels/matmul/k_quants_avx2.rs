@@ -427,3 +427,86 @@ unsafe fn q6k<const R: usize>(
     }
     acc
 }
+
+/// Quantizes 256 activations to a Q8_K activation block (`d`, codes, `bsums`, `bsums32`; see
+/// `k_quants.rs`) with the arithmetic of [`crate::quant::k_quants::quantize_block_q8_k`]:
+/// the same `iscale = −127/max`, products rounded half to even by the same `±1.5·2^23`
+/// addition, saturated to i8. Returns false, writing nothing, when a value is not finite
+/// (the caller then uses the scalar quantizer, which defines those cases).
+///
+/// # Safety
+/// The CPU must support AVX2. `x` holds 256 values and `blk` `ACT_BLOCK` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_act_block(x: &[f32], blk: &mut [u8]) -> bool {
+    assert!(x.len() == 256 && blk.len() == ACT_BLOCK);
+    let xp = x.as_ptr();
+    let sign = _mm256_set1_ps(-0.0);
+    let mut vmax = _mm256_setzero_ps();
+    let mut bad = _mm256_setzero_ps();
+    for k in 0..32 {
+        let v = _mm256_loadu_ps(xp.add(8 * k));
+        // Infinities and NaNs: v − v is NaN exactly for them.
+        let d = _mm256_sub_ps(v, v);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_UNORD_Q>(d, d));
+        vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+    }
+    if _mm256_movemask_ps(bad) != 0 {
+        return false;
+    }
+    let m = _mm_max_ps(
+        _mm256_castps256_ps128(vmax),
+        _mm256_extractf128_ps::<1>(vmax),
+    );
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    if amax == 0.0 {
+        blk.fill(0);
+        return true;
+    }
+    // The first value of largest magnitude.
+    let va = _mm256_set1_ps(amax);
+    let mut max = 0.0;
+    for k in 0..32 {
+        let v = _mm256_loadu_ps(xp.add(8 * k));
+        let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), va));
+        if hit != 0 {
+            max = x[8 * k + hit.trailing_zeros() as usize];
+            break;
+        }
+    }
+    let iscale = -127.0 / max;
+    let vs = _mm256_set1_ps(iscale);
+    let magic = _mm256_set1_ps(12_582_912.0);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let out = blk.as_mut_ptr();
+    let mut bsums = [0i16; 16];
+    for k in 0..8 {
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let p = _mm256_mul_ps(_mm256_loadu_ps(xp.add(32 * k + 8 * i)), vs);
+            _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(p, magic), magic))
+        });
+        let b = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let b = _mm256_permutevar8x32_epi32(b, order);
+        _mm256_storeu_si256(out.add(ACT_QS + 32 * k) as *mut __m256i, b);
+        // Sums of each four codes, then of each sixteen.
+        let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, b), ones16);
+        let s16 = _mm256_hadd_epi32(s4, s4);
+        let s16 = _mm256_hadd_epi32(s16, s16);
+        bsums[2 * k] = _mm256_extract_epi32::<0>(s16) as i16;
+        bsums[2 * k + 1] = _mm256_extract_epi32::<4>(s16) as i16;
+    }
+    blk[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    for (k, s) in bsums.iter().enumerate() {
+        blk[ACT_BSUMS + 2 * k..ACT_BSUMS + 2 * k + 2].copy_from_slice(&s.to_le_bytes());
+    }
+    for k in 0..8 {
+        let s = bsums[2 * k] + bsums[2 * k + 1];
+        blk[ACT_BSUMS32 + 2 * k..ACT_BSUMS32 + 2 * k + 2].copy_from_slice(&s.to_le_bytes());
+    }
+    true
+}

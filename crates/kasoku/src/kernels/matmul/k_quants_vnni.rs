@@ -63,8 +63,23 @@ pub(super) unsafe fn kernel(
             }
         };
     }
+    macro_rules! tiles_out {
+        ($f:ident) => {
+            match out.len() {
+                1 => $f::<1>(w, a, stride, nsb, out),
+                2 => $f::<2>(w, a, stride, nsb, out),
+                3 => $f::<3>(w, a, stride, nsb, out),
+                4 => $f::<4>(w, a, stride, nsb, out),
+                5 => $f::<5>(w, a, stride, nsb, out),
+                6 => $f::<6>(w, a, stride, nsb, out),
+                7 => $f::<7>(w, a, stride, nsb, out),
+                8 => $f::<8>(w, a, stride, nsb, out),
+                n => unreachable!("k_quants vnni: tile of {n} rows"),
+            }
+        };
+    }
     match dtype {
-        DType::Q4K => tiles!(q4k),
+        DType::Q4K => tiles_out!(q4k),
         DType::Q5K => tiles!(q5k),
         DType::Q6K => tiles!(q6k),
         _ => unreachable!("k_quants vnni: {dtype}"),
@@ -155,14 +170,72 @@ unsafe fn q45_scales32(bytes: &[__m256i; 4], g: usize) -> (__m256i, __m256i) {
     )
 }
 
+/// The 6-bit scale of sub-block `j` of a Q4_K/Q5_K super-block as i32 lanes.
+#[inline(always)]
+unsafe fn q45_scale32(bytes: &[__m256i; 4], j: usize) -> __m256i {
+    _mm256_shuffle_epi8(bytes[j / 4], dword_mask(4 * (j % 4) as i8))
+}
+
+/// `sumi += scale · p` for each activation row of the tile.
+#[inline(always)]
+unsafe fn add_scaled<const R: usize>(sumi: &mut [__m256i; R], p: &[__m256i; R], scale: __m256i) {
+    for r in 0..R {
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32(p[r], scale));
+    }
+}
+
+/// The end of a super-block for each activation row `r` of the tile, on the f32 sums kept in
+/// memory at `out + 8r` (freeing registers for the integer sums):
+/// `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` (when `mins` is given), then `acc += (d·d_x)·sumi`.
+#[inline(always)]
+unsafe fn finish<const R: usize>(
+    out: *mut f32,
+    sb: *const u8,
+    ab: *const u8,
+    sumi: &[__m256i; R],
+    mins: Option<&[__m256i; 4]>,
+) {
+    let d = _mm256_cvtph_ps(_mm_loadu_si128(sb as *const __m128i));
+    for r in 0..R {
+        let o = out.add(GROUP * r);
+        let a = ab.add(ACT_BLOCK * r);
+        let dx = _mm256_set1_ps((a as *const f32).read_unaligned());
+        let mut acc = _mm256_loadu_ps(o);
+        if let Some(mn) = mins {
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(sb.add(16) as *const __m128i));
+            let b = a.add(ACT_BSUMS32);
+            let mut summ = _mm256_setzero_si256();
+            for (g, m) in mn.iter().enumerate() {
+                summ = _mm256_dpwssd_epi32(summ, *m, bcast4(b.add(4 * g)));
+            }
+            acc = _mm256_sub_ps(
+                acc,
+                _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(summ)),
+            );
+        }
+        acc = _mm256_add_ps(
+            acc,
+            _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi[r])),
+        );
+        _mm256_storeu_ps(o, acc);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn q4k<const R: usize>(
     w: *const u8,
     a: *const u8,
     stride: usize,
     nsb: usize,
-) -> [__m256; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
+    out: &mut [[f32; GROUP]],
+) {
+    debug_assert_eq!(out.len(), R);
+    out.fill([0.0; GROUP]);
+    let o = out.as_mut_ptr() as *mut f32;
+    let m0f = _mm256_set1_epi8(0x0F);
+    // An opaque trip count keeps the sub-block loop a loop: fully unrolled, the compiler
+    // schedules every code load of the super-block first and spills the tile's sums.
+    let subs = std::hint::black_box(8usize);
     for s in 0..nsb {
         let sb = w.add(s * 1152);
         if R > 1 {
@@ -170,31 +243,24 @@ unsafe fn q4k<const R: usize>(
         }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
-        apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
+        let scales: [__m256i; 8] = std::array::from_fn(|j| q45_scale32(&bytes, j));
         let mut sumi = [_mm256_setzero_si256(); R];
-        for g in 0..4 {
-            let mut plo = [_mm256_setzero_si256(); R];
-            let mut phi = [_mm256_setzero_si256(); R];
+        // Sub-block j = 2g + h: nibble h of group g's eight code registers.
+        for j in 0..subs {
+            let codes = sb.add(128 + 256 * (j / 2));
+            let shift = _mm_cvtsi32_si128(4 * (j % 2) as i32);
+            let x = ab.add(ACT_QS + 32 * j);
+            let mut p = [_mm256_setzero_si256(); R];
             for c in 0..8 {
-                let (lo, hi) = nibbles(load(sb.add(128 + 256 * g + 32 * c)));
+                let q = _mm256_and_si256(_mm256_srl_epi16(load(codes.add(32 * c)), shift), m0f);
                 for r in 0..R {
-                    let x = ab.add(ACT_BLOCK * r + ACT_QS + 64 * g + 4 * c);
-                    plo[r] = dot(plo[r], lo, x);
-                    phi[r] = dot(phi[r], hi, x.add(32));
+                    p[r] = dot(p[r], q, x.add(ACT_BLOCK * r + 4 * c));
                 }
             }
-            let (slo, shi) = q45_scales32(&bytes, g);
-            for r in 0..R {
-                let t = _mm256_add_epi32(
-                    _mm256_mullo_epi32(plo[r], slo),
-                    _mm256_mullo_epi32(phi[r], shi),
-                );
-                sumi[r] = _mm256_add_epi32(sumi[r], t);
-            }
+            add_scaled(&mut sumi, &p, scales[j]);
         }
-        apply_sums(&mut acc, sb, ab, &sumi);
+        finish(o, sb, ab, &sumi, Some(&q45_min_pairs(&bytes)));
     }
-    acc
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
