@@ -174,3 +174,61 @@ fn bad_input_gives_a_clear_error_not_a_panic() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--spec` changes how the answer is computed, never what it is; speculation prints its
+/// statistics; bad speculation options are clear errors.
+#[test]
+fn speculative_run_answers_like_plain_decoding() {
+    let tiny = fixture("llama/tiny/model-f32.gguf");
+    let draft = fixture("llama/tiny/model-q4_0.gguf");
+    let answer = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            &tiny,
+            "--raw",
+            "-m",
+            "one two three one two",
+            "-n",
+            "120",
+            "--ignore-eos",
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let out = kasoku(&args);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        (out.stdout, err)
+    };
+    let (plain, _) = answer(&["--spec", "none"]);
+    for extra in [
+        &["--spec", "ngram", "--fixed-budget", "--tree-budget", "6"][..],
+        &["--spec", "draft", "--draft", &draft][..],
+        &["--spec", "auto"][..],
+    ] {
+        let (out, err) = answer(extra);
+        assert_eq!(out, plain, "{extra:?}");
+        assert!(err.contains("speculation ("), "{extra:?}: {err}");
+    }
+    let bad = kasoku(&["run", "--model", &tiny, "-m", "x", "--spec", "magic"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("unknown speculation"),
+        "{}",
+        stderr(&bad)
+    );
+    let no_draft = kasoku(&["run", "--model", &tiny, "-m", "x", "--spec", "draft"]);
+    assert!(!no_draft.status.success());
+    assert!(
+        stderr(&no_draft).contains("--draft"),
+        "{}",
+        stderr(&no_draft)
+    );
+    let no_mtp = kasoku(&["run", "--model", &tiny, "-m", "x", "--spec", "mtp"]);
+    assert!(
+        stderr(&no_mtp).contains("multi-token-prediction"),
+        "{}",
+        stderr(&no_mtp)
+    );
+}
