@@ -1,25 +1,28 @@
-//! Prefix cache shared by the sessions of one model: snapshots of model states keyed by the
-//! tokens they hold, so a new prompt starts from the longest cached prefix and prefills only
-//! the rest. Attention-only states can be cut back to any shorter prefix; a hybrid model's
-//! recurrent (Gated DeltaNet + conv) state cannot be rewound, so for those the cache stores
-//! snapshots at block boundaries of the prompt, at the prompt's end and after the answer, and
-//! only an entry whose whole token list prefixes the prompt is usable. A byte budget bounds the
-//! snapshots; the least recently used go first.
+//! Prefix cache shared by the sessions of one model: model states keyed by the tokens they
+//! hold, so a new prompt starts from the longest cached prefix and prefills only the rest.
+//!
+//! An entry keeps the whole state after a request (prompt and answer). Attention KV caches can
+//! be cut back to any shorter prefix; a hybrid model's recurrent layers (Gated DeltaNet +
+//! conv state) cannot be rewound, so an entry of such a model also keeps *checkpoints*: copies
+//! of only the recurrent layers' states at block boundaries of the prompt (every `block`
+//! tokens), at the prompt's end and where its prefix was restored from. A prefix is usable up
+//! to the longest checkpoint inside it (KV truncated, recurrent layers replaced). A byte budget
+//! bounds all entries; the least recently used go first.
 
 use std::sync::Mutex;
 use std::time::Instant;
 
 use super::session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 use super::stats::GenerationStats;
-use crate::model::{LayerState, ModelState};
+use crate::model::{GdnState, LayerState, ModelState};
 
-/// Default snapshot spacing for recurrent states, in prompt tokens.
+/// Default checkpoint spacing for recurrent states, in prompt tokens.
 pub const DEFAULT_BLOCK: usize = 256;
 
 /// Prefill block (tokens) between cancellation checks for attention-only models.
 const PREFILL_BLOCK: usize = 512;
 
-/// Snapshots of model states, keyed by token prefix, under a byte budget with LRU eviction.
+/// Model states keyed by token prefix, under a byte budget with LRU eviction.
 #[derive(Debug)]
 pub struct PrefixCache {
     budget: usize,
@@ -34,9 +37,63 @@ pub struct PrefixCache {
 #[derive(Debug)]
 struct Entry {
     tokens: Vec<u32>,
+    /// Holds exactly `tokens`.
     state: ModelState,
+    /// Recurrent-layer states at shorter lengths, ascending (hybrid models only).
+    checkpoints: Vec<Checkpoint>,
     bytes: usize,
     last_used: u64,
+}
+
+/// The recurrent layers' states of a hybrid model after `len` tokens.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    len: usize,
+    layers: Vec<(usize, GdnState)>,
+}
+
+impl Checkpoint {
+    /// The recurrent layers of `state`, at its current length.
+    pub fn of(state: &ModelState) -> Checkpoint {
+        Checkpoint {
+            len: state.len(),
+            layers: state
+                .layers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| match l {
+                    LayerState::Gdn(g) => Some((i, g.clone())),
+                    LayerState::Kv(_) => None,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(_, g)| (g.conv.len() + g.ssm.len()) * 4)
+            .sum()
+    }
+}
+
+/// A prefix taken from the cache.
+#[derive(Debug)]
+pub struct Restored {
+    /// Tokens of the prompt it holds.
+    pub len: usize,
+    /// The state holding exactly those tokens.
+    pub state: ModelState,
+    /// The entry's checkpoints up to `len`, to carry into the next entry.
+    pub checkpoints: Vec<Checkpoint>,
 }
 
 /// Counters of a cache, for metrics.
@@ -70,9 +127,60 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// Cuts `state` back to `len` tokens: KV caches truncated; recurrent layers, if any, taken
+/// from `checkpoint` (which must be at `len`).
+fn rewind(state: &mut ModelState, len: usize, checkpoint: Option<&Checkpoint>) -> bool {
+    if len == state.len() {
+        return true;
+    }
+    if len > state.len() {
+        return false;
+    }
+    match checkpoint {
+        Some(cp) if cp.len == len => {
+            for (i, g) in &cp.layers {
+                match state.layers.get_mut(*i) {
+                    Some(layer @ LayerState::Gdn(_)) => *layer = LayerState::Gdn(g.clone()),
+                    _ => return false,
+                }
+            }
+            for layer in &mut state.layers {
+                if let LayerState::Kv(c) = layer {
+                    c.truncate(len);
+                }
+            }
+            state.len = len;
+            true
+        }
+        _ => state.truncate(len),
+    }
+}
+
+impl Entry {
+    /// How many tokens of `prompt` (at most `limit`) this entry can supply.
+    fn usable(&self, prompt: &[u32], limit: usize) -> usize {
+        let common = common_prefix(&self.tokens, prompt).min(limit);
+        if common == self.tokens.len() || is_rewindable(&self.state) {
+            return common;
+        }
+        self.checkpoints
+            .iter()
+            .map(|c| c.len)
+            .filter(|&l| l <= common)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn has_prefix_at(&self, len: usize) -> bool {
+        len == self.tokens.len()
+            || is_rewindable(&self.state)
+            || self.checkpoints.iter().any(|c| c.len == len)
+    }
+}
+
 impl PrefixCache {
-    /// A cache holding at most `budget_bytes` of snapshots; recurrent states are snapshotted
-    /// every `block` prompt tokens (at least 1).
+    /// A cache holding at most `budget_bytes`; recurrent states are checkpointed every `block`
+    /// prompt tokens (at least 1).
     pub fn new(budget_bytes: usize, block: usize) -> PrefixCache {
         PrefixCache {
             budget: budget_bytes,
@@ -104,94 +212,88 @@ impl PrefixCache {
         self.used = 0;
     }
 
-    /// How many tokens of `prompt` (at most `limit`) an entry can supply.
-    fn usable(entry: &Entry, prompt: &[u32], limit: usize) -> usize {
-        let common = common_prefix(&entry.tokens, prompt).min(limit);
-        if common == entry.tokens.len() || is_rewindable(&entry.state) {
-            common
-        } else {
-            0
-        }
-    }
-
-    /// The state of the longest cached prefix of `prompt` of at most `limit` tokens, if it is
-    /// longer than `better_than`: its length and a copy of the state holding exactly it.
-    pub fn lookup(
-        &mut self,
-        prompt: &[u32],
-        limit: usize,
-        better_than: usize,
-    ) -> Option<(usize, ModelState)> {
+    /// The longest cached prefix of `prompt` of at most `limit` tokens, if it is longer than
+    /// `better_than`: a copy of the state holding exactly it.
+    pub fn lookup(&mut self, prompt: &[u32], limit: usize, better_than: usize) -> Option<Restored> {
         self.lookups += 1;
         let (index, len) = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (i, Self::usable(e, prompt, limit)))
+            .map(|(i, e)| (i, e.usable(prompt, limit)))
             .max_by_key(|&(i, len)| (len, self.entries[i].last_used))?;
         if len <= better_than || len == 0 {
             return None;
         }
         self.clock += 1;
-        self.hits += 1;
         let entry = &mut self.entries[index];
         entry.last_used = self.clock;
         let mut state = entry.state.clone();
-        if state.len() > len && !state.truncate(len) {
+        let checkpoint = entry.checkpoints.iter().find(|c| c.len == len);
+        if !rewind(&mut state, len, checkpoint) {
             return None;
         }
-        Some((len, state))
+        self.hits += 1;
+        let checkpoints = entry
+            .checkpoints
+            .iter()
+            .filter(|c| c.len <= len)
+            .cloned()
+            .collect();
+        Some(Restored {
+            len,
+            state,
+            checkpoints,
+        })
     }
 
-    /// Whether a snapshot of `bytes` would be kept at all.
+    /// Whether an entry of `bytes` would be kept at all.
     pub fn fits(&self, bytes: usize) -> bool {
         bytes > 0 && bytes <= self.budget
     }
 
-    /// Whether an entry with exactly these tokens exists (marks it used).
-    pub fn touch(&mut self, tokens: &[u32]) -> bool {
-        self.clock += 1;
-        let clock = self.clock;
-        match self.entries.iter_mut().find(|e| e.tokens == tokens) {
-            Some(e) => {
-                e.last_used = clock;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Stores `state`, which holds exactly `tokens`, evicting least recently used entries to
-    /// stay within the budget. Entries it makes redundant (a rewindable prefix of it) go.
-    pub fn insert(&mut self, tokens: Vec<u32>, state: ModelState) {
-        let bytes = state_bytes(&state);
+    /// Stores `state`, which holds exactly `tokens`, with recurrent checkpoints at shorter
+    /// lengths (empty for attention-only models), evicting least recently used entries to stay
+    /// within the budget. Entries it makes redundant (a prefix it can restore as well) go.
+    pub fn insert(
+        &mut self,
+        tokens: Vec<u32>,
+        state: ModelState,
+        mut checkpoints: Vec<Checkpoint>,
+    ) {
+        checkpoints.retain(|c| c.len > 0 && c.len < tokens.len());
+        checkpoints.sort_by_key(|c| c.len);
+        checkpoints.dedup_by_key(|c| c.len);
+        let bytes = state_bytes(&state) + checkpoints.iter().map(Checkpoint::bytes).sum::<usize>();
         if tokens.is_empty() || tokens.len() != state.len() || !self.fits(bytes) {
             return;
         }
-        if self.touch(&tokens) {
+        self.clock += 1;
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens == tokens) {
+            e.last_used = self.clock;
             return;
         }
-        if is_rewindable(&state) {
-            let mut freed = 0;
-            self.entries.retain(|e| {
-                let redundant = e.tokens.len() < tokens.len()
-                    && is_rewindable(&e.state)
-                    && tokens.starts_with(&e.tokens);
-                if redundant {
-                    freed += e.bytes;
-                }
-                !redundant
-            });
-            self.used -= freed;
-        }
-        self.clock += 1;
-        self.used += bytes;
-        self.entries.push(Entry {
+        let new = Entry {
             tokens,
             state,
+            checkpoints,
             bytes,
             last_used: self.clock,
+        };
+        let mut freed = 0;
+        self.entries.retain(|e| {
+            let redundant = e.tokens.len() < new.tokens.len()
+                && new.tokens.starts_with(&e.tokens)
+                && new.has_prefix_at(e.tokens.len())
+                && e.checkpoints.iter().all(|c| new.has_prefix_at(c.len));
+            if redundant {
+                freed += e.bytes;
+            }
+            !redundant
         });
+        self.used -= freed;
+        self.used += bytes;
+        self.entries.push(new);
         while self.used > self.budget {
             let Some(oldest) = self
                 .entries
@@ -210,9 +312,9 @@ impl PrefixCache {
 
 impl Session {
     /// Like [`Session::generate`], reusing the longest prefix of `prompt` found in this session
-    /// or in `cache`, and leaving snapshots of this prompt's prefixes (and of the conversation
-    /// after the answer) in `cache` for later requests. Without a cache, the session starts
-    /// over, so that all of the prompt is computed. `stats.cached_tokens` counts the reuse.
+    /// or in `cache`, and leaving this request's state (with recurrent checkpoints along the
+    /// prompt) in `cache` for later requests. Without a cache, the session starts over, so
+    /// that all of the prompt is computed. `stats.cached_tokens` counts the reuse.
     pub fn generate_cached(
         &mut self,
         cache: Option<&Mutex<PrefixCache>>,
@@ -243,13 +345,20 @@ impl Session {
         // The last prompt token is always computed by `generate`: it yields the first logits.
         let limit = prompt.len() - 1;
         let rewindable = is_rewindable(&self.state);
-        match cache {
+        let mut checkpoints = match cache {
             Some(cache) => self.restore_prefix(cache, prompt, limit, rewindable),
-            None => self.reset(),
-        }
+            None => {
+                self.reset();
+                Vec::new()
+            }
+        };
         let reused = self.tokens.len();
+        let checkpointing = cache.is_some() && !rewindable;
+        if checkpointing && reused > 0 && !checkpoints.iter().any(|c| c.len == reused) {
+            checkpoints.push(Checkpoint::of(&self.state));
+        }
 
-        // Prefill up to `limit` in blocks; recurrent states are snapshotted at block ends.
+        // Prefill up to `limit` in blocks; recurrent states are checkpointed at block ends.
         let block = match cache {
             Some(c) if !rewindable => lock(c).block(),
             _ => PREFILL_BLOCK,
@@ -257,6 +366,9 @@ impl Session {
         let mut pos = reused;
         while pos < limit {
             if cancelled() {
+                if let Some(c) = cache {
+                    self.store(c, checkpoints);
+                }
                 let elapsed = start.elapsed();
                 return Ok(Generation {
                     tokens: Vec::new(),
@@ -275,8 +387,8 @@ impl Session {
                 .forward_hidden(&mut self.state, &prompt[pos..next])?;
             self.tokens.extend_from_slice(&prompt[pos..next]);
             pos = next;
-            if let Some(c) = cache.filter(|_| !rewindable) {
-                self.snapshot(c);
+            if checkpointing {
+                checkpoints.push(Checkpoint::of(&self.state));
             }
         }
         let own_prefill = start.elapsed();
@@ -289,20 +401,21 @@ impl Session {
         stats.time_to_first_token += own_prefill;
         stats.total_time += own_prefill;
         if let Some(c) = cache {
-            self.snapshot(c);
+            self.store(c, checkpoints);
         }
         Ok(generation)
     }
 
     /// Starts from the longest usable prefix of `prompt` (at most `limit` tokens): this
-    /// session's own, or a copy of the cache's if that is longer.
+    /// session's own, or a copy of the cache's if that is longer. Returns the checkpoints that
+    /// came with it.
     fn restore_prefix(
         &mut self,
         cache: &Mutex<PrefixCache>,
         prompt: &[u32],
         limit: usize,
         rewindable: bool,
-    ) {
+    ) -> Vec<Checkpoint> {
         let common = common_prefix(&self.tokens, prompt).min(limit);
         let own = if common == self.tokens.len() || rewindable {
             common
@@ -311,10 +424,11 @@ impl Session {
         };
         let found = lock(cache).lookup(prompt, limit, own);
         match found {
-            Some((len, mut state)) => {
-                state.max_len = self.state.max_len;
-                self.state = state;
-                self.tokens = prompt[..len].to_vec();
+            Some(mut r) => {
+                r.state.max_len = self.state.max_len;
+                self.state = r.state;
+                self.tokens = prompt[..r.len].to_vec();
+                return r.checkpoints;
             }
             None if own < self.tokens.len() => {
                 if own > 0 && self.state.truncate(own) {
@@ -325,19 +439,17 @@ impl Session {
             }
             None => {}
         }
+        Vec::new()
     }
 
     /// Puts a copy of the current state into `cache` (if it fits and is new).
-    fn snapshot(&self, cache: &Mutex<PrefixCache>) {
+    fn store(&self, cache: &Mutex<PrefixCache>, checkpoints: Vec<Checkpoint>) {
         let bytes = state_bytes(&self.state);
-        {
-            let mut c = lock(cache);
-            if !c.fits(bytes) || c.touch(&self.tokens) {
-                return;
-            }
+        if !lock(cache).fits(bytes) {
+            return;
         }
         let state = self.state.clone();
-        lock(cache).insert(self.tokens.clone(), state);
+        lock(cache).insert(self.tokens.clone(), state, checkpoints);
     }
 }
 
@@ -396,6 +508,14 @@ mod tests {
             let mut s2 = Session::new(Arc::clone(&model), 128);
             let first = run(&mut s1, Some(&cache), &a);
             assert_eq!(first.stats.cached_tokens, 0);
+            if hybrid {
+                // One entry: the whole state once, plus the recurrent layers at 16, 32, 48, 49.
+                let st = lock(&cache).stats();
+                let whole = state_bytes(&s1.state);
+                assert_eq!(st.entries, 1);
+                let recurrent = Checkpoint::of(&s1.state).bytes();
+                assert_eq!(st.bytes, whole + 4 * recurrent);
+            }
             let second = run(&mut s2, Some(&cache), &b);
             // Hybrid: the last block boundary inside the shared 40 tokens; attention: all 40.
             let expect = if hybrid { 32 } else { 40 };
@@ -423,6 +543,9 @@ mod tests {
             );
             let fresh = run(&mut Session::new(Arc::clone(&model), 128), None, &turn);
             assert_eq!(follow.tokens, fresh.tokens, "{fixture_path}");
+            // One entry per conversation: the follow-up replaced the first turn's entry, whose
+            // prefixes (checkpoints included) it can restore as well.
+            assert_eq!(lock(&cache).stats().entries, 2, "{fixture_path}");
         }
     }
 
