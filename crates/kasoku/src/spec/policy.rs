@@ -41,7 +41,8 @@ pub struct Policy {
     pub config: PolicyConfig,
     /// Seconds per pass by node count (index = nodes), moving averages.
     verify_cost: Vec<Option<f64>>,
-    /// Seconds per draft call.
+    /// Seconds of drafting per level of the drafted tree (a draft model runs one pass per
+    /// level; prompt lookup costs next to nothing).
     draft_cost: Option<f64>,
     /// Per level d ≥ 1: (times offered with level d − 1 accepted, times accepted), decayed.
     levels: Vec<(f64, f64)>,
@@ -153,7 +154,8 @@ impl Policy {
             *slot = ema(*slot, verify.as_secs_f64());
         }
         if let Some(d) = draft {
-            self.draft_cost = ema(self.draft_cost, d.as_secs_f64());
+            let levels = depth.max(1) as f64;
+            self.draft_cost = ema(self.draft_cost, d.as_secs_f64() / levels);
         }
         for d in 1..=depth.min(self.config.max_depth) {
             if d > accepted + 1 {
@@ -197,6 +199,18 @@ mod tests {
             p.record(b + 1, b, b, Some(ms(0.1)), ms(30.0 + 3.0 * b as f64));
         }
         assert!(p.budget() >= 6, "got {}", p.budget());
+    }
+
+    #[test]
+    fn a_drafter_costing_a_target_pass_per_level_is_turned_off() {
+        let mut p = Policy::new(PolicyConfig::default());
+        for _ in 0..300 {
+            let b = p.budget();
+            let draft = (b > 0).then(|| ms(30.0 * b as f64));
+            p.record(b + 1, b, b, draft, ms(30.0 + 4.0 * b as f64));
+        }
+        let zeros = (0..32).filter(|_| p.budget() == 0).count();
+        assert!(zeros >= 28, "mostly plain decoding, got {zeros}/32");
     }
 
     #[test]
