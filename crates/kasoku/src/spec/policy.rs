@@ -103,11 +103,7 @@ impl Policy {
             reach *= self.level_rate(d);
             expected += reach;
         }
-        let draft = if b > 0 {
-            self.draft_cost.unwrap_or(0.0)
-        } else {
-            0.0
-        };
+        let draft = self.draft_cost.unwrap_or(0.0) * depth as f64;
         expected / (draft + self.cost(b + 1))
     }
 
