@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    apply_sums, bcast4, fifth_bits, load, nibbles, prefetch, q45_min_pairs, q45_scale_bytes,
-    q6_codes, q6_scale32, store, sub_scaled, word_pairs,
+    bcast4, fifth_bits, load, nibbles, prefetch, q45_min_pairs, q45_scale_bytes, q6_codes,
+    q6_scale32, word_pairs,
 };
 use super::{packed_block_bytes, ACT_BLOCK, ACT_BSUMS, ACT_BSUMS32, ACT_QS, GROUP};
 use crate::quant::DType;
@@ -51,21 +51,6 @@ pub(super) unsafe fn kernel(
     macro_rules! tiles {
         ($f:ident) => {
             match out.len() {
-                1 => store($f::<1>(w, a, stride, nsb), out),
-                2 => store($f::<2>(w, a, stride, nsb), out),
-                3 => store($f::<3>(w, a, stride, nsb), out),
-                4 => store($f::<4>(w, a, stride, nsb), out),
-                5 => store($f::<5>(w, a, stride, nsb), out),
-                6 => store($f::<6>(w, a, stride, nsb), out),
-                7 => store($f::<7>(w, a, stride, nsb), out),
-                8 => store($f::<8>(w, a, stride, nsb), out),
-                n => unreachable!("k_quants vnni: tile of {n} rows"),
-            }
-        };
-    }
-    macro_rules! tiles_out {
-        ($f:ident) => {
-            match out.len() {
                 1 => $f::<1>(w, a, stride, nsb, out),
                 2 => $f::<2>(w, a, stride, nsb, out),
                 3 => $f::<3>(w, a, stride, nsb, out),
@@ -79,37 +64,10 @@ pub(super) unsafe fn kernel(
         };
     }
     match dtype {
-        DType::Q4K => tiles_out!(q4k),
+        DType::Q4K => tiles!(q4k),
         DType::Q5K => tiles!(q5k),
         DType::Q6K => tiles!(q6k),
         _ => unreachable!("k_quants vnni: {dtype}"),
-    }
-}
-
-/// `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` for each activation row of the tile.
-#[inline(always)]
-unsafe fn apply_mins<const R: usize>(
-    acc: &mut [__m256; R],
-    sb: *const u8,
-    ab: *const u8,
-    mn: &[__m256i; 4],
-) {
-    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(sb.add(16) as *const __m128i));
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let b = ab.add(ACT_BLOCK * r + ACT_BSUMS32);
-        let mut summ = _mm256_setzero_si256();
-        for (g, m) in mn.iter().enumerate() {
-            summ = _mm256_dpwssd_epi32(summ, *m, bcast4(b.add(4 * g)));
-        }
-        *acc = sub_scaled(*acc, dmin, ab.add(ACT_BLOCK * r), summ);
-    }
-}
-
-/// Q6_K: `corr += Σ_k scale_k·bsums_k` over a unit's two sub-blocks, per activation row.
-#[inline(always)]
-unsafe fn q6_corr<const R: usize>(corr: &mut [__m256i; R], pair: __m256i, ab: *const u8, p: usize) {
-    for (r, c) in corr.iter_mut().enumerate() {
-        *c = _mm256_dpwssd_epi32(*c, pair, bcast4(ab.add(ACT_BLOCK * r + ACT_BSUMS + 4 * p)));
     }
 }
 
@@ -156,17 +114,6 @@ unsafe fn dword_mask(a: i8) -> __m256i {
         z,
         z,
         z,
-    )
-}
-
-/// The 6-bit scales of sub-blocks 2g and 2g+1 of a Q4_K/Q5_K super-block as i32 lanes.
-#[inline(always)]
-unsafe fn q45_scales32(bytes: &[__m256i; 4], g: usize) -> (__m256i, __m256i) {
-    let b = bytes[g / 2];
-    let a = 8 * (g % 2) as i8;
-    (
-        _mm256_shuffle_epi8(b, dword_mask(a)),
-        _mm256_shuffle_epi8(b, dword_mask(a + 4)),
     )
 }
 
@@ -232,10 +179,9 @@ unsafe fn q4k<const R: usize>(
     debug_assert_eq!(out.len(), R);
     out.fill([0.0; GROUP]);
     let o = out.as_mut_ptr() as *mut f32;
-    let m0f = _mm256_set1_epi8(0x0F);
-    // An opaque trip count keeps the sub-block loop a loop: fully unrolled, the compiler
+    // An opaque trip count keeps the group loop a loop: fully unrolled, the compiler
     // schedules every code load of the super-block first and spills the tile's sums.
-    let subs = std::hint::black_box(8usize);
+    let groups = std::hint::black_box(4usize);
     for s in 0..nsb {
         let sb = w.add(s * 1152);
         if R > 1 {
@@ -245,19 +191,21 @@ unsafe fn q4k<const R: usize>(
         let bytes = q45_scale_bytes(sb.add(32));
         let scales: [__m256i; 8] = std::array::from_fn(|j| q45_scale32(&bytes, j));
         let mut sumi = [_mm256_setzero_si256(); R];
-        // Sub-block j = 2g + h: nibble h of group g's eight code registers.
-        for j in 0..subs {
-            let codes = sb.add(128 + 256 * (j / 2));
-            let shift = _mm_cvtsi32_si128(4 * (j % 2) as i32);
-            let x = ab.add(ACT_QS + 32 * j);
-            let mut p = [_mm256_setzero_si256(); R];
+        // Group g: sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles).
+        for g in 0..groups {
+            let codes = sb.add(128 + 256 * g);
+            let x = ab.add(ACT_QS + 64 * g);
+            let mut plo = [_mm256_setzero_si256(); R];
+            let mut phi = [_mm256_setzero_si256(); R];
             for c in 0..8 {
-                let q = _mm256_and_si256(_mm256_srl_epi16(load(codes.add(32 * c)), shift), m0f);
+                let (lo, hi) = nibbles(load(codes.add(32 * c)));
                 for r in 0..R {
-                    p[r] = dot(p[r], q, x.add(ACT_BLOCK * r + 4 * c));
+                    plo[r] = dot(plo[r], lo, x.add(ACT_BLOCK * r + 4 * c));
+                    phi[r] = dot(phi[r], hi, x.add(ACT_BLOCK * r + 32 + 4 * c));
                 }
             }
-            add_scaled(&mut sumi, &p, scales[j]);
+            add_scaled(&mut sumi, &plo, scales[2 * g]);
+            add_scaled(&mut sumi, &phi, scales[2 * g + 1]);
         }
         finish(o, sb, ab, &sumi, Some(&q45_min_pairs(&bytes)));
     }
@@ -269,8 +217,13 @@ unsafe fn q5k<const R: usize>(
     a: *const u8,
     stride: usize,
     nsb: usize,
-) -> [__m256; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
+    out: &mut [[f32; GROUP]],
+) {
+    debug_assert_eq!(out.len(), R);
+    out.fill([0.0; GROUP]);
+    let o = out.as_mut_ptr() as *mut f32;
+    // An opaque trip count keeps the group loop a loop (see `q4k`).
+    let groups = std::hint::black_box(4usize);
     for s in 0..nsb {
         let sb = w.add(s * 1408);
         if R > 1 {
@@ -278,10 +231,11 @@ unsafe fn q5k<const R: usize>(
         }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
-        apply_mins(&mut acc, sb, ab, &q45_min_pairs(&bytes));
+        let scales: [__m256i; 8] = std::array::from_fn(|j| q45_scale32(&bytes, j));
         let mut sumi = [_mm256_setzero_si256(); R];
-        for g in 0..4 {
+        for g in 0..groups {
             let gp = sb.add(128 + 320 * g);
+            let x = ab.add(ACT_QS + 64 * g);
             let mut plo = [_mm256_setzero_si256(); R];
             let mut phi = [_mm256_setzero_si256(); R];
             for half in 0..2 {
@@ -291,24 +245,40 @@ unsafe fn q5k<const R: usize>(
                     let (lo, hi) = fifth_bits(lo, hi, hb);
                     hb = _mm256_srli_epi16(hb, 1);
                     for r in 0..R {
-                        let x = ab.add(ACT_BLOCK * r + ACT_QS + 64 * g + 4 * c);
-                        plo[r] = dot(plo[r], lo, x);
-                        phi[r] = dot(phi[r], hi, x.add(32));
+                        plo[r] = dot(plo[r], lo, x.add(ACT_BLOCK * r + 4 * c));
+                        phi[r] = dot(phi[r], hi, x.add(ACT_BLOCK * r + 32 + 4 * c));
                     }
                 }
             }
-            let (slo, shi) = q45_scales32(&bytes, g);
-            for r in 0..R {
-                let t = _mm256_add_epi32(
-                    _mm256_mullo_epi32(plo[r], slo),
-                    _mm256_mullo_epi32(phi[r], shi),
-                );
-                sumi[r] = _mm256_add_epi32(sumi[r], t);
-            }
+            add_scaled(&mut sumi, &plo, scales[2 * g]);
+            add_scaled(&mut sumi, &phi, scales[2 * g + 1]);
         }
-        apply_sums(&mut acc, sb, ab, &sumi);
+        finish(o, sb, ab, &sumi, Some(&q45_min_pairs(&bytes)));
     }
-    acc
+}
+
+/// Q6_K code registers `v` (even) and `v + 1` of a unit (sharing top-bit register `h`) times
+/// the tile's activations at `x` (the unit's first code of row 0): `pa` (the unit's first
+/// sub-block) and `pb` (its second) `+= Σ q·x`.
+#[inline(always)]
+unsafe fn q6k_pair<const R: usize>(
+    pa: &mut [__m256i; R],
+    pb: &mut [__m256i; R],
+    up: *const u8,
+    x: *const u8,
+    v: usize,
+) {
+    let h = load(up.add(128 + 16 * v));
+    let (lo, hi) = q6_codes(load(up.add(32 * v)), h, 0);
+    for r in 0..R {
+        pa[r] = dot(pa[r], lo, x.add(ACT_BLOCK * r + 4 * v));
+        pb[r] = dot(pb[r], hi, x.add(ACT_BLOCK * r + 16 + 4 * v));
+    }
+    let (lo, hi) = q6_codes(load(up.add(32 * v + 32)), h, 1);
+    for r in 0..R {
+        pa[r] = dot(pa[r], lo, x.add(ACT_BLOCK * r + 4 * v + 4));
+        pb[r] = dot(pb[r], hi, x.add(ACT_BLOCK * r + 16 + 4 * v + 4));
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
@@ -317,40 +287,41 @@ unsafe fn q6k<const R: usize>(
     a: *const u8,
     stride: usize,
     nsb: usize,
-) -> [__m256; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
+    out: &mut [[f32; GROUP]],
+) {
+    debug_assert_eq!(out.len(), R);
+    out.fill([0.0; GROUP]);
+    let o = out.as_mut_ptr() as *mut f32;
+    // An opaque trip count keeps the unit loop a loop (see `q4k`).
+    let units = std::hint::black_box(8usize);
     for s in 0..nsb {
         let sb = w.add(s * 1680);
         if R > 1 {
             prefetch(sb, 1680);
         }
         let ab = a.add(s * stride);
+        // sumi = Σ_k scale_k·(Σ q·x − 32·bsums_k), the correction added first, by pairs of
+        // sub-blocks with the 16-bit scales −32·scale_k.
         let mut sumi = [_mm256_setzero_si256(); R];
-        let mut corr = [_mm256_setzero_si256(); R];
-        for p in 0..8 {
+        for p in 0..units {
             let (sa, sc) = (q6_scale32(sb, 2 * p), q6_scale32(sb, 2 * p + 1));
-            q6_corr(&mut corr, word_pairs(sa, sc), ab, p);
+            let neg = _mm256_sub_epi16(
+                _mm256_setzero_si256(),
+                _mm256_slli_epi16(word_pairs(sa, sc), 5),
+            );
+            for r in 0..R {
+                let b = bcast4(ab.add(ACT_BLOCK * r + ACT_BSUMS + 4 * p));
+                sumi[r] = _mm256_dpwssd_epi32(sumi[r], neg, b);
+            }
             let up = sb.add(144 + 192 * p);
+            let x = ab.add(ACT_QS + 32 * p);
             let mut pa = [_mm256_setzero_si256(); R];
             let mut pb = [_mm256_setzero_si256(); R];
-            for v in 0..4 {
-                let (lo, hi) = q6_codes(load(up.add(32 * v)), load(up.add(128 + 32 * (v / 2))), v);
-                for r in 0..R {
-                    let x = ab.add(ACT_BLOCK * r + ACT_QS + 32 * p + 4 * v);
-                    pa[r] = dot(pa[r], lo, x);
-                    pb[r] = dot(pb[r], hi, x.add(16));
-                }
-            }
-            for r in 0..R {
-                let t =
-                    _mm256_add_epi32(_mm256_mullo_epi32(pa[r], sa), _mm256_mullo_epi32(pb[r], sc));
-                sumi[r] = _mm256_add_epi32(sumi[r], t);
-            }
+            q6k_pair(&mut pa, &mut pb, up, x, 0);
+            q6k_pair(&mut pa, &mut pb, up, x, 2);
+            add_scaled(&mut sumi, &pa, sa);
+            add_scaled(&mut sumi, &pb, sc);
         }
-        for r in 0..R {
-            sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr[r], 5));
-        }
-        apply_sums(&mut acc, sb, ab, &sumi);
+        finish(o, sb, ab, &sumi, None);
     }
-    acc
 }
