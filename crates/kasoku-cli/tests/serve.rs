@@ -341,7 +341,7 @@ fn concurrent_streams_give_the_same_text_as_solo_requests() {
 }
 
 /// A request sharing a long prefix with an earlier one reuses it (`cached_tokens`), answers as
-/// an uncached request does, and (SmolLM2) reaches its first token sooner.
+/// an uncached request does, and reaches its first token sooner.
 fn check_prefix_reuse(server: &Server, path: &str, first: Value, second: Value, min_cached: u64) {
     let (status, a) = server.post(path, &first);
     assert_eq!(status, 200, "{a}");
@@ -371,12 +371,20 @@ fn check_prefix_reuse(server: &Server, path: &str, first: Value, second: Value, 
         text(&miss),
         "cached and uncached answers differ"
     );
+    let ttft = |v: &Value| v["usage"]["timings"]["ttft_ms"].as_f64().unwrap();
+    assert!(
+        ttft(&hit) < ttft(&miss),
+        "cached TTFT {:.1} ms not below uncached {:.1} ms",
+        ttft(&hit),
+        ttft(&miss)
+    );
 }
 
 #[test]
 fn the_prefix_cache_reuses_a_shared_prefix() {
     let Some(model) = smollm2() else { return };
     let server = Server::start(&model, &["--ctx-size", "2048"]);
+    // ~500 shared tokens.
     let system = "You are a careful assistant. ".repeat(5)
         + &"The library opens at nine, closes at five, and lends books for three weeks. "
             .repeat(30);
@@ -395,28 +403,16 @@ fn the_prefix_cache_reuses_a_shared_prefix() {
         body("How long can I keep a book?"),
         400,
     );
-    // Time to first token: reuse beats recomputing (~500 prompt tokens).
-    let ttft = |b: &Value| {
-        let (_, v) = server.post("/v1/chat/completions", b);
-        v["usage"]["timings"]["ttft_ms"].as_f64().unwrap()
-    };
-    let mut uncached = body("When does it close?");
-    uncached["cache_prompt"] = json!(false);
-    let slow = ttft(&uncached);
-    let fast = ttft(&body("When does it close?"));
-    assert!(
-        fast < slow,
-        "cached TTFT {fast:.1} ms not below uncached {slow:.1} ms"
-    );
 }
 
 #[test]
 fn the_prefix_cache_works_on_a_hybrid_model() {
     let server = Server::start(
         &fixture("qwen3_5/tiny/model-f32.gguf"),
-        &["--ctx-size", "1024", "--prefix-cache-block", "64"],
+        &["--ctx-size", "4096", "--prefix-cache-block", "64"],
     );
-    let shared = "the quick brown fox jumps over the lazy dog and ".repeat(20);
+    // ~1700 tokens: prefilling them takes far longer than restoring a checkpoint.
+    let shared = "the quick brown fox jumps over the lazy dog and ".repeat(60);
     let body = |tail: &str| {
         json!({
             "model": server.id,
@@ -430,6 +426,6 @@ fn the_prefix_cache_works_on_a_hybrid_model() {
         "/v1/completions",
         body("then it sleeps"),
         body("finally a cat arrives"),
-        64,
+        1024,
     );
 }
