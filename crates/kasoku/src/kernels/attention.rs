@@ -81,7 +81,26 @@ pub fn tree_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    let paths = TreePaths::new(parents);
+    tree_attention_rows(geo, q, keys, values, past, parents, 0, scale, out)
+}
+
+/// [`tree_attention`] for the nodes `first..parents.len()` only (`q` and `out` hold their
+/// rows): the earlier nodes' keys and values are already in the cache, at `past + j` (a tree
+/// grown level by level computes only its new nodes).
+#[allow(clippy::too_many_arguments)]
+pub fn tree_attention_rows(
+    geo: AttnGeometry,
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    past: usize,
+    parents: &[usize],
+    first: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let mut paths = TreePaths::new(parents);
+    paths.first = first;
     attention_with(
         simd_available(),
         geo,
@@ -100,14 +119,15 @@ struct TreePaths {
     /// `path(i) = nodes[start[i]..start[i + 1]]`.
     nodes: Vec<usize>,
     start: Vec<usize>,
+    /// The node of query row 0.
+    first: usize,
 }
 
 impl TreePaths {
     fn new(parents: &[usize]) -> TreePaths {
         let mut nodes = Vec::new();
         let mut start = vec![0];
-        for i in 0..parents.len() {
-            let p = parents[i];
+        for (i, &p) in parents.iter().enumerate() {
             if p != usize::MAX {
                 assert!(
                     p < i,
@@ -119,11 +139,21 @@ impl TreePaths {
             nodes.push(i);
             start.push(nodes.len());
         }
-        TreePaths { nodes, start }
+        TreePaths {
+            nodes,
+            start,
+            first: 0,
+        }
     }
 
+    /// The path of node `i`.
     fn path(&self, i: usize) -> &[usize] {
         &self.nodes[self.start[i]..self.start[i + 1]]
+    }
+
+    /// The path of the node of query row `r`.
+    fn row_path(&self, r: usize) -> &[usize] {
+        self.path(self.first + r)
     }
 }
 
@@ -154,7 +184,8 @@ fn attention_with(
         "attention: q/out lengths"
     );
     let n = q.len() / q_row;
-    let total = past + n;
+    // Cache rows the call may read: the context and every node up to the last row's.
+    let total = past + tree.map_or(n, |t| t.first + n);
     assert!(
         keys.len() == n_kv_heads
             && values.len() == n_kv_heads
@@ -162,7 +193,7 @@ fn attention_with(
         "attention: cache too short"
     );
     assert!(
-        tree.is_none_or(|t| t.start.len() == n + 1),
+        tree.is_none_or(|t| t.start.len() == t.first + n + 1),
         "attention: tree of another size"
     );
     if n == 0 {
@@ -261,7 +292,7 @@ impl Ctx<'_> {
     fn last_seen(&self, i: usize) -> usize {
         match self.tree {
             None => self.past + i,
-            Some(t) => self.past + t.path(i).len() - 1,
+            Some(t) => self.past + t.row_path(i).len() - 1,
         }
     }
 
@@ -269,7 +300,7 @@ impl Ctx<'_> {
     #[inline(always)]
     fn slot(&self, i: usize, p: usize) -> usize {
         match self.tree {
-            Some(t) if p >= self.past => self.past + t.path(i)[p - self.past],
+            Some(t) if p >= self.past => self.past + t.row_path(i)[p - self.past],
             _ => p,
         }
     }
@@ -786,6 +817,30 @@ mod tests {
             for simd in [false, simd_available()] {
                 let mut tree = vec![0f32; q.len()];
                 attention_with(simd, geo, &q, &kr, &vr, past, Some(&paths), 0.2, &mut tree);
+                // Computing only the later nodes (a tree grown level by level) gives their
+                // rows the same bits.
+                for first in [3usize, 5] {
+                    let mut part = vec![0f32; (n - first) * 144];
+                    let mut later = TreePaths::new(&parents);
+                    later.first = first;
+                    attention_with(
+                        simd,
+                        geo,
+                        &q[first * 144..],
+                        &kr,
+                        &vr,
+                        past,
+                        Some(&later),
+                        0.2,
+                        &mut part,
+                    );
+                    assert!(
+                        part.iter()
+                            .zip(&tree[first * 144..])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "past {past} rows from {first}"
+                    );
+                }
                 for i in 0..n {
                     let path = paths.path(i);
                     let mut kp = k[..past * kvd].to_vec();

@@ -153,6 +153,17 @@ impl TreeBuilder {
         self.tokens[node]
     }
 
+    /// Tokens in the order they were added (ids are indices).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Parents in the order nodes were added ([`NO_PARENT`] for the root); a parent's id is
+    /// always smaller than its child's.
+    pub fn parents(&self) -> &[usize] {
+        &self.parents
+    }
+
     /// The depth of a node added so far.
     pub fn depth(&self, mut node: usize) -> usize {
         let mut d = 0;

@@ -23,9 +23,21 @@ use crate::kernels::matmul::{matmul, MatMulWeight};
 /// What a verification pass leaves in the state until its commit.
 #[derive(Clone, Debug)]
 pub struct PendingTree {
-    tree: TokenTree,
+    /// Node `i`'s parent (`usize::MAX` for the root) and depth; a child always comes after
+    /// its parent (depth-first order, or the order a growing tree added its nodes).
+    parents: Vec<usize>,
+    depths: Vec<usize>,
     /// Per layer: the recurrent layers' commit data (`None` for attention layers).
     layers: Vec<Option<GdnPending>>,
+}
+
+impl PendingTree {
+    /// Whether `path` runs from the root down, each node a child of the one before.
+    fn is_root_path(&self, path: &[usize]) -> bool {
+        path.first() == Some(&0)
+            && path.iter().all(|&i| i < self.parents.len())
+            && path.windows(2).all(|w| self.parents[w[1]] == w[0])
+    }
 }
 
 /// The result of [`Model::verify`].
@@ -92,7 +104,8 @@ impl Model {
             x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
         }
         state.pending = Some(Box::new(PendingTree {
-            tree: tree.clone(),
+            parents: parents.to_vec(),
+            depths: depths.to_vec(),
             layers: pending,
         }));
         self.output_norm.forward(&x, &mut normed);
@@ -110,6 +123,118 @@ impl Model {
         })
     }
 
+    /// Grows the pending tree by `tokens`, node `k` a child of `parents[k]` (an index into the
+    /// pending tree, or into these new nodes as `pending size + j`, always before it), and
+    /// computes only the new nodes: their logits (`tokens.len()` rows, from `head` or the LM
+    /// head) have the bits [`Model::verify`] of the whole tree would give them. A drafter
+    /// grows its tree a level at a time this way. Attention-only models (a recurrent layer
+    /// would need its scratch states back): other models get an `Unsupported` error.
+    pub fn verify_more(
+        &self,
+        state: &mut ModelState,
+        parents: &[usize],
+        tokens: &[u32],
+        head: Option<&MatMulWeight>,
+    ) -> Result<Verified, ModelError> {
+        let Some(mut pending) = state.pending.take() else {
+            return Err(ModelError::StateMismatch(
+                "verify_more without a verified tree".into(),
+            ));
+        };
+        let first = pending.parents.len();
+        let bad = |state: &mut ModelState, pending: Box<PendingTree>, e: ModelError| {
+            state.pending = Some(pending);
+            Err(e)
+        };
+        if pending.layers.iter().any(Option::is_some) {
+            return bad(
+                state,
+                pending,
+                ModelError::Unsupported("growing a verified tree through recurrent layers".into()),
+            );
+        }
+        if parents.len() != tokens.len() || parents.iter().enumerate().any(|(k, &p)| p >= first + k)
+        {
+            return bad(
+                state,
+                pending,
+                ModelError::StateMismatch("verify_more: a parent after its child".into()),
+            );
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return bad(
+                state,
+                pending,
+                ModelError::TokenOutOfRange {
+                    token: t,
+                    vocab: self.config.vocab,
+                },
+            );
+        }
+        if state.len + first + tokens.len() > state.max_len {
+            let (len, max_len) = (state.len, state.max_len);
+            return bad(
+                state,
+                pending,
+                ModelError::ContextFull {
+                    len,
+                    new: first + tokens.len(),
+                    max_len,
+                },
+            );
+        }
+        let n = tokens.len();
+        if n == 0 {
+            state.pending = Some(pending);
+            return Ok(Verified::default());
+        }
+        for (k, &p) in parents.iter().enumerate() {
+            let d = pending.depths[p] + 1;
+            pending.parents.push(p);
+            pending.depths.push(d);
+            debug_assert_eq!(pending.parents.len(), first + k + 1);
+        }
+        let h = self.config.hidden;
+        let mut x = vec![0f32; n * h];
+        self.embedding.lookup(tokens, &mut x);
+        let mut normed = vec![0f32; n * h];
+        let mut delta = vec![0f32; n * h];
+        let base = state.len;
+        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
+            layer.attn_norm.forward(&x, &mut normed);
+            match (&layer.mixer, st) {
+                (Mixer::Attention(a), LayerState::Kv(cache)) => a.forward_tree_more(
+                    cache,
+                    base,
+                    &normed,
+                    &pending.parents,
+                    &pending.depths,
+                    first,
+                    &mut delta,
+                ),
+                _ => unreachable!("checked: attention layers only"),
+            }
+            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            layer.ffn_norm.forward(&x, &mut normed);
+            layer.mlp.forward(&normed, n, &mut delta);
+            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+        }
+        state.pending = Some(pending);
+        self.output_norm.forward(&x, &mut normed);
+        let logits = match head {
+            None => self.head_logits(&normed),
+            Some(w) => {
+                let mut l = vec![0f32; n * w.rows];
+                matmul(w, &normed, n, &mut l);
+                l
+            }
+        };
+        Ok(Verified {
+            logits,
+            hidden: Vec::new(),
+        })
+    }
+
     /// Commits `path` of the pending tree (node indices from the root down, each a child of
     /// the one before; the root alone is a path): the state then holds exactly what plain
     /// decoding of those tokens would have left. Other nodes are dropped.
@@ -119,7 +244,7 @@ impl Model {
                 "commit without a verified tree".into(),
             ));
         };
-        if !pending.tree.is_root_path(path) {
+        if !pending.is_root_path(path) {
             let len = state.len;
             state.pending = Some(pending);
             state.discard_pending();
@@ -151,8 +276,8 @@ mod tests {
     use super::*;
     use crate::model::config::{Arch, SourceKind};
     use crate::model::testing::{random_weights, tiny_config};
-    use crate::model::tree::TreeBuilder;
-    use crate::model::Logits;
+    use crate::model::tree::{TreeBuilder, NO_PARENT};
+    use crate::model::{Logits, ModelError};
 
     fn models() -> Vec<(&'static str, Model)> {
         let mut out = Vec::new();
@@ -265,6 +390,76 @@ mod tests {
                 let b = model.forward(&mut plain, &next, Logits::Last).unwrap();
                 assert!(same_bits(&a, &b), "{name}: decoding after the commit");
             }
+        }
+    }
+
+    /// A tree grown level by level gives its nodes the bits of verifying it whole, and its
+    /// paths commit like any other.
+    #[test]
+    fn growing_a_tree_equals_verifying_it_whole() {
+        for (name, model) in models() {
+            let vocab = model.config.vocab;
+            let prompt = [3u32, 1, 4, 1, 5];
+            // Insertion order: 0 root; 1, 2 under 0; 3 under 1; 4 under 3; 5 under 2.
+            let parents = [NO_PARENT, 0, 0, 1, 3, 2];
+            let tokens: Vec<u32> = (0..6).map(|i| (i * 13 + 2) % vocab as u32).collect();
+            let mut whole_state = model.new_state(64);
+            model
+                .forward(&mut whole_state, &prompt, Logits::Last)
+                .unwrap();
+            // The same tree in depth-first order: 0 1 3 4 2 5.
+            let dfs = [0usize, 1, 3, 4, 2, 5];
+            let mut b = TreeBuilder::new(tokens[0]);
+            let mut ids = [0usize; 6];
+            for i in 1..6 {
+                ids[i] = b.add(ids[parents[i]], tokens[i]);
+            }
+            let (tree, index) = b.build();
+            assert_eq!(index, vec![0, 1, 4, 2, 3, 5]);
+            let whole = model.verify(&mut whole_state, &tree, false).unwrap();
+
+            let mut st = model.new_state(64);
+            model.forward(&mut st, &prompt, Logits::Last).unwrap();
+            let grown = match model.verify_more(&mut st, &[], &[], None) {
+                Err(_) => model.verify(&mut st, &TokenTree::chain(&tokens[..1]), false),
+                Ok(_) => panic!("{name}: verify_more without a tree must fail"),
+            }
+            .unwrap();
+            let mut rows = grown.logits;
+            for (lo, hi) in [(1, 3), (3, 4), (4, 6)] {
+                match model.verify_more(&mut st, &parents[lo..hi], &tokens[lo..hi], None) {
+                    Ok(v) => rows.extend(v.logits),
+                    Err(ModelError::Unsupported(_)) => {
+                        assert!(name.contains("hybrid"), "{name}");
+                        rows.clear();
+                        break;
+                    }
+                    Err(e) => panic!("{name}: {e}"),
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            for i in 0..6 {
+                let d = index[i];
+                assert!(
+                    same_bits(
+                        &rows[i * vocab..(i + 1) * vocab],
+                        &whole.logits[d * vocab..(d + 1) * vocab]
+                    ),
+                    "{name}: node {i}"
+                );
+            }
+            let _ = dfs;
+            // Commit the path 0 → 1 → 3 → 4 (insertion ids) and compare with the whole tree's.
+            model.commit(&mut st, &[0, 1, 3, 4]).unwrap();
+            model.commit(&mut whole_state, &[0, 1, 2, 3]).unwrap();
+            let next = [7u32];
+            let a = model.forward(&mut st, &next, Logits::Last).unwrap();
+            let b = model
+                .forward(&mut whole_state, &next, Logits::Last)
+                .unwrap();
+            assert!(same_bits(&a, &b), "{name}: after the commit");
         }
     }
 

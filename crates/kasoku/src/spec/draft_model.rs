@@ -45,9 +45,9 @@ pub struct DraftModelDrafter {
     fed: Vec<u32>,
     head: Option<MatMulWeight>,
     config: DraftModelConfig,
-    /// The tree last verified on the draft model (pending in `state`): `fed` continues with
-    /// its root path.
-    last_tree: Option<TokenTree>,
+    /// The tree last verified on the draft model (pending in `state`), as (parents, tokens)
+    /// in the model's node order: `fed` continues with its root path.
+    last_tree: Option<(Vec<usize>, Vec<u32>)>,
     /// The unfed tokens that tree opened with (its leading chain, the target's root last).
     last_missing: Vec<u32>,
 }
@@ -110,6 +110,66 @@ impl DraftModelDrafter {
         Ok(())
     }
 
+    /// Computes the builder's nodes not verified yet on the draft model: grows the pending
+    /// tree by them (attention-only models), else re-verifies the whole tree. Leaves each
+    /// node's logits row in `rows_of` / `logits`, and the pending tree's shape (in the
+    /// model's node order) in `last_tree`.
+    fn verify_new(
+        &mut self,
+        builder: &TreeBuilder,
+        computed: &mut usize,
+        grow: &mut bool,
+        rows_of: &mut Vec<Option<usize>>,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), DraftError> {
+        let n = builder.len();
+        let head = self.head.as_ref();
+        if *computed > 0 && *grow {
+            let parents = &builder.parents()[*computed..n];
+            let tokens = &builder.tokens()[*computed..n];
+            match self
+                .model
+                .verify_more(&mut self.state, parents, tokens, head)
+            {
+                Ok(v) => {
+                    *logits = v.logits;
+                    rows_of.clear();
+                    rows_of.resize(n, None);
+                    for (r, id) in (*computed..n).enumerate() {
+                        rows_of[id] = Some(r);
+                    }
+                    let tree = self.last_tree.as_mut().expect("a tree is pending");
+                    tree.0.extend_from_slice(parents);
+                    tree.1.extend_from_slice(tokens);
+                    *computed = n;
+                    return Ok(());
+                }
+                Err(crate::model::ModelError::Unsupported(_)) => *grow = false,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if *computed == 0 {
+            // The first level: the leading chain is the whole tree, in builder order.
+            let chain = TokenTree::chain(builder.tokens());
+            let v = self
+                .model
+                .verify_with_head(&mut self.state, &chain, head, false)?;
+            *logits = v.logits;
+            *rows_of = (0..n).map(Some).collect();
+            self.last_tree = Some((chain.parents().to_vec(), chain.tokens().to_vec()));
+        } else {
+            let (tree, index) = builder.build();
+            let v = self
+                .model
+                .verify_with_head(&mut self.state, &tree, head, false)?;
+            *logits = v.logits;
+            *rows_of = index.iter().map(|&i| Some(i)).collect();
+            self.last_tree = Some((tree.parents().to_vec(), tree.tokens().to_vec()));
+        }
+        *computed = n;
+        Ok(())
+    }
+
     /// Softmax over the scored rows; returns the best two (token, probability).
     fn top2(row: &[f32]) -> [(u32, f32); 2] {
         let mut best = [(0u32, f32::NEG_INFINITY); 2];
@@ -153,25 +213,36 @@ impl Drafter for DraftModelDrafter {
         let budget = req.budget.min(room);
         let mut builder = TreeBuilder::new(missing[0]);
         let root = builder.add_chain(0, &missing[1..]);
-        // Open nodes: (builder id, probability of the path below the root).
+        // Rows of the last verification, by builder id (attention-only draft models grow the
+        // verified tree by each level's new nodes; others re-verify the whole tree).
+        let mut rows_of: Vec<Option<usize>> = Vec::new();
+        let mut logits: Vec<f32> = Vec::new();
+        let mut grow = true;
+        let mut computed = 0; // builder ids below this are in the pending tree
+                              // Open nodes: (builder id, probability of the path below the root).
         let mut open = vec![(root, 1.0f32)];
         let mut added = 0;
         for _level in 0..req.max_depth {
             if open.is_empty() || added >= budget {
                 break;
             }
-            let (tree, index) = builder.build();
-            let verified =
-                self.model
-                    .verify_with_head(&mut self.state, &tree, self.head.as_ref(), false)?;
-            self.last_tree = Some(tree);
-            let rows = verified.logits.len() / index.len().max(1);
+            self.verify_new(
+                &builder,
+                &mut computed,
+                &mut grow,
+                &mut rows_of,
+                &mut logits,
+            )?;
+            let width = self
+                .head
+                .as_ref()
+                .map_or(self.model.config.vocab, |h| h.rows);
             let mut next = Vec::new();
             // Most likely paths first, so a tight budget keeps the best ones.
             open.sort_by(|a, b| b.1.total_cmp(&a.1));
             for &(id, p) in &open {
-                let at = index[id];
-                let [(t1, p1), (t2, p2)] = Self::top2(&verified.logits[at * rows..(at + 1) * rows]);
+                let at = rows_of[id].expect("open nodes were verified");
+                let [(t1, p1), (t2, p2)] = Self::top2(&logits[at * width..(at + 1) * width]);
                 if added < budget {
                     next.push((builder.add(id, t1), p * p1));
                     added += 1;
@@ -217,12 +288,13 @@ impl Drafter for DraftModelDrafter {
         }
         let mut want = self.last_missing[..chain].to_vec();
         want.extend_from_slice(accepted.tokens);
+        let (parents, toks) = tree;
         let mut path = Vec::new();
-        if tree.token(0) == want[0] {
+        if toks.first() == Some(&want[0]) {
             path.push(0);
             let mut node = 0;
             for &t in &want[1..] {
-                match tree.child_with(node, t) {
+                match (node + 1..toks.len()).find(|&c| parents[c] == node && toks[c] == t) {
                     Some(c) => {
                         path.push(c);
                         node = c;
@@ -235,7 +307,7 @@ impl Drafter for DraftModelDrafter {
             return Ok(());
         }
         self.model.commit(&mut self.state, &path)?;
-        self.fed.extend(path.iter().map(|&i| tree.token(i)));
+        self.fed.extend(path.iter().map(|&i| toks[i]));
         Ok(())
     }
 }
@@ -249,8 +321,14 @@ mod tests {
     /// itself), and its cache stays equal to plain decoding's through commits.
     #[test]
     fn self_drafting_predicts_greedy_decoding() {
-        let path = fixture_dir("qwen3_5/tiny").join("model-f32.gguf");
-        let model = Arc::new(Model::load(&path).unwrap());
+        // A hybrid model re-verifies its tree each level; an attention-only one grows it.
+        for rel in ["qwen3_5/tiny/model-f32.gguf", "llama/tiny/model-f32.gguf"] {
+            self_drafting(&fixture_dir(rel));
+        }
+    }
+
+    fn self_drafting(path: &std::path::Path) {
+        let model = Arc::new(Model::load(path).unwrap());
         let vocab = model.config.vocab;
         let config = DraftModelConfig {
             vocab_rows: 0,

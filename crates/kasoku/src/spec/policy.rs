@@ -125,9 +125,9 @@ impl Policy {
             .verify_cost
             .iter()
             .enumerate()
-            .filter_map(|(k, c)| c.map(|c| (k, c)))
-            .filter(|&(k, _)| k <= n)
-            .last();
+            .take(n + 1)
+            .rev()
+            .find_map(|(k, c)| c.map(|c| (k, c)));
         match base {
             Some((k, c)) => c * (1.0 + 0.15 * (n - k) as f64),
             None => 1.0 + 0.15 * (n.saturating_sub(1)) as f64,

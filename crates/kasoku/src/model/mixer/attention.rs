@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::format::Claims;
 use crate::kernels::activation::sigmoid_gate;
-use crate::kernels::attention::{attention, tree_attention, AttnGeometry};
+use crate::kernels::attention::{attention, tree_attention_rows, AttnGeometry};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::rope::Rope;
 
@@ -224,7 +224,30 @@ impl Attention {
     ) {
         let past = cache.len();
         let positions: Vec<usize> = depths.iter().map(|d| past + d).collect();
-        self.run(cache, x, &positions, Some(parents), out);
+        self.run(cache, x, &positions, Some((parents, 0)), out);
+    }
+
+    /// Like [`Attention::forward_tree`] for the nodes `first..` of a tree whose earlier nodes
+    /// are already in `cache` (uncommitted, after the `past` committed positions): `x` holds
+    /// the new nodes' rows; `parents` and `depths` describe the whole tree.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_tree_more(
+        &self,
+        cache: &mut KvCache,
+        past: usize,
+        x: &[f32],
+        parents: &[usize],
+        depths: &[usize],
+        first: usize,
+        out: &mut [f32],
+    ) {
+        assert_eq!(
+            cache.len(),
+            past + first,
+            "attention: cache holds other tree nodes"
+        );
+        let positions: Vec<usize> = depths[first..].iter().map(|d| past + d).collect();
+        self.run(cache, x, &positions, Some((parents, first)), out);
     }
 
     fn run(
@@ -232,7 +255,7 @@ impl Attention {
         cache: &mut KvCache,
         x: &[f32],
         positions: &[usize],
-        parents: Option<&[usize]>,
+        tree: Option<(&[usize], usize)>,
         out: &mut [f32],
     ) {
         let AttnGeometry {
@@ -243,7 +266,8 @@ impl Attention {
         let n = positions.len();
         let q_dim = n_heads * hd;
         let kv_dim = n_kv_heads * hd;
-        let past = cache.len();
+        // Committed positions: a tree's earlier nodes sit after them in the cache.
+        let past = cache.len() - tree.map_or(0, |(_, first)| first);
 
         let mut q_raw = vec![0f32; n * self.wq.rows];
         let mut k = vec![0f32; n * kv_dim];
@@ -287,9 +311,11 @@ impl Attention {
         let mut att = vec![0f32; n * q_dim];
         let keys: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.keys(h)).collect();
         let values: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.values(h)).collect();
-        match parents {
+        match tree {
             None => attention(self.geo, &q, &keys, &values, past, self.scale, &mut att),
-            Some(p) => tree_attention(self.geo, &q, &keys, &values, past, p, self.scale, &mut att),
+            Some((p, first)) => tree_attention_rows(
+                self.geo, &q, &keys, &values, past, p, first, self.scale, &mut att,
+            ),
         }
         if let Some(g) = &gate {
             sigmoid_gate(&mut att, g);
