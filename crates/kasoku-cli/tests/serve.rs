@@ -429,3 +429,31 @@ fn the_prefix_cache_works_on_a_hybrid_model() {
         1024,
     );
 }
+
+/// bench/load_test.py, shortened: 4 concurrent streaming clients on 2 sessions for 20 s, no
+/// error and no memory growth after warm-up (the full run is a minute: bench/load_test.py).
+#[test]
+fn a_short_load_test_has_no_errors_and_no_memory_growth() {
+    let Some(model) = smollm2() else { return };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/load_test.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--kasoku", env!("CARGO_BIN_EXE_kasoku"), "--model", &model])
+        .args(["--clients", "4", "--parallel", "2", "--duration", "20"])
+        .args([
+            "--warmup",
+            "8",
+            "--max-tokens",
+            "16",
+            "--max-growth-mb",
+            "64",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert!(summary["requests"].as_u64().unwrap() >= 4, "{summary}");
+}
