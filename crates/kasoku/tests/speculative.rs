@@ -4,12 +4,15 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator};
-use kasoku::model::Model;
+use kasoku::model::{Model, TokenTree};
 use kasoku::spec::draft_model::DraftModelConfig;
-use kasoku::spec::{DraftModelDrafter, Drafter, MtpDrafter, NgramDrafter, PolicyConfig, SpecStats};
+use kasoku::spec::{
+    Accepted, DraftError, DraftModelDrafter, DraftRequest, Drafter, Features, MtpDrafter,
+    NgramDrafter, PolicyConfig, SpecStats,
+};
 
 const TOKENS: usize = 240;
 
@@ -141,4 +144,91 @@ fn mtp_speculation_equals_plain_decoding() {
         Box::new(MtpDrafter::new(t.clone()).unwrap())
     });
     let _ = hf;
+}
+
+/// A drafter that asks for the target's hidden states and two layers' outputs, and records
+/// what it is given (prompt, then each pass's committed tokens).
+struct Recorder {
+    inner: NgramDrafter,
+    seen: Arc<Mutex<Seen>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    tokens: Vec<u32>,
+    hidden: Vec<f32>,
+    taps: Vec<f32>,
+}
+
+impl Drafter for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+    fn tap_layers(&self) -> Vec<usize> {
+        vec![1, 0]
+    }
+    fn start(&mut self, prompt: &[u32], f: Features) -> Result<(), DraftError> {
+        let mut s = self.seen.lock().unwrap();
+        s.tokens = prompt.to_vec();
+        s.hidden = f.hidden.unwrap().to_vec();
+        s.taps = f.taps.unwrap().to_vec();
+        Ok(())
+    }
+    fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
+        self.inner.draft(req)
+    }
+    fn accept(&mut self, a: &Accepted) -> Result<(), DraftError> {
+        let mut s = self.seen.lock().unwrap();
+        s.tokens.extend_from_slice(a.tokens);
+        s.hidden.extend_from_slice(a.features.hidden.unwrap());
+        s.taps.extend_from_slice(a.features.taps.unwrap());
+        Ok(())
+    }
+}
+
+/// Drafters that read the target's hidden states or layer outputs (MTP, DFlash-style) get
+/// exactly what plain decoding of the committed tokens computes, for the prompt and for every
+/// accepted token.
+#[test]
+fn drafters_receive_the_targets_features_of_committed_tokens() {
+    for rel in ["llama/tiny/model-f32.gguf", "qwen3_5/tiny/model-f32.gguf"] {
+        let model = load(rel);
+        let prompt: Vec<u32> = vec![1, 17, 9, 23, 42, 5, 17, 9];
+        let mut session = Session::new(model.clone(), 256);
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let recorder = Recorder {
+            inner: NgramDrafter::default(),
+            seen: seen.clone(),
+        };
+        let fixed = PolicyConfig {
+            max_budget: 4,
+            max_depth: 4,
+            adaptive: false,
+        };
+        session.set_speculator(Some(Speculator::new(Box::new(recorder), fixed)));
+        let options = GenerateOptions {
+            sampling: SamplingParams::default(),
+            max_tokens: 60,
+            stop_tokens: Vec::new(),
+        };
+        session
+            .generate(&prompt, &options, &mut |_| Flow::Continue)
+            .unwrap();
+        let rec = seen.lock().unwrap();
+        // Plain decoding of the same tokens, one at a time after the prompt.
+        let mut state = model.new_state(256);
+        let (mut hidden, mut taps) = model.forward_taps(&mut state, &prompt, &[1, 0]).unwrap();
+        for &t in &rec.tokens[prompt.len()..] {
+            let (h, tp) = model.forward_taps(&mut state, &[t], &[1, 0]).unwrap();
+            hidden.extend(h);
+            taps.extend(tp);
+        }
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert!(rec.tokens.len() > prompt.len() + 30, "{rel}");
+        assert_eq!(bits(&rec.hidden), bits(&hidden), "{rel}: hidden states");
+        assert_eq!(bits(&rec.taps), bits(&taps), "{rel}: layer outputs");
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::sampler::{self, ParamError, SamplingParams};
 use super::speculative::Speculator;
 use super::stats::GenerationStats;
-use crate::model::{Logits, Model, ModelError, ModelState};
+use crate::model::{Logits, Model, ModelError, ModelState, Outputs};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -100,6 +100,11 @@ impl Session {
         self.spec.as_ref()
     }
 
+    /// Detaches the speculator (e.g. to inspect its drafter).
+    pub fn take_speculator(&mut self) -> Option<Speculator> {
+        self.spec.take()
+    }
+
     pub fn model(&self) -> &Arc<Model> {
         &self.model
     }
@@ -144,19 +149,21 @@ impl Session {
         let reused = self.reuse_prefix(prompt);
         stats.cached_tokens = reused;
         stats.prompt_tokens = prompt.len() - reused;
-        let wants_hidden = self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden());
-        let (logits, hidden) = if wants_hidden {
-            let hidden = self
-                .model
-                .forward_hidden(&mut self.state, &prompt[reused..])?;
-            self.tokens.extend_from_slice(&prompt[reused..]);
-            let h = self.model.config.hidden;
-            (
-                self.model.head_logits(&hidden[hidden.len() - h..]),
-                Some(hidden),
-            )
-        } else {
-            (self.feed(&prompt[reused..])?, None)
+        // What the drafter reads of the target (hidden states, layer outputs), if anything.
+        let want = self.spec.as_ref().map(|s| Outputs {
+            hidden: s.drafter.wants_hidden(),
+            taps: s.drafter.tap_layers(),
+        });
+        let (logits, features) = match want {
+            Some(w) if w.hidden || !w.taps.is_empty() => {
+                let new = &prompt[reused..];
+                let (hidden, taps) = self.model.forward_taps(&mut self.state, new, &w.taps)?;
+                self.tokens.extend_from_slice(new);
+                let h = self.model.config.hidden;
+                let logits = self.model.head_logits(&hidden[hidden.len() - h..]);
+                (logits, Some((hidden, taps)))
+            }
+            _ => (self.feed(&prompt[reused..])?, None),
         };
         stats.prefill_time = start.elapsed();
 
@@ -175,7 +182,7 @@ impl Session {
             let first = sampler::sample(&options.sampling, &logits, &run.history, prompt.len());
             match self.spec.take() {
                 Some(mut spec) => {
-                    let r = spec.decode(self, &mut run, first, prompt, hidden.as_deref());
+                    let r = spec.decode(self, &mut run, first, prompt, features.as_ref());
                     run.stats.spec = Some(spec.take_stats());
                     self.spec = Some(spec);
                     r?

@@ -7,9 +7,10 @@
 use std::time::Instant;
 
 use super::session::{EngineError, FinishReason, Run, Session};
-use crate::model::TokenTree;
+use crate::model::{Outputs, TokenTree};
 use crate::spec::{
-    accept_path, Accepted, DraftError, DraftRequest, Drafter, Policy, PolicyConfig, SpecStats,
+    accept_path, Accepted, DraftError, DraftRequest, Drafter, Features, Policy, PolicyConfig,
+    SpecStats,
 };
 
 impl From<DraftError> for EngineError {
@@ -49,19 +50,26 @@ impl Speculator {
     }
 
     /// Decodes from the first sampled token `first` until the answer ends. `prompt` is in
-    /// the session's state; `hidden` holds the target's hidden states of its newly computed
-    /// part when the drafter wants them.
+    /// the session's state; `features` holds the target's hidden states and layer outputs
+    /// of its newly computed part when the drafter wants them.
     pub(super) fn decode(
         &mut self,
         session: &mut Session,
         run: &mut Run,
         first: u32,
         prompt: &[u32],
-        hidden: Option<&[f32]>,
+        features: Option<&(Vec<f32>, Vec<f32>)>,
     ) -> Result<FinishReason, EngineError> {
         let model = session.model.clone();
-        let wants_hidden = self.drafter.wants_hidden();
-        self.drafter.start(prompt, hidden)?;
+        let want = Outputs {
+            hidden: self.drafter.wants_hidden(),
+            taps: self.drafter.tap_layers(),
+        };
+        let prompt_features = Features {
+            hidden: features.filter(|_| want.hidden).map(|f| &f.0[..]),
+            taps: features.filter(|_| !want.taps.is_empty()).map(|f| &f.1[..]),
+        };
+        self.drafter.start(prompt, prompt_features)?;
         let mut token = first;
         if let Some(finish) = run.take(token) {
             return Ok(finish);
@@ -97,7 +105,7 @@ impl Speculator {
             };
 
             let t = Instant::now();
-            let verified = model.verify(&mut session.state, &tree, wants_hidden)?;
+            let verified = model.verify_with_head(&mut session.state, &tree, None, &want)?;
             let acceptance = accept_path(
                 &tree,
                 &verified.logits,
@@ -134,16 +142,23 @@ impl Speculator {
             model.commit(&mut session.state, path)?;
             let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
             session.tokens.extend_from_slice(&committed);
-            let rows: Option<Vec<f32>> = wants_hidden.then(|| {
-                let h = model.config.hidden;
+            // The target's features of the committed nodes, as the drafter asked for them.
+            let h = model.config.hidden;
+            let gather = |src: &[f32], width: usize| -> Vec<f32> {
                 path.iter()
-                    .flat_map(|&i| verified.hidden[i * h..(i + 1) * h].iter().copied())
+                    .flat_map(|&i| src[i * width..(i + 1) * width].iter().copied())
                     .collect()
-            });
+            };
+            let hidden_rows = want.hidden.then(|| gather(&verified.hidden, h));
+            let tap_rows =
+                (!want.taps.is_empty()).then(|| gather(&verified.taps, want.taps.len() * h));
             self.drafter.accept(&Accepted {
                 tokens: &committed,
                 committed_len: session.state.len(),
-                hidden: rows.as_deref(),
+                features: Features {
+                    hidden: hidden_rows.as_deref(),
+                    taps: tap_rows.as_deref(),
+                },
             })?;
             if let Some(f) = finish {
                 return Ok(f);

@@ -36,4 +36,4 @@ pub use norm::RmsNorm;
 pub use state::{LayerState, ModelState};
 pub use transformer::{Layer, Logits, Model};
 pub use tree::{TokenTree, TreeBuilder};
-pub use verify::Verified;
+pub use verify::{Outputs, Verified};

@@ -214,16 +214,61 @@ impl Model {
         state: &mut ModelState,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
+        Ok(self.forward_taps(state, tokens, &[])?.0)
+    }
+
+    /// [`Model::forward_hidden`], plus the outputs of the decoder layers `taps` (0-based,
+    /// before the final norm) for every token: `tokens.len() × taps.len() × hidden`, token
+    /// by token (what DFlash-style drafters condition on).
+    pub fn forward_taps(
+        &self,
+        state: &mut ModelState,
+        tokens: &[u32],
+        taps: &[usize],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         state.discard_pending();
         self.check(state, tokens)?;
-        let mut out = Vec::with_capacity(tokens.len() * self.config.hidden);
+        self.check_taps(taps)?;
+        let h = self.config.hidden;
+        let mut out = Vec::with_capacity(tokens.len() * h);
+        let mut tapped = Vec::with_capacity(tokens.len() * taps.len() * h);
         for chunk in tokens.chunks(CHUNK) {
-            let x = self.trunk(state, chunk)?;
+            let x = self.trunk_taps(state, chunk, taps, &mut tapped)?;
             let mut normed = vec![0f32; x.len()];
             self.output_norm.forward(&x, &mut normed);
             out.extend(normed);
         }
-        Ok(out)
+        Ok((out, tapped))
+    }
+
+    /// Tap layers must exist.
+    pub(crate) fn check_taps(&self, taps: &[usize]) -> Result<(), ModelError> {
+        match taps.iter().find(|&&l| l >= self.layers.len()) {
+            Some(l) => Err(ModelError::Unsupported(format!(
+                "hidden states of layer {l} requested; the model has {} layers",
+                self.layers.len()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends the rows of layers `taps` of `x` (`n × hidden`, the output of layer `layer`)
+    /// to `out` (`[token][tap][hidden]`, `out` holding earlier tokens first): call after every
+    /// layer.
+    pub(crate) fn capture_taps(
+        taps: &[usize],
+        layer: usize,
+        x: &[f32],
+        h: usize,
+        start: usize,
+        out: &mut [f32],
+    ) {
+        for (k, _) in taps.iter().enumerate().filter(|(_, &l)| l == layer) {
+            for (t, row) in x.chunks_exact(h).enumerate() {
+                let at = ((start + t) * taps.len() + k) * h;
+                out[at..at + h].copy_from_slice(row);
+            }
+        }
     }
 
     /// Logits (`m × vocab`) for `m` final-normed hidden rows (`m × hidden`).
@@ -243,19 +288,33 @@ impl Model {
 
     /// Runs one chunk through the layers, advancing the state; returns the hidden rows.
     fn trunk(&self, state: &mut ModelState, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.trunk_taps(state, tokens, &[], &mut Vec::new())
+    }
+
+    /// [`Model::trunk`], appending the outputs of layers `taps` to `tapped` token by token.
+    fn trunk_taps(
+        &self,
+        state: &mut ModelState,
+        tokens: &[u32],
+        taps: &[usize],
+        tapped: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
         let n = tokens.len();
         let h = self.config.hidden;
+        let start = tapped.len() / (taps.len() * h).max(1);
+        tapped.resize(tapped.len() + n * taps.len() * h, 0.0);
         let mut x = vec![0f32; n * h];
         self.embedding.lookup(tokens, &mut x);
         let mut normed = vec![0f32; n * h];
         let mut delta = vec![0f32; n * h];
-        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
+        for (l, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             layer.attn_norm.forward(&x, &mut normed);
             layer.mixer.forward(st, &normed, n, &mut delta)?;
             x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
             layer.ffn_norm.forward(&x, &mut normed);
             layer.mlp.forward(&normed, n, &mut delta);
             x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            Self::capture_taps(taps, l, &x, h, start, tapped);
         }
         state.len += n;
         Ok(x)

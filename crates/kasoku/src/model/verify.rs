@@ -48,6 +48,18 @@ pub struct Verified {
     /// `nodes × hidden` final-normed hidden states (what MTP and other drafters read), when
     /// asked for; empty otherwise.
     pub hidden: Vec<f32>,
+    /// The outputs of the requested decoder layers (before the final norm),
+    /// `nodes × taps × hidden`, node by node; empty when none were asked for.
+    pub taps: Vec<f32>,
+}
+
+/// What a verification returns besides logits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outputs {
+    /// The final-normed hidden states.
+    pub hidden: bool,
+    /// Decoder layers (0-based) whose outputs to return.
+    pub taps: Vec<usize>,
 }
 
 impl Model {
@@ -60,7 +72,11 @@ impl Model {
         tree: &TokenTree,
         want_hidden: bool,
     ) -> Result<Verified, ModelError> {
-        self.verify_with_head(state, tree, None, want_hidden)
+        let want = Outputs {
+            hidden: want_hidden,
+            taps: Vec::new(),
+        };
+        self.verify_with_head(state, tree, None, &want)
     }
 
     /// [`Model::verify`] with logits from `head` instead of the model's own LM head (e.g. its
@@ -70,10 +86,11 @@ impl Model {
         state: &mut ModelState,
         tree: &TokenTree,
         head: Option<&MatMulWeight>,
-        want_hidden: bool,
+        want: &Outputs,
     ) -> Result<Verified, ModelError> {
         state.discard_pending();
         self.check(state, tree.tokens())?;
+        self.check_taps(&want.taps)?;
         let n = tree.len();
         if n == 0 {
             return Ok(Verified::default());
@@ -85,7 +102,8 @@ impl Model {
         let mut normed = vec![0f32; n * h];
         let mut delta = vec![0f32; n * h];
         let mut pending = Vec::with_capacity(self.layers.len());
-        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
+        let mut taps = vec![0f32; n * want.taps.len() * h];
+        for (l, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             layer.attn_norm.forward(&x, &mut normed);
             let p = match (&layer.mixer, st) {
                 (Mixer::Attention(a), LayerState::Kv(cache)) => {
@@ -102,6 +120,7 @@ impl Model {
             layer.ffn_norm.forward(&x, &mut normed);
             layer.mlp.forward(&normed, n, &mut delta);
             x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            Model::capture_taps(&want.taps, l, &x, h, 0, &mut taps);
         }
         state.pending = Some(Box::new(PendingTree {
             parents: parents.to_vec(),
@@ -119,7 +138,8 @@ impl Model {
         };
         Ok(Verified {
             logits,
-            hidden: if want_hidden { normed } else { Vec::new() },
+            hidden: if want.hidden { normed } else { Vec::new() },
+            taps,
         })
     }
 
@@ -231,7 +251,7 @@ impl Model {
         };
         Ok(Verified {
             logits,
-            hidden: Vec::new(),
+            ..Verified::default()
         })
     }
 

@@ -12,9 +12,9 @@
 
 use std::sync::Arc;
 
-use super::drafter::{Accepted, DraftError, DraftRequest, Drafter};
+use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 use crate::kernels::matmul::MatMulWeight;
-use crate::model::{Logits, Model, ModelState, TokenTree, TreeBuilder};
+use crate::model::{Logits, Model, ModelState, Outputs, TokenTree, TreeBuilder};
 
 /// Draft-model drafter settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -151,17 +151,17 @@ impl DraftModelDrafter {
         if *computed == 0 {
             // The first level: the leading chain is the whole tree, in builder order.
             let chain = TokenTree::chain(builder.tokens());
-            let v = self
-                .model
-                .verify_with_head(&mut self.state, &chain, head, false)?;
+            let v =
+                self.model
+                    .verify_with_head(&mut self.state, &chain, head, &Outputs::default())?;
             *logits = v.logits;
             *rows_of = (0..n).map(Some).collect();
             self.last_tree = Some((chain.parents().to_vec(), chain.tokens().to_vec()));
         } else {
             let (tree, index) = builder.build();
-            let v = self
-                .model
-                .verify_with_head(&mut self.state, &tree, head, false)?;
+            let v =
+                self.model
+                    .verify_with_head(&mut self.state, &tree, head, &Outputs::default())?;
             *logits = v.logits;
             *rows_of = index.iter().map(|&i| Some(i)).collect();
             self.last_tree = Some((tree.parents().to_vec(), tree.tokens().to_vec()));
@@ -191,7 +191,7 @@ impl Drafter for DraftModelDrafter {
         "draft"
     }
 
-    fn start(&mut self, prompt: &[u32], _hidden: Option<&[f32]>) -> Result<(), DraftError> {
+    fn start(&mut self, prompt: &[u32], _features: Features) -> Result<(), DraftError> {
         // Everything but the last prompt token now; that one opens the first draft tree.
         self.sync(prompt, 1)
     }
@@ -337,7 +337,7 @@ mod tests {
         };
         let mut d = DraftModelDrafter::new(model.clone(), 128, vocab, config).unwrap();
         let mut seq: Vec<u32> = vec![3, 7, 11, 2, 5];
-        d.start(&seq, None).unwrap();
+        d.start(&seq, Features::default()).unwrap();
         // Greedy plain decoding of 12 tokens.
         let mut st = model.new_state(128);
         let mut logits = model.forward(&mut st, &seq, Logits::Last).unwrap();
@@ -363,7 +363,7 @@ mod tests {
         d.accept(&Accepted {
             tokens: &committed,
             committed_len: len,
-            hidden: None,
+            features: Features::default(),
         })
         .unwrap();
         let mut seq2 = seq[..seq.len() - 1].to_vec();

@@ -25,6 +25,16 @@ pub struct DraftRequest<'a> {
     pub max_depth: usize,
 }
 
+/// The target's features of a run of tokens, as a drafter asked for them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Features<'a> {
+    /// Final-normed hidden states, `tokens × hidden` (when [`Drafter::wants_hidden`]).
+    pub hidden: Option<&'a [f32]>,
+    /// Outputs of the decoder layers [`Drafter::tap_layers`] (before the final norm),
+    /// `tokens × taps × hidden`, token by token.
+    pub taps: Option<&'a [f32]>,
+}
+
 /// What the target committed in a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct Accepted<'a> {
@@ -32,9 +42,8 @@ pub struct Accepted<'a> {
     /// `committed_len` tokens, these being the last of them.
     pub tokens: &'a [u32],
     pub committed_len: usize,
-    /// The target's final-normed hidden states of those tokens (`tokens.len() × hidden`),
-    /// when [`Drafter::wants_hidden`].
-    pub hidden: Option<&'a [f32]>,
+    /// The target's features of those tokens, from the verification pass.
+    pub features: Features<'a>,
 }
 
 /// A source of draft trees.
@@ -48,11 +57,16 @@ pub trait Drafter: Send {
         false
     }
 
-    /// A generation starts: the target's state holds all of `prompt`; `hidden` (only when
-    /// wanted) has the target's final-normed hidden states of its last `hidden.len() / H`
-    /// tokens, the ones just computed (the others came from a cache). Drafters resynchronise
-    /// their own state here.
-    fn start(&mut self, prompt: &[u32], hidden: Option<&[f32]>) -> Result<(), DraftError>;
+    /// Decoder layers whose outputs the drafter reads for committed tokens (DFlash-style
+    /// drafters condition on a few of the target's layers); none by default.
+    fn tap_layers(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// A generation starts: the target's state holds all of `prompt`; `features` (what the
+    /// drafter asked for) cover its last tokens, the ones just computed (the others came from
+    /// a cache). Drafters resynchronise their own state here.
+    fn start(&mut self, prompt: &[u32], features: Features) -> Result<(), DraftError>;
 
     /// A tree rooted at `req.tokens.last()` within the budget; a lone root means no guess.
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError>;

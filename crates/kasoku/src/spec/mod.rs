@@ -21,7 +21,7 @@ pub mod stats;
 
 pub use accept::{accept_path, Acceptance};
 pub use draft_model::DraftModelDrafter;
-pub use drafter::{Accepted, DraftError, DraftRequest, Drafter};
+pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 pub use mtp::MtpDrafter;
 pub use ngram::NgramDrafter;
 pub use policy::{Policy, PolicyConfig};

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::drafter::{Accepted, DraftError, DraftRequest, Drafter};
+use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 use crate::engine::sampler::argmax;
 use crate::model::{KvCache, Model, TokenTree};
 
@@ -66,14 +66,14 @@ impl Drafter for MtpDrafter {
         true
     }
 
-    fn start(&mut self, prompt: &[u32], hidden: Option<&[f32]>) -> Result<(), DraftError> {
+    fn start(&mut self, prompt: &[u32], features: Features) -> Result<(), DraftError> {
         // Rows pair token x_{j+1} with hidden h_j; only the newly computed part of the prompt
         // has hidden states, so the head restarts from there.
         let h = self.model.config.hidden;
         self.cache = self.mtp().new_cache();
         self.base = 0;
         self.last_hidden = None;
-        let Some(hidden) = hidden.filter(|x| x.len() >= h) else {
+        let Some(hidden) = features.hidden.filter(|x| x.len() >= h) else {
             return Ok(());
         };
         let m = (hidden.len() / h).min(prompt.len());
@@ -116,7 +116,7 @@ impl Drafter for MtpDrafter {
 
     fn accept(&mut self, accepted: &Accepted) -> Result<(), DraftError> {
         let h = self.model.config.hidden;
-        let Some(rows) = accepted.hidden else {
+        let Some(rows) = accepted.features.hidden else {
             return Ok(());
         };
         let n = accepted.tokens.len();

@@ -3,7 +3,7 @@
 //! first, most recent occurrence first; each further occurrence with a different
 //! continuation becomes another branch. Costs no model pass: microseconds per draft.
 
-use super::drafter::{Accepted, DraftError, DraftRequest, Drafter};
+use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 use crate::model::{TokenTree, TreeBuilder};
 
 /// Prompt-lookup drafter.
@@ -85,7 +85,7 @@ impl Drafter for NgramDrafter {
         "ngram"
     }
 
-    fn start(&mut self, _prompt: &[u32], _hidden: Option<&[f32]>) -> Result<(), DraftError> {
+    fn start(&mut self, _prompt: &[u32], _features: Features) -> Result<(), DraftError> {
         Ok(())
     }
 

@@ -313,6 +313,9 @@ unsafe fn q6k<const R: usize>(
                 let b = bcast4(ab.add(ACT_BLOCK * r + ACT_BSUMS + 4 * p));
                 sumi[r] = _mm256_dpwssd_epi32(sumi[r], neg, b);
             }
+        }
+        for p in 0..units {
+            let (sa, sc) = (q6_scale32(sb, 2 * p), q6_scale32(sb, 2 * p + 1));
             let up = sb.add(144 + 192 * p);
             let x = ab.add(ACT_QS + 32 * p);
             let mut pa = [_mm256_setzero_si256(); R];
