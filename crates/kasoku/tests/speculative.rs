@@ -10,8 +10,8 @@ use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator}
 use kasoku::model::{Model, TokenTree};
 use kasoku::spec::draft_model::DraftModelConfig;
 use kasoku::spec::{
-    Accepted, DraftError, DraftModelDrafter, DraftRequest, Drafter, Features, MtpDrafter,
-    NgramDrafter, PolicyConfig, SpecStats,
+    Accepted, DraftError, DraftModelDrafter, DraftRequest, Drafter, Features, MergedDrafter,
+    MtpDrafter, NgramDrafter, PolicyConfig, SpecStats,
 };
 
 const TOKENS: usize = 240;
@@ -132,6 +132,12 @@ fn draft_model_speculation_equals_plain_decoding() {
         });
     }
     assert!(accepted > 0, "the draft model never got a token accepted");
+    // The draft model with prompt lookup's branches merged in (the default with --draft).
+    check("llama/tiny/model-f32.gguf", &|t| {
+        let d = DraftModelDrafter::new(draft.clone(), 512, t.config.vocab, config).unwrap();
+        let lookup: Box<dyn Drafter> = Box::new(NgramDrafter::default());
+        Box::new(MergedDrafter::new(Box::new(d), vec![(lookup, 3)]))
+    });
 }
 
 #[test]

@@ -184,7 +184,8 @@ pub enum SpecKind {
     /// The checkpoint's multi-token-prediction head.
     Mtp,
     /// The best available: a draft model if given, else the MTP head if the checkpoint has
-    /// one, else prompt lookup; the adaptive policy turns drafting off where it does not pay.
+    /// one, each with prompt lookup's branches merged in; else prompt lookup alone. The
+    /// adaptive policy turns drafting off where it does not pay.
     Auto,
 }
 
@@ -215,31 +216,41 @@ pub fn build_speculator(
     ctx_size: usize,
     policy: PolicyConfig,
 ) -> Result<Option<Speculator>, EngineError> {
-    use crate::spec::{draft_model::DraftModelConfig, DraftModelDrafter, MtpDrafter, NgramDrafter};
-    let kind = match kind {
-        SpecKind::Auto if draft.is_some() => SpecKind::Draft,
-        SpecKind::Auto if target.mtp.is_some() => SpecKind::Mtp,
-        SpecKind::Auto => SpecKind::Ngram,
-        k => k,
+    use crate::spec::{
+        draft_model::DraftModelConfig, DraftModelDrafter, MergedDrafter, MtpDrafter, NgramDrafter,
     };
-    let drafter: Box<dyn Drafter> = match kind {
-        SpecKind::None => return Ok(None),
-        SpecKind::Ngram => Box::new(NgramDrafter::default()),
-        SpecKind::Mtp => Box::new(MtpDrafter::new(target.clone())?),
-        SpecKind::Draft => {
-            let Some(d) = draft else {
-                return Err(EngineError::Draft(
-                    "speculation 'draft' needs a draft model (--draft PATH)".into(),
-                ));
-            };
-            Box::new(DraftModelDrafter::new(
+    let with_lookup = |d: Box<dyn Drafter>| -> Box<dyn Drafter> {
+        Box::new(MergedDrafter::new(
+            d,
+            vec![(Box::new(NgramDrafter::default()) as Box<dyn Drafter>, 3)],
+        ))
+    };
+    let draft_model =
+        |d: std::sync::Arc<crate::model::Model>| -> Result<Box<dyn Drafter>, EngineError> {
+            Ok(Box::new(DraftModelDrafter::new(
                 d,
                 ctx_size,
                 target.config.vocab,
                 DraftModelConfig::default(),
-            )?)
-        }
-        SpecKind::Auto => unreachable!("resolved above"),
+            )?))
+        };
+    let drafter: Box<dyn Drafter> = match kind {
+        SpecKind::None => return Ok(None),
+        SpecKind::Ngram => Box::new(NgramDrafter::default()),
+        SpecKind::Mtp => Box::new(MtpDrafter::new(target.clone())?),
+        SpecKind::Draft => match draft {
+            Some(d) => draft_model(d)?,
+            None => {
+                return Err(EngineError::Draft(
+                    "speculation 'draft' needs a draft model (--draft PATH)".into(),
+                ))
+            }
+        },
+        SpecKind::Auto => match draft {
+            Some(d) => with_lookup(draft_model(d)?),
+            None if target.mtp.is_some() => with_lookup(Box::new(MtpDrafter::new(target.clone())?)),
+            None => Box::new(NgramDrafter::default()),
+        },
     };
     Ok(Some(Speculator::new(drafter, policy)))
 }

@@ -8,12 +8,14 @@
 //! - [`ngram`]: prompt lookup: continuations of earlier occurrences of the recent suffix.
 //! - [`draft_model`]: a smaller model with the same tokenizer, kept in sync by commits.
 //! - [`mtp`]: Qwen3.5's multi-token-prediction head.
+//! - [`merged`]: several drafters' branches in one tree.
 //! - [`policy`]: how many nodes a pass may verify, from measured cost and acceptance.
 //! - [`stats`]: accepted lengths, drafting and verifying time.
 
 pub mod accept;
 pub mod draft_model;
 pub mod drafter;
+pub mod merged;
 pub mod mtp;
 pub mod ngram;
 pub mod policy;
@@ -22,6 +24,7 @@ pub mod stats;
 pub use accept::{accept_path, Acceptance};
 pub use draft_model::DraftModelDrafter;
 pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
+pub use merged::MergedDrafter;
 pub use mtp::MtpDrafter;
 pub use ngram::NgramDrafter;
 pub use policy::{Policy, PolicyConfig};
