@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use kasoku::engine::{build_speculator, SpecKind, Speculator};
+
 use kasoku::model::Model;
 use kasoku::spec::PolicyConfig;
 
@@ -14,8 +15,9 @@ use crate::progress;
 #[derive(Args, Debug, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding: none, ngram (prompt lookup), draft (a smaller model, --draft),
-    /// mtp (the checkpoint's multi-token-prediction head), or auto (the best available;
-    /// drafting turns itself off when it does not pay).
+    /// mtp (the checkpoint's multi-token-prediction head), or auto (the draft model if given,
+    /// else the MTP head if present, with prompt lookup's branches merged in; else prompt
+    /// lookup; drafting turns itself off when it does not pay).
     #[arg(long, default_value = "auto")]
     pub spec: SpecKind,
     /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer).
@@ -60,11 +62,12 @@ impl SpecArgs {
         draft: Option<Arc<Model>>,
         ctx: usize,
     ) -> Result<Option<Speculator>> {
-        let kind = if self.draft.is_some() && self.spec == SpecKind::Auto {
-            SpecKind::Draft
-        } else {
-            self.spec
-        };
-        Ok(build_speculator(kind, target, draft, ctx, self.policy())?)
+        Ok(build_speculator(
+            self.spec,
+            target,
+            draft,
+            ctx,
+            self.policy(),
+        )?)
     }
 }
