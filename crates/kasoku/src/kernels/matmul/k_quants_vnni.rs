@@ -257,6 +257,17 @@ unsafe fn q5k<const R: usize>(
     }
 }
 
+/// Q6_K: `sumi −= 32·Σ scale_k·bsums_k` over unit `p`'s two sub-blocks, per activation row.
+#[inline(always)]
+unsafe fn q6_corr<const R: usize>(sumi: &mut [__m256i; R], sb: *const u8, ab: *const u8, p: usize) {
+    let pair = word_pairs(q6_scale32(sb, 2 * p), q6_scale32(sb, 2 * p + 1));
+    let neg = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(pair, 5));
+    for r in 0..R {
+        let b = bcast4(ab.add(ACT_BLOCK * r + ACT_BSUMS + 4 * p));
+        sumi[r] = _mm256_dpwssd_epi32(sumi[r], neg, b);
+    }
+}
+
 /// Q6_K code registers `v` (even) and `v + 1` of a unit (sharing top-bit register `h`) times
 /// the tile's activations at `x` (the unit's first code of row 0): `pa` (the unit's first
 /// sub-block) and `pb` (its second) `+= Σ q·x`.
@@ -300,21 +311,19 @@ unsafe fn q6k<const R: usize>(
             prefetch(sb, 1680);
         }
         let ab = a.add(s * stride);
-        // sumi = Σ_k scale_k·(Σ q·x − 32·bsums_k), the correction added first, by pairs of
-        // sub-blocks with the 16-bit scales −32·scale_k.
+        // sumi = Σ_k scale_k·(Σ q·x − 32·bsums_k), the corrections by pairs of sub-blocks with
+        // the 16-bit scales −32·scale_k (exact integers: the order is free). Large tiles take
+        // them in a loop of their own, which leaves the code loop lighter.
         let mut sumi = [_mm256_setzero_si256(); R];
-        for p in 0..units {
-            let (sa, sc) = (q6_scale32(sb, 2 * p), q6_scale32(sb, 2 * p + 1));
-            let neg = _mm256_sub_epi16(
-                _mm256_setzero_si256(),
-                _mm256_slli_epi16(word_pairs(sa, sc), 5),
-            );
-            for r in 0..R {
-                let b = bcast4(ab.add(ACT_BLOCK * r + ACT_BSUMS + 4 * p));
-                sumi[r] = _mm256_dpwssd_epi32(sumi[r], neg, b);
+        if R >= 6 {
+            for p in 0..units {
+                q6_corr(&mut sumi, sb, ab, p);
             }
         }
         for p in 0..units {
+            if R < 6 {
+                q6_corr(&mut sumi, sb, ab, p);
+            }
             let (sa, sc) = (q6_scale32(sb, 2 * p), q6_scale32(sb, 2 * p + 1));
             let up = sb.add(144 + 192 * p);
             let x = ab.add(ACT_QS + 32 * p);
