@@ -168,6 +168,35 @@ unsafe fn finish<const R: usize>(
     }
 }
 
+/// The first step of a Q4_K/Q5_K super-block for each activation row `r` of the tile, on the
+/// f32 sums at `out + 8r`: `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` (it does not depend on the
+/// codes, so it runs before them and overlaps with them).
+#[inline(always)]
+unsafe fn apply_mins<const R: usize>(
+    out: *mut f32,
+    sb: *const u8,
+    ab: *const u8,
+    mn: &[__m256i; 4],
+) {
+    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(sb.add(16) as *const __m128i));
+    for r in 0..R {
+        let o = out.add(GROUP * r);
+        let a = ab.add(ACT_BLOCK * r);
+        let dx = _mm256_set1_ps((a as *const f32).read_unaligned());
+        let b = a.add(ACT_BSUMS32);
+        let mut summ = _mm256_setzero_si256();
+        for (g, m) in mn.iter().enumerate() {
+            summ = _mm256_dpwssd_epi32(summ, *m, bcast4(b.add(4 * g)));
+        }
+        let acc = _mm256_loadu_ps(o);
+        let acc = _mm256_sub_ps(
+            acc,
+            _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(summ)),
+        );
+        _mm256_storeu_ps(o, acc);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn q4k<const R: usize>(
     w: *const u8,
@@ -189,6 +218,7 @@ unsafe fn q4k<const R: usize>(
         }
         let ab = a.add(s * stride);
         let bytes = q45_scale_bytes(sb.add(32));
+        apply_mins::<R>(o, sb, ab, &q45_min_pairs(&bytes));
         let scales: [__m256i; 8] = std::array::from_fn(|j| q45_scale32(&bytes, j));
         let mut sumi = [_mm256_setzero_si256(); R];
         // Group g: sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles).
@@ -207,7 +237,7 @@ unsafe fn q4k<const R: usize>(
             add_scaled(&mut sumi, &plo, scales[2 * g]);
             add_scaled(&mut sumi, &phi, scales[2 * g + 1]);
         }
-        finish(o, sb, ab, &sumi, Some(&q45_min_pairs(&bytes)));
+        finish(o, sb, ab, &sumi, None);
     }
 }
 
