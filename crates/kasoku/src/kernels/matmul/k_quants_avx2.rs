@@ -64,7 +64,7 @@ pub(super) unsafe fn load(p: *const u8) -> __m256i {
 }
 
 /// Packed super-blocks ahead of the current one that [`prefetch`] asks for.
-const PREFETCH_AHEAD: usize = 2;
+const PREFETCH_AHEAD: usize = 4;
 
 /// Asks for the packed super-block `PREFETCH_AHEAD` blocks after `sb` (of `bytes` bytes) to be
 /// brought into L1: with several activation rows a super-block takes long enough that the
