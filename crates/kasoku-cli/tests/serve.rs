@@ -457,3 +457,43 @@ fn a_short_load_test_has_no_errors_and_no_memory_growth() {
     assert_eq!(summary["errors"], 0, "{summary}");
     assert!(summary["requests"].as_u64().unwrap() >= 4, "{summary}");
 }
+
+/// With speculative decoding the server answers exactly as without it, in fewer target passes
+/// (a draft model drafting for a fixture model), and reports the passes and accepted tokens.
+#[test]
+fn speculative_serving_answers_like_plain_serving_in_fewer_passes() {
+    let target = fixture("llama/tiny/model-f32.gguf");
+    let draft = fixture("llama/tiny/model-q4_0.gguf");
+    let plain = Server::start(&target, &["--spec", "none", "--no-prefix-cache"]);
+    let spec = Server::start(
+        &target,
+        &[
+            "--spec",
+            "draft",
+            "--draft",
+            &draft,
+            "--fixed-budget",
+            "--tree-budget",
+            "4",
+            "--no-prefix-cache",
+        ],
+    );
+    let body = |server: &Server| {
+        json!({
+            "model": server.id,
+            "prompt": "one two three four one two three four one two",
+            "temperature": 0,
+            "max_tokens": 64,
+            "ignore_eos": true,
+        })
+    };
+    let (s1, a) = plain.post("/v1/completions", &body(&plain));
+    let (s2, b) = spec.post("/v1/completions", &body(&spec));
+    assert_eq!((s1, s2), (200, 200), "{a} {b}");
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    let n = |v: &Value, k: &str| v["usage"][k].as_u64().unwrap();
+    assert_eq!(n(&a, "completion_tokens"), 64);
+    assert_eq!(n(&a, "spec_accepted_tokens"), 0);
+    assert!(n(&b, "spec_accepted_tokens") > 0, "{b}");
+    assert!(n(&b, "spec_verify_ct") < n(&a, "spec_verify_ct"), "{a} {b}");
+}

@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// Name reported by /v1/models (default: the model file's stem).
     #[arg(long)]
     pub alias: Option<String>,
+    /// Speculative decoding for every session (usage reports `spec_verify_ct`, the target
+    /// passes, and `spec_accepted_tokens`).
+    #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
@@ -91,7 +95,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             args.prefix_cache_block,
         ))
     });
+    let draft = args.spec.load_draft(false)?;
+    // Build one speculator now so that bad speculation options fail at startup.
+    args.spec.speculator(&model.model, draft.clone(), ctx)?;
     let engine = Arc::new(Engine {
+        spec: args.spec.clone(),
+        draft,
         stop_tokens: engine::stop_tokens(&model),
         think: output::ThinkTokens::of(&model.tokenizer),
         id: id.clone(),

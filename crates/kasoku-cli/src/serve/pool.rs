@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 use kasoku::engine::{
     EngineError, Flow, GenerateOptions, GenerationStats, LoadedModel, PrefixCache, Session,
 };
+use kasoku::model::Model;
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::spec_args::SpecArgs;
 
 use super::error::ApiError;
 use super::metrics::{add, Metrics};
@@ -30,11 +33,20 @@ pub struct Engine {
     pub think: Option<ThinkTokens>,
     pub cache: Option<Mutex<PrefixCache>>,
     pub metrics: Metrics,
+    /// Speculative decoding settings, and the draft model shared by every session.
+    pub spec: SpecArgs,
+    pub draft: Option<Arc<Model>>,
 }
 
-/// The one place sessions are made (a speculative drafter would be attached here).
+/// The one place sessions are made: each gets its own speculator (drafter state and budget
+/// policy) over the shared weights. The options were checked at startup.
 pub fn new_session(engine: &Engine) -> Session {
-    Session::new(Arc::clone(&engine.model.model), engine.ctx)
+    let mut session = Session::new(Arc::clone(&engine.model.model), engine.ctx);
+    let spec = engine
+        .spec
+        .speculator(&engine.model.model, engine.draft.clone(), engine.ctx);
+    session.set_speculator(spec.ok().flatten());
+    session
 }
 
 /// One request's generation work.
