@@ -7,8 +7,8 @@ mod inspect;
 mod logits;
 mod progress;
 mod run;
-mod spec_args;
 mod serve;
+mod spec_args;
 
 use kasoku::fetch;
 

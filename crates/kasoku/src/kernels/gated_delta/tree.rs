@@ -51,7 +51,10 @@ pub fn tree_recurrent_with(
     let mut has_child = vec![false; n];
     for (i, &p) in parents.iter().enumerate() {
         if p != usize::MAX {
-            assert!(p < i, "gated_delta tree: parent {p} of node {i} is not before it");
+            assert!(
+                p < i,
+                "gated_delta tree: parent {p} of node {i} is not before it"
+            );
             depth[i] = depth[p] + 1;
             has_child[p] = true;
         }
@@ -302,7 +305,14 @@ mod tests {
                             "{path:?}: node {t}"
                         );
                     }
-                    replay_with(path, &dims, &mut replayed, &kt, &gt, &deltas[t * vd..][..vd]);
+                    replay_with(
+                        path,
+                        &dims,
+                        &mut replayed,
+                        &kt,
+                        &gt,
+                        &deltas[t * vd..][..vd],
+                    );
                 }
                 assert!(
                     s.iter()
