@@ -27,7 +27,9 @@
 //! **Activations** become Q8_K blocks (GGML's quantizer) of [`ACT_BLOCK`] bytes: `d` (f32), the
 //! 256 codes, `bsums[16]` (i16) and the sums of each 32 codes `bsums32[8]` (i16), stored
 //! super-block by super-block (block of row `r`, column `s` at `(s·n + r)·ACT_BLOCK`), so that a
-//! tile's rows are adjacent and one pointer per super-block reaches them all.
+//! tile's rows are adjacent and one pointer per super-block reaches them all. On AVX2 CPUs an
+//! AVX2 quantizer writes them (the same bits as the scalar one; blocks with infinities or NaNs
+//! go to the scalar one).
 //!
 //! **Per super-block**, each (weight row, activation row) pair does, in this order,
 //! `acc -= (dmin·d_x)·Σ_j min_j·bsums32_j` (Q4_K, Q5_K) and `acc += (d·d_x)·sumi` with the

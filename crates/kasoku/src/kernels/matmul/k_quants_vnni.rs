@@ -3,7 +3,11 @@
 //! kernels, but `vpdpbusd` multiplies codes by activation bytes and accumulates 32-bit sums in
 //! one instruction (no 16-bit overflow, so one accumulator per sub-block), and the sub-block
 //! scales are applied with one 32-bit multiply per sub-block. Tiles of up to 8 activation rows
-//! use the 32 vector registers of AVX-512.
+//! use the 32 vector registers of AVX-512: per row, one integer sum per super-block and the
+//! partial sums of the current sub-block pair; the f32 sums live in the output tile in memory
+//! (one load and store per row and super-block), and the loop over a super-block's groups
+//! (units for Q6_K) has an opaque trip count so that the compiler keeps it a loop rather than
+//! hoisting every code load of the super-block and spilling the sums.
 
 // Tile loops index several per-row register arrays at once.
 #![allow(clippy::needless_range_loop)]
