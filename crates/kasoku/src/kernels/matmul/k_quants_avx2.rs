@@ -63,16 +63,21 @@ pub(super) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// Packed super-blocks ahead of the current one that [`prefetch`] asks for.
-const PREFETCH_AHEAD: usize = 4;
+/// Packed super-blocks ahead of the current one that [`prefetch`] asks to have in L1, and in
+/// L2.
+const PREFETCH_L1: usize = 2;
+const PREFETCH_L2: usize = 8;
 
-/// Asks for the packed super-block `PREFETCH_AHEAD` blocks after `sb` (of `bytes` bytes) to be
-/// brought into L1: with several activation rows a super-block takes long enough that the
-/// hardware prefetchers fall behind on long rows.
+/// Asks for the packed super-blocks `PREFETCH_L1` blocks after `sb` (of `bytes` bytes) to be
+/// brought into L1, and `PREFETCH_L2` blocks after it into L2: with several activation rows a
+/// super-block takes long enough that the hardware prefetchers fall behind, and the far
+/// requests keep both cores' memory streams going while they compute (measured on 2 threads,
+/// weights from memory: -5..30% per product at 2-16 rows against one distance of 4 into L1).
 #[inline(always)]
 pub(super) unsafe fn prefetch(sb: *const u8, bytes: usize) {
     for k in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(sb.wrapping_add(PREFETCH_AHEAD * bytes + k) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(sb.wrapping_add(PREFETCH_L1 * bytes + k) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(sb.wrapping_add(PREFETCH_L2 * bytes + k) as *const i8);
     }
 }
 
