@@ -237,8 +237,11 @@ impl Path {
             Isa::Portable => Path::Portable,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
+                // `KASOKU_NO_VNNI=1` keeps the AVX2 kernels (for comparisons), as in `legacy`.
                 static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                if *VNNI.get_or_init(vnni::available) {
+                if *VNNI.get_or_init(|| {
+                    vnni::available() && std::env::var_os("KASOKU_NO_VNNI").is_none()
+                }) {
                     Path::Vnni
                 } else {
                     Path::Avx2
