@@ -97,7 +97,7 @@ def run_llama(model, prompts, mode, draft, gen, threads, port=18931):
     cmd = [str(LLAMA_BIN / "llama-server"), "-m", model, "-t", str(threads), "-tb", str(threads),
            "-c", "4096", "--port", str(port), "-np", "1", "--no-webui"]
     if mode == "draft":
-        cmd += ["-md", draft, "-td", str(threads)]  # llama.cpp's default draft settings
+        cmd += ["-md", draft, "-td", str(threads), "--spec-type", "draft-simple"]  # default draft sizes
     elif mode == "ngram":
         cmd += ["--spec-type", "ngram-simple"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
