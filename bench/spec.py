@@ -15,7 +15,7 @@ Reported per configuration and prompt set: decode speed (all generated tokens af
 over their decode time), tokens per target pass, mean accepted drafts per verifying pass,
 ratios to kasoku's plain decoding and to llama.cpp's speculative decoding with the draft model.
 
-    python3 bench/spec.py                      # 20 HumanEval prompts, 128 tokens, 1 round
+    python3 bench/spec.py                      # 20 HumanEval prompts, 128 tokens, 2 rounds (~35 min)
     python3 bench/spec.py --prompts 5 --gen-tokens 64 --rounds 1   # quick look
 
 Outputs bench/results/spec/latest.{json,md}.
@@ -156,7 +156,9 @@ def main():
     ap.add_argument("--prompts", type=int, default=20, help="HumanEval prompts (default 20)")
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--merge-repeats", type=int, default=3,
+                    help="times the merge prompt is generated per round (one decode is noisy)")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     args = ap.parse_args()
@@ -164,7 +166,7 @@ def main():
     if not args.no_build:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "kasoku-cli"], cwd=ROOT, check=True)
     target, draft = fetch("qwen2.5-coder-1.5b"), fetch("qwen2.5-coder-0.5b")
-    sets = {"merge": [chatml(MERGE)], "humaneval": humaneval(args.prompts)}
+    sets = {"merge": [chatml(MERGE)] * args.merge_repeats, "humaneval": humaneval(args.prompts)}
     OUT.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, ps in sets.items():
@@ -204,11 +206,13 @@ def main():
     lines = [f"Speculative decoding, Qwen2.5-Coder-1.5B Q4_K_M (draft: Qwen2.5-Coder-0.5B Q4_K_M), "
              f"{args.threads} threads, greedy, up to {args.gen_tokens} tokens per prompt, "
              f"{args.rounds} round(s); load average at the end {load[0]:.2f}. "
-             f"Command: `python3 bench/spec.py --prompts {args.prompts} --gen-tokens {args.gen_tokens} --rounds {args.rounds}`.", ""]
+             f"Command: `python3 bench/spec.py --prompts {args.prompts} --gen-tokens {args.gen_tokens} "
+             f"--rounds {args.rounds} --merge-repeats {args.merge_repeats}`.", ""]
     for s, rows in summary.items():
         base = rows.get("kasoku plain", {}).get("decode_tokens_per_s") or 0
         ref = rows.get("llama.cpp draft", {}).get("decode_tokens_per_s") or 0
-        title = "merge prompt (chat)" if s == "merge" else f"{len(sets[s])} HumanEval prompts (raw)"
+        title = (f"merge prompt (chat, {len(sets[s])} generations per round)" if s == "merge"
+                 else f"{len(sets[s])} HumanEval prompts (raw)")
         lines += [f"**{title}**", "",
                   "| configuration | decode t/s | median per prompt | tokens/pass | accepted/verify pass | vs kasoku plain | vs llama.cpp draft |",
                   "|---|---|---|---|---|---|---|"]
