@@ -574,7 +574,15 @@ def write_outputs(result: dict, a: argparse.Namespace) -> None:
     (a.out / "chart.svg").write_text(chart.svg(result))
     (a.out / "latest.md").write_text(report.markdown(result))
     if not a.no_benchmarks_md:
-        (REPO / "BENCHMARKS.md").write_text(report.benchmarks_md(result, chart_path="bench/results/chart.svg"))
+        # Sections written by other benchmarks (hybrid shapes, speculative decoding, serving)
+        # follow KEEP_MARKER and survive the rewrite.
+        path = REPO / "BENCHMARKS.md"
+        old = path.read_text() if path.exists() else ""
+        kept = old[old.index(KEEP_MARKER):] if KEEP_MARKER in old else KEEP_MARKER + "\n"
+        path.write_text(report.benchmarks_md(result, chart_path="bench/results/chart.svg").rstrip() + "\n\n" + kept)
+
+
+KEEP_MARKER = "<!-- The sections below come from other benchmark commands; bench/run.py keeps them. -->"
 
 
 if __name__ == "__main__":
