@@ -16,8 +16,8 @@ use crate::progress;
 pub struct SpecArgs {
     /// Speculative decoding: none, ngram (prompt lookup), draft (a smaller model, --draft),
     /// mtp (the checkpoint's multi-token-prediction head), or auto (the draft model if given,
-    /// else the MTP head if present, with prompt lookup's branches merged in; else prompt
-    /// lookup; drafting turns itself off when it does not pay).
+    /// else the MTP head if present, else prompt lookup; drafting turns itself off when it
+    /// does not pay).
     #[arg(long, default_value = "auto")]
     pub spec: SpecKind,
     /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer).
