@@ -242,8 +242,14 @@ mod tests {
             passes += 1;
         }
         let last: Vec<usize> = (0..8).map(|_| p.budget()).collect();
-        assert!(last.iter().filter(|&&b| b >= 2).count() >= 6, "budgets {last:?}");
-        assert!(tokens as f64 / passes as f64 > 2.0, "{tokens} tokens in {passes} passes");
+        assert!(
+            last.iter().filter(|&&b| b >= 2).count() >= 6,
+            "budgets {last:?}"
+        );
+        assert!(
+            tokens as f64 / passes as f64 > 2.0,
+            "{tokens} tokens in {passes} passes"
+        );
     }
 
     #[test]
