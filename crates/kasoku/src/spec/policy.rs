@@ -231,7 +231,7 @@ mod tests {
             let mut accepted = 0;
             while accepted < b {
                 rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-                if (rng >> 33) % 10 == 0 {
+                if (rng >> 33).is_multiple_of(10) {
                     break;
                 }
                 accepted += 1;
