@@ -32,7 +32,7 @@ use crate::kernels::rope::Rope;
 use super::config::{Arch, ModelConfig};
 use super::mixer::{Attention, KvCache};
 use super::mlp::Mlp;
-use super::transformer::{Model, CHUNK};
+use super::transformer::{residual_and_mlp, Model, CHUNK};
 use super::{weights, ModelError, RmsNorm};
 
 /// The weights of the MTP block (one layer).
@@ -217,10 +217,14 @@ impl MtpHead {
         let mut delta = vec![0f32; n * h];
         self.attn_norm.forward(&x, &mut normed);
         self.attn.forward(cache, &normed, n, &mut delta);
-        x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
-        self.ffn_norm.forward(&x, &mut normed);
-        self.mlp.forward(&normed, n, &mut delta);
-        x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+        residual_and_mlp(
+            &mut x,
+            &mut delta,
+            &self.ffn_norm,
+            &self.mlp,
+            &mut normed,
+            n,
+        );
         self.out_norm.forward(&x, &mut normed);
         normed
     }

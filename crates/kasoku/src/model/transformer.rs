@@ -47,6 +47,22 @@ pub struct Layer {
     pub mlp: Mlp,
 }
 
+/// The rest of a decoder block once its mixer has written `mixed` (`n × hidden`): the
+/// residual add, then `x += mlp(ffn_norm(x))`. `normed` and `mixed` are scratch afterwards.
+pub(crate) fn residual_and_mlp(
+    x: &mut [f32],
+    mixed: &mut [f32],
+    ffn_norm: &RmsNorm,
+    mlp: &Mlp,
+    normed: &mut [f32],
+    n: usize,
+) {
+    x.iter_mut().zip(mixed.iter()).for_each(|(a, d)| *a += d);
+    ffn_norm.forward(x, normed);
+    mlp.forward(normed, n, mixed);
+    x.iter_mut().zip(mixed.iter()).for_each(|(a, d)| *a += d);
+}
+
 /// Immutable weights of a model; share it (`Arc`) between any number of `ModelState`s.
 pub struct Model {
     pub config: ModelConfig,
@@ -273,9 +289,16 @@ impl Model {
 
     /// Logits (`m × vocab`) for `m` final-normed hidden rows (`m × hidden`).
     pub fn head_logits(&self, normed: &[f32]) -> Vec<f32> {
+        self.head_logits_with(normed, None)
+    }
+
+    /// [`Model::head_logits`] through `head` instead of the model's own LM head when given
+    /// (e.g. its first rows: a drafter's reduced vocabulary): `m × head.rows`.
+    pub fn head_logits_with(&self, normed: &[f32], head: Option<&MatMulWeight>) -> Vec<f32> {
+        let w = head.unwrap_or(&self.head);
         let m = normed.len() / self.config.hidden;
-        let mut logits = vec![0f32; m * self.config.vocab];
-        matmul(&self.head, normed, m, &mut logits);
+        let mut logits = vec![0f32; m * w.rows];
+        matmul(w, normed, m, &mut logits);
         logits
     }
 
@@ -310,10 +333,14 @@ impl Model {
         for (l, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             layer.attn_norm.forward(&x, &mut normed);
             layer.mixer.forward(st, &normed, n, &mut delta)?;
-            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
-            layer.ffn_norm.forward(&x, &mut normed);
-            layer.mlp.forward(&normed, n, &mut delta);
-            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            residual_and_mlp(
+                &mut x,
+                &mut delta,
+                &layer.ffn_norm,
+                &layer.mlp,
+                &mut normed,
+                n,
+            );
             Self::capture_taps(taps, l, &x, h, start, tapped);
         }
         state.len += n;

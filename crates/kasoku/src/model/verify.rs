@@ -15,10 +15,10 @@
 
 use super::mixer::{GdnPending, Mixer};
 use super::state::{LayerState, ModelState};
-use super::transformer::Model;
+use super::transformer::{residual_and_mlp, Model};
 use super::tree::TokenTree;
 use super::ModelError;
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::MatMulWeight;
 
 /// What a verification pass leaves in the state until its commit.
 #[derive(Clone, Debug)]
@@ -116,10 +116,14 @@ impl Model {
                 _ => unreachable!("`check` matched every layer with its state"),
             };
             pending.push(p);
-            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
-            layer.ffn_norm.forward(&x, &mut normed);
-            layer.mlp.forward(&normed, n, &mut delta);
-            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            residual_and_mlp(
+                &mut x,
+                &mut delta,
+                &layer.ffn_norm,
+                &layer.mlp,
+                &mut normed,
+                n,
+            );
             Model::capture_taps(&want.taps, l, &x, h, 0, &mut taps);
         }
         state.pending = Some(Box::new(PendingTree {
@@ -128,14 +132,7 @@ impl Model {
             layers: pending,
         }));
         self.output_norm.forward(&x, &mut normed);
-        let logits = match head {
-            None => self.head_logits(&normed),
-            Some(w) => {
-                let mut l = vec![0f32; n * w.rows];
-                matmul(w, &normed, n, &mut l);
-                l
-            }
-        };
+        let logits = self.head_logits_with(&normed, head);
         Ok(Verified {
             logits,
             hidden: if want.hidden { normed } else { Vec::new() },
@@ -234,21 +231,18 @@ impl Model {
                 ),
                 _ => unreachable!("checked: attention layers only"),
             }
-            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
-            layer.ffn_norm.forward(&x, &mut normed);
-            layer.mlp.forward(&normed, n, &mut delta);
-            x.iter_mut().zip(&delta).for_each(|(a, d)| *a += d);
+            residual_and_mlp(
+                &mut x,
+                &mut delta,
+                &layer.ffn_norm,
+                &layer.mlp,
+                &mut normed,
+                n,
+            );
         }
         state.pending = Some(pending);
         self.output_norm.forward(&x, &mut normed);
-        let logits = match head {
-            None => self.head_logits(&normed),
-            Some(w) => {
-                let mut l = vec![0f32; n * w.rows];
-                matmul(w, &normed, n, &mut l);
-                l
-            }
-        };
+        let logits = self.head_logits_with(&normed, head);
         Ok(Verified {
             logits,
             ..Verified::default()
