@@ -324,29 +324,61 @@ fn recurrent_head_portable<'o>(
     for t in 0..n {
         let (q, k, v) = (io.q(t), io.k(t), io.v(t));
         let alpha = io.g(t).exp();
-        let beta = io.beta(t);
         let o = out_row(t);
-        kv.fill(0.0);
-        o.fill(0.0);
-        for i in 0..dk {
-            let row = &s[i * dv..(i + 1) * dv];
-            let (ki, qi) = (k[i], q[i]);
-            for j in 0..dv {
-                kv[j] += row[j] * ki;
-                o[j] += row[j] * qi;
-            }
-        }
-        let qk: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+        portable_step(
+            s,
+            dk,
+            dv,
+            (q, k, v),
+            alpha,
+            io.beta(t),
+            &mut kv,
+            o,
+            &mut delta,
+        );
+        portable_update(s, dk, dv, alpha, k, &delta);
+    }
+}
+
+/// One token's outputs from the state before it, portably: `kv = Sᵀk`, `o = Sᵀq` (one pass
+/// over S), then `δ = β(v − α·kv)` and `o = α·o + (q·k)·δ`. The recurrent form and the tree
+/// form (`tree`) both step through this, so they agree bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn portable_step(
+    s: &[f32],
+    dk: usize,
+    dv: usize,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    alpha: f32,
+    beta: f32,
+    kv: &mut [f32],
+    o: &mut [f32],
+    delta: &mut [f32],
+) {
+    kv.fill(0.0);
+    o.fill(0.0);
+    for i in 0..dk {
+        let row = &s[i * dv..(i + 1) * dv];
+        let (ki, qi) = (k[i], q[i]);
         for j in 0..dv {
-            delta[j] = beta * (v[j] - alpha * kv[j]);
-            o[j] = alpha * o[j] + qk * delta[j];
+            kv[j] += row[j] * ki;
+            o[j] += row[j] * qi;
         }
-        for i in 0..dk {
-            let row = &mut s[i * dv..(i + 1) * dv];
-            let ki = k[i];
-            for j in 0..dv {
-                row[j] = alpha * row[j] + ki * delta[j];
-            }
+    }
+    let qk: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+    for j in 0..dv {
+        delta[j] = beta * (v[j] - alpha * kv[j]);
+        o[j] = alpha * o[j] + qk * delta[j];
+    }
+}
+
+/// `S = α·S + k ⊗ δ`, portably.
+fn portable_update(s: &mut [f32], dk: usize, dv: usize, alpha: f32, k: &[f32], delta: &[f32]) {
+    for i in 0..dk {
+        let row = &mut s[i * dv..(i + 1) * dv];
+        let ki = k[i];
+        for j in 0..dv {
+            row[j] = alpha * row[j] + ki * delta[j];
         }
     }
 }

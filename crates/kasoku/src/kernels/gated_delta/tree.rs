@@ -169,23 +169,7 @@ fn step(
                 o[j] = alpha * sq[j] + qk * delta[j];
             }
         }
-        _ => {
-            kv.fill(0.0);
-            o.fill(0.0);
-            for i in 0..dk {
-                let row = &s[i * dv..(i + 1) * dv];
-                let (ki, qi) = (k[i], q[i]);
-                for j in 0..dv {
-                    kv[j] += row[j] * ki;
-                    o[j] += row[j] * qi;
-                }
-            }
-            let qk: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
-            for j in 0..dv {
-                delta[j] = beta * (v[j] - alpha * kv[j]);
-                o[j] = alpha * o[j] + qk * delta[j];
-            }
-        }
+        _ => super::portable_step(s, dk, dv, (q, k, v), alpha, beta, kv, o, delta),
     }
 }
 
@@ -198,15 +182,7 @@ fn update(path: Path, d: &GdnDims, s: &mut [f32], alpha: f32, k: &[f32], delta: 
         Path::Avx2 if dv.is_multiple_of(8) => unsafe {
             super::avx2::update(s, dk, dv, alpha, k, delta)
         },
-        _ => {
-            for i in 0..dk {
-                let row = &mut s[i * dv..(i + 1) * dv];
-                let ki = k[i];
-                for j in 0..dv {
-                    row[j] = alpha * row[j] + ki * delta[j];
-                }
-            }
-        }
+        _ => super::portable_update(s, dk, dv, alpha, k, delta),
     }
 }
 
