@@ -100,11 +100,6 @@ impl Session {
         self.spec.as_ref()
     }
 
-    /// Detaches the speculator (e.g. to inspect its drafter).
-    pub fn take_speculator(&mut self) -> Option<Speculator> {
-        self.spec.take()
-    }
-
     pub fn model(&self) -> &Arc<Model> {
         &self.model
     }

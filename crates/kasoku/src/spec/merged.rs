@@ -29,11 +29,8 @@ impl Drafter for MergedDrafter {
     }
 
     fn tap_layers(&self) -> Vec<usize> {
+        // One set of layer outputs reaches every drafter: the union, in this order.
         let mut taps = self.primary.tap_layers();
-        if taps.is_empty() && self.extras.iter().all(|(d, _)| d.tap_layers().is_empty()) {
-            return taps;
-        }
-        // Extras asking for other layers would need their own slices; only one set is passed.
         for (d, _) in &self.extras {
             for l in d.tap_layers() {
                 if !taps.contains(&l) {

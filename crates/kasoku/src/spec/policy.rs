@@ -50,7 +50,6 @@ pub struct Policy {
     /// Per level d ≥ 1: (times offered with level d − 1 accepted, times accepted), decayed.
     levels: Vec<(f64, f64)>,
     passes: u64,
-    last_choice: usize,
 }
 
 impl Policy {
@@ -61,7 +60,6 @@ impl Policy {
             draft_cost: None,
             levels: vec![(0.0, 0.0); config.max_depth + 1],
             passes: 0,
-            last_choice: 0,
         }
     }
 
@@ -74,7 +72,6 @@ impl Policy {
         self.passes += 1;
         if self.verify_cost[1].is_none() {
             // Measure plain decoding first: every choice is weighed against it.
-            self.last_choice = 0;
             return 0;
         }
         let options: Vec<usize> = CANDIDATES.iter().copied().filter(|&b| b <= max).collect();
@@ -88,18 +85,11 @@ impl Policy {
         } else {
             EXPLORE_EVERY
         };
-        let choice = if self.passes.is_multiple_of(every) {
+        if self.passes.is_multiple_of(every) {
             options.iter().copied().find(|&b| b > best).unwrap_or(best)
         } else {
             best
-        };
-        self.last_choice = choice;
-        choice
-    }
-
-    /// The last budget [`Policy::budget`] returned.
-    pub fn last_budget(&self) -> usize {
-        self.last_choice
+        }
     }
 
     /// Predicted tokens per second with budget `b`.
