@@ -1,16 +1,11 @@
 //! The `kasoku` binary end to end on committed fixtures: run, logits, inspect, and clear
 //! errors (exit code 1, a message, never a panic) for bad input.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn fixture(rel: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(rel)
-        .display()
-        .to_string()
-}
+use common::fixture;
+
+use std::process::{Command, Output};
 
 fn kasoku(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kasoku"))

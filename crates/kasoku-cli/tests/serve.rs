@@ -3,6 +3,10 @@
 //! concurrent streams matching solo answers, and the prefix cache on SmolLM2 and on the hybrid
 //! (Gated DeltaNet) fixture.
 
+mod common;
+
+use common::fixture;
+
 #[path = "../src/serve/http_client.rs"]
 #[allow(dead_code)]
 mod http_client;
@@ -17,14 +21,6 @@ use serde_json::{json, Value};
 
 /// The `openai` package version the client test pins.
 const OPENAI_VERSION: &str = "2.8.1";
-
-fn fixture(rel: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(rel)
-        .display()
-        .to_string()
-}
 
 fn smollm2() -> Option<String> {
     kasoku::fetch::ensure_for_test("smollm2-135m").map(|p| p.display().to_string())
