@@ -35,6 +35,9 @@ mod legacy;
 mod legacy_avx2;
 #[cfg(target_arch = "x86_64")]
 mod legacy_vnni;
+mod packed;
+
+pub(crate) use packed::PackedBytes;
 
 /// Errors building a weight matrix.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +64,7 @@ pub struct MatMulWeight {
     pub rows: usize,
     pub cols: usize,
     /// Format-specific layout produced by the family's `pack`.
-    pub(crate) packed: Vec<u8>,
+    pub(crate) packed: PackedBytes,
 }
 
 impl std::fmt::Debug for MatMulWeight {
@@ -155,7 +158,7 @@ impl MatMulWeight {
             dtype: self.dtype,
             rows: n,
             cols: self.cols,
-            packed: self.packed[..bytes].to_vec(),
+            packed: PackedBytes::new(self.packed[..bytes].to_vec()),
         }
     }
 
@@ -188,6 +191,7 @@ impl MatMulWeight {
             Family::KQuants => k_quants::pack(dtype, rows, cols, bytes),
             Family::Reference => reference::pack(dtype, rows, cols, bytes),
         };
+        let packed = PackedBytes::new(packed);
         Ok(MatMulWeight {
             dtype,
             rows,
