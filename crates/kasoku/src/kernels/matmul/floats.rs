@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use half::f16;
 
-use super::{Isa, MatMulWeight, Prepared};
+use super::{Isa, MatMulWeight, PackedBytes, Prepared};
 use crate::quant::DType;
 
 /// Weight rows packed together.
@@ -30,10 +30,10 @@ const KC: usize = 512;
 pub(crate) const ACC: usize = 2 * GROUP;
 
 /// Repacks row-major rows into column-interleaved 8-row groups.
-pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> PackedBytes {
     let es = dtype.block_bytes();
     let groups = rows.div_ceil(GROUP);
-    let mut out = vec![0u8; groups * cols * GROUP * es];
+    let mut out = PackedBytes::zeroed(groups * cols * GROUP * es);
     for row in 0..rows {
         let (g, i) = (row / GROUP, row % GROUP);
         let src = &bytes[row * cols * es..(row + 1) * cols * es];
@@ -42,7 +42,7 @@ pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<
             out[at..at + es].copy_from_slice(e);
         }
     }
-    out
+    out.freeze()
 }
 
 /// Float activations need no conversion.

@@ -42,7 +42,7 @@ use std::ops::Range;
 
 use half::f16;
 
-use super::{Isa, MatMulWeight, Prepared};
+use super::{Isa, MatMulWeight, PackedBytes, Prepared};
 use crate::quant::k_quants::{self as kq, QK_K};
 use crate::quant::DType;
 
@@ -91,14 +91,14 @@ fn q45_code(qs: &[u8], qh: Option<&[u8]>, v: usize) -> u8 {
 }
 
 /// Repacks GGUF-layout rows into 8-row groups (see the module documentation).
-pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> PackedBytes {
     let bb = dtype.block_bytes();
     let nb = cols / QK_K;
     let groups = rows.div_ceil(GROUP);
     let pbb = packed_block_bytes(dtype);
-    let mut out = vec![0u8; groups * nb * pbb];
+    let mut out = PackedBytes::zeroed(groups * nb * pbb);
     if nb == 0 {
-        return out;
+        return out.freeze();
     }
     for (gi, grp) in out.chunks_exact_mut(nb * pbb).enumerate() {
         for (s, sb) in grp.chunks_exact_mut(pbb).enumerate() {
@@ -116,7 +116,7 @@ pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<
             }
         }
     }
-    out
+    out.freeze()
 }
 
 fn pack_q45(dtype: DType, blk: &[u8], i: usize, sb: &mut [u8]) {

@@ -41,7 +41,7 @@ use std::sync::Mutex;
 
 use half::f16;
 
-use super::{Isa, MatMulWeight, Prepared};
+use super::{Isa, MatMulWeight, PackedBytes, Prepared};
 use crate::kernels::threads;
 use crate::quant::legacy::QK;
 use crate::quant::DType;
@@ -82,13 +82,13 @@ pub(crate) fn offsets(dtype: DType) -> (usize, usize, usize) {
 }
 
 /// Repacks GGUF-layout rows into 8-row groups (see the module documentation).
-pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> PackedBytes {
     let bb = dtype.block_bytes();
     let nb = cols / QK;
     let row_bytes = nb * bb;
     let groups = rows.div_ceil(GROUP);
     let (m_off, h_off, q_off) = offsets(dtype);
-    let mut out = vec![0u8; groups * nb * GROUP * bb];
+    let mut out = PackedBytes::zeroed(groups * nb * GROUP * bb);
     for (gb, dst) in out.chunks_exact_mut(GROUP * bb).enumerate() {
         let (g, b) = (gb / nb, gb % nb);
         for i in 0..GROUP {
@@ -134,7 +134,7 @@ pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<
             }
         }
     }
-    out
+    out.freeze()
 }
 
 /// Quantizes one block of 32 activations: returns `(d, Σq)` and writes the codes. Rounds

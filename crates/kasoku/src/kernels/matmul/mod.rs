@@ -158,7 +158,7 @@ impl MatMulWeight {
             dtype: self.dtype,
             rows: n,
             cols: self.cols,
-            packed: PackedBytes::new(self.packed[..bytes].to_vec()),
+            packed: PackedBytes::copy_of(&self.packed[..bytes]),
         }
     }
 
@@ -191,7 +191,6 @@ impl MatMulWeight {
             Family::KQuants => k_quants::pack(dtype, rows, cols, bytes),
             Family::Reference => reference::pack(dtype, rows, cols, bytes),
         };
-        let packed = PackedBytes::new(packed);
         Ok(MatMulWeight {
             dtype,
             rows,
@@ -290,8 +289,8 @@ fn split_rows(rows: usize, threads: usize) -> Vec<Range<usize>> {
 mod reference {
     use super::*;
 
-    pub fn pack(_dtype: DType, _rows: usize, _cols: usize, bytes: &[u8]) -> Vec<u8> {
-        bytes.to_vec()
+    pub fn pack(_dtype: DType, _rows: usize, _cols: usize, bytes: &[u8]) -> PackedBytes {
+        PackedBytes::copy_of(bytes)
     }
 
     pub fn prepare(_w: &MatMulWeight, x: &[f32], _n: usize) -> Prepared {
