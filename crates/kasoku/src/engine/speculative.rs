@@ -89,6 +89,9 @@ impl Speculator {
                 (TokenTree::chain(&[token]), None)
             } else {
                 let t = Instant::now();
+                self.drafter.catch_up(&run.history)?;
+                self.stats.draft_time += t.elapsed();
+                let t = Instant::now();
                 let tree = self.drafter.draft(&DraftRequest {
                     tokens: &run.history,
                     budget,

@@ -196,6 +196,12 @@ impl Drafter for DraftModelDrafter {
         self.sync(prompt, 1)
     }
 
+    fn catch_up(&mut self, tokens: &[u32]) -> Result<(), DraftError> {
+        // Everything but the root, in one pass (nothing in steady state: the last commit
+        // left the draft model one token behind).
+        self.sync(tokens, 1)
+    }
+
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
         let tokens = req.tokens;
         if tokens.is_empty() {
@@ -376,5 +382,20 @@ mod tests {
             })
             .unwrap();
         assert_eq!(tree.tokens(), &greedy[3..7]);
+
+        // Four tokens decoded without drafting: catching up feeds them (all but the new root)
+        // and the next draft still continues greedily.
+        let mut seq3 = seq2[..seq2.len() - 1].to_vec();
+        seq3.extend_from_slice(&greedy[3..8]);
+        d.catch_up(&seq3).unwrap();
+        assert_eq!(d.fed, seq3[..seq3.len() - 1]);
+        let tree = d
+            .draft(&DraftRequest {
+                tokens: &seq3,
+                budget: 3,
+                max_depth: 3,
+            })
+            .unwrap();
+        assert_eq!(tree.tokens(), &greedy[7..11]);
     }
 }

@@ -68,6 +68,15 @@ pub trait Drafter: Send {
     /// a cache). Drafters resynchronise their own state here.
     fn start(&mut self, prompt: &[u32], features: Features) -> Result<(), DraftError>;
 
+    /// Brings the drafter's own state up to `tokens` (the sequence so far, the root last)
+    /// before a draft is asked for and timed: after passes decoded without drafting, a draft
+    /// model has tokens to catch up on, and that one-off work must not count as the cost of
+    /// drafting (the budget policy would then keep drafting off). Nothing to do by default.
+    fn catch_up(&mut self, tokens: &[u32]) -> Result<(), DraftError> {
+        let _ = tokens;
+        Ok(())
+    }
+
     /// A tree rooted at `req.tokens.last()` within the budget; a lone root means no guess.
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError>;
 

@@ -49,6 +49,14 @@ impl Drafter for MergedDrafter {
         Ok(())
     }
 
+    fn catch_up(&mut self, tokens: &[u32]) -> Result<(), DraftError> {
+        self.primary.catch_up(tokens)?;
+        for (d, _) in &mut self.extras {
+            d.catch_up(tokens)?;
+        }
+        Ok(())
+    }
+
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
         let main = self.primary.draft(req)?;
         if main.is_empty() {
