@@ -216,7 +216,7 @@ Run on {r['date']} at commit `{r['git']['commit']}`{' (with uncommitted changes)
 
 - CPU: {cpu_line or m.get('platform')}
 - memory: {m.get('mem_total_gib', '?')} GiB; {m.get('platform')}
-- read bandwidth (tools/bandwidth.c, {r['bandwidth'].get('buffer_bytes', 1 << 30) / (1 << 30):g} GiB buffer, best of {r['bandwidth'].get('reps')}): \
+- read bandwidth (tools/bandwidth.c, {r['bandwidth'].get('buffer_bytes', 1 << 30) / (1 << 30):g} GiB buffer, {r['bandwidth'].get('pages', 'small')} pages, best of {r['bandwidth'].get('reps')}): \
 {r['bandwidth']['gbps_1thread']:.1f} GB/s with 1 thread, {r['bandwidth']['gbps']:.1f} GB/s with {s['threads']}{_bw_runs(r)}
 - load average before / after: {la.get('before')} / {la.get('after')} (on {m.get('nproc')} CPUs; the
   benchmark itself keeps it near the thread count); CPU share taken by other processes during each

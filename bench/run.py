@@ -17,7 +17,8 @@ synthetic prompt (random token ids, as llama-bench uses):
 Engines alternate run by run (A B A B ...) after one untimed warm-up run of each; kasoku/llama.cpp
 ratios are computed pair by pair (run i of one against run i of the other) and summarised by their
 median. Peak memory is the child process's maximum resident set (wait4 rusage), the same for both.
-The ceiling: decode tokens/s = best read bandwidth at the same thread count (tools/bandwidth.c) /
+The ceiling: decode tokens/s = best read bandwidth at the same thread count (tools/bandwidth.c,
+with transparent huge pages as kasoku's weights use) /
 bytes one step reads (bench/gguf_info.py: weights + f16 KV cache at the decode's mean context).
 
 Outputs: bench/results/latest.json, bench/results/latest.md, bench/results/chart.svg and
