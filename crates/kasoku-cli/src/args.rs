@@ -135,6 +135,11 @@ pub struct BenchArgs {
     /// (`{"prompt": "..."}` per line, fed without a template) with the decoding strategy below.
     #[arg(long)]
     pub prompts: Option<std::path::PathBuf>,
+    /// With --prompts: several strategies side by side, taking turns prompt by prompt so that a
+    /// drifting machine affects them alike, e.g. `none,ngram,draft,auto,auto+draft`. A strategy
+    /// gets the --draft model only when it is `draft` or ends in `+draft`.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<String>,
     #[command(flatten)]
     pub spec: crate::spec_args::SpecArgs,
 }

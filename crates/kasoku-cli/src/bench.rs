@@ -51,6 +51,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         "--verify sizes must be at least 1"
     );
     let path = crate::progress::resolve_model(&args.model, true)?;
+    anyhow::ensure!(
+        args.compare.is_empty() || args.prompts.is_some(),
+        "--compare needs --prompts"
+    );
     if let Some(prompts) = &args.prompts {
         return prompts::bench_prompts(args, &path, prompts);
     }

@@ -227,3 +227,71 @@ fn speculative_run_answers_like_plain_decoding() {
         stderr(&no_mtp)
     );
 }
+
+/// `bench --prompts --compare` runs every strategy on every prompt, in turns; greedy decoding
+/// gives each strategy the same number of tokens, and only the drafting strategies verify.
+#[test]
+fn bench_compares_strategies_prompt_by_prompt() {
+    let dir = std::env::temp_dir().join(format!("kasoku-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"one two three one two\"}\n{\"prompt\": \"a b a b a\"}\n",
+    )
+    .unwrap();
+    let json = dir.join("out.json");
+    let tiny = fixture("llama/tiny/model-f32.gguf");
+    let draft = fixture("llama/tiny/model-q4_0.gguf");
+    let out = kasoku(&[
+        "bench",
+        "--model",
+        &tiny,
+        "--draft",
+        &draft,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--compare",
+        "none,ngram,auto+draft",
+        "--gen-tokens",
+        "24",
+        "--threads",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let strategies = v["strategies"].as_array().unwrap();
+    let labels: Vec<&str> = strategies
+        .iter()
+        .map(|s| s["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["none", "ngram", "auto+draft"]);
+    let generated = |s: &serde_json::Value| -> Vec<u64> {
+        s["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["generated"].as_u64().unwrap())
+            .collect()
+    };
+    for s in strategies {
+        assert_eq!(generated(s), generated(&strategies[0]), "{}", s["label"]);
+    }
+    assert!(strategies[0]["prompts"][0]["verify_passes"].is_null());
+    assert!(
+        strategies[2]["prompts"][0]["verify_passes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let bad = kasoku(&["bench", "--model", &tiny, "--compare", "none"]);
+    assert!(
+        stderr(&bad).contains("--compare needs --prompts"),
+        "{}",
+        stderr(&bad)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

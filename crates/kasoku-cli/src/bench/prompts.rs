@@ -7,12 +7,17 @@
 //! render chat prompts before). Each prompt starts from an empty cache; one speculator (and
 //! its learned budget policy) serves every prompt, as in a long-running process. An untimed
 //! warm-up generation runs first.
+//!
+//! With `--compare A,B,...` the strategies run side by side in one process: one session each,
+//! taking turns prompt by prompt (prompt `i` starts with strategy `i mod k`), so that the
+//! memory bandwidth of a shared machine, which drifts by tens of percent within minutes,
+//! weighs on all of them alike. The JSON then has one `strategies` entry per strategy.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use kasoku::engine::{self, Flow, GenerateOptions, LoadedModel, SamplingParams, Session};
+use kasoku::engine::{self, Flow, GenerateOptions, LoadedModel, SamplingParams, Session, SpecKind};
 use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
@@ -39,8 +44,6 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         .with_context(|| format!("loading {}", model_path.display()))?;
     let draft = args.spec.load_draft(true)?;
     let ctx = 4096;
-    let mut session = Session::new(Arc::clone(&model.model), ctx);
-    session.set_speculator(args.spec.speculator(&model.model, draft, ctx)?);
     let options = GenerateOptions {
         sampling: SamplingParams::default(),
         max_tokens: args.gen_tokens,
@@ -48,55 +51,103 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
     };
     let encode = |p: &str| -> Result<Vec<u32>> { Ok(model.tokenizer.encode_with_bos(p, true)?) };
 
-    // Warm-up: page the weights in, size the buffers.
-    let warm = GenerateOptions {
-        max_tokens: 16,
-        ..options.clone()
+    // One session per strategy: (label, session).
+    let strategies: Vec<(String, SpecKind, bool)> = if args.compare.is_empty() {
+        vec![(
+            format!("{:?}", args.spec.spec).to_lowercase(),
+            args.spec.spec,
+            true,
+        )]
+    } else {
+        args.compare
+            .iter()
+            .map(|label| {
+                let (kind, with_draft) = match label.strip_suffix("+draft") {
+                    Some(k) => (k, true),
+                    None => (label.as_str(), label == "draft"),
+                };
+                let kind: SpecKind = kind.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+                Ok((label.clone(), kind, with_draft))
+            })
+            .collect::<Result<_>>()?
     };
-    session.generate(&encode(&list[0])?, &warm, &mut |_| Flow::Continue)?;
-
-    let mut records = Vec::new();
-    for (i, prompt) in list.iter().enumerate() {
-        session.reset();
-        let tokens = encode(prompt)?;
-        let g = session.generate(&tokens, &options, &mut |_| Flow::Continue)?;
-        let s = &g.stats;
-        let spec = s.spec.as_ref();
-        let record = json!({
-            "index": i,
-            "prompt_tokens": tokens.len(),
-            "generated": s.generated_tokens,
-            "ttft_s": s.time_to_first_token.as_secs_f64(),
-            "decode_s": s.decode_time.as_secs_f64(),
-            "decode_tokens_per_s": s.decode_tokens_per_second(),
-            "passes": s.decode_passes,
-            "tokens_per_pass": s.tokens_per_pass(),
-            "verify_passes": spec.map(|x| x.verify_passes),
-            "mean_accepted": spec.map(|x| x.mean_accepted()),
-            "accepted_histogram": spec.map(|x| x.accepted_histogram.clone()),
-            "mean_tree": spec.map(|x| x.mean_tree_size()),
-            "draft_s": spec.map(|x| x.draft_time.as_secs_f64()),
-            "verify_s": spec.map(|x| x.verify_time.as_secs_f64()),
-        });
-        eprintln!(
-            "prompt {i:>2}: {:>4} tokens at {:>6.2} t/s, {:.2} tokens/pass",
-            s.generated_tokens,
-            s.decode_tokens_per_second(),
-            s.tokens_per_pass()
+    let mut sessions = Vec::new();
+    for (label, kind, with_draft) in &strategies {
+        let mut session = Session::new(Arc::clone(&model.model), ctx);
+        let spec = crate::spec_args::SpecArgs {
+            spec: *kind,
+            ..args.spec.clone()
+        };
+        let d = if *with_draft { draft.clone() } else { None };
+        session.set_speculator(
+            spec.speculator(&model.model, d, ctx)
+                .with_context(|| format!("strategy {label}"))?,
         );
-        records.push(record);
+        // Warm-up: page the weights in, size the buffers.
+        let warm = GenerateOptions {
+            max_tokens: 16,
+            ..options.clone()
+        };
+        session.generate(&encode(&list[0])?, &warm, &mut |_| Flow::Continue)?;
+        sessions.push(session);
     }
-    let out = json!({
+
+    let k = sessions.len();
+    let mut records: Vec<Vec<Value>> = vec![Vec::new(); k];
+    for (i, prompt) in list.iter().enumerate() {
+        let tokens = encode(prompt)?;
+        for turn in 0..k {
+            let j = (i + turn) % k;
+            let session = &mut sessions[j];
+            session.reset();
+            let g = session.generate(&tokens, &options, &mut |_| Flow::Continue)?;
+            let s = &g.stats;
+            let spec = s.spec.as_ref();
+            records[j].push(json!({
+                "index": i,
+                "prompt_tokens": tokens.len(),
+                "generated": s.generated_tokens,
+                "ttft_s": s.time_to_first_token.as_secs_f64(),
+                "decode_s": s.decode_time.as_secs_f64(),
+                "decode_tokens_per_s": s.decode_tokens_per_second(),
+                "passes": s.decode_passes,
+                "tokens_per_pass": s.tokens_per_pass(),
+                "verify_passes": spec.map(|x| x.verify_passes),
+                "mean_accepted": spec.map(|x| x.mean_accepted()),
+                "accepted_histogram": spec.map(|x| x.accepted_histogram.clone()),
+                "mean_tree": spec.map(|x| x.mean_tree_size()),
+                "draft_s": spec.map(|x| x.draft_time.as_secs_f64()),
+                "verify_s": spec.map(|x| x.verify_time.as_secs_f64()),
+            }));
+            eprintln!(
+                "prompt {i:>2} {:<12} {:>4} tokens at {:>6.2} t/s, {:.2} tokens/pass",
+                strategies[j].0,
+                s.generated_tokens,
+                s.decode_tokens_per_second(),
+                s.tokens_per_pass()
+            );
+        }
+    }
+    let common = json!({
         "engine": "kasoku",
         "model": model_path.display().to_string(),
-        "spec": format!("{:?}", args.spec.spec).to_lowercase(),
         "draft": args.spec.draft,
         "tree_budget": args.spec.tree_budget,
         "fixed_budget": args.spec.fixed_budget,
         "gen_tokens": args.gen_tokens,
         "threads": kasoku::kernels::threads::num_threads(),
-        "prompts": records,
     });
+    let mut out = common;
+    if args.compare.is_empty() {
+        out["spec"] = json!(strategies[0].0);
+        out["prompts"] = json!(records.pop().expect("one strategy"));
+    } else {
+        out["strategies"] = json!(strategies
+            .iter()
+            .zip(records)
+            .map(|((label, _, _), r)| json!({"label": label, "prompts": r}))
+            .collect::<Vec<_>>());
+    }
     let text = serde_json::to_string_pretty(&out)?;
     if let Some(path) = &args.json {
         std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
