@@ -128,7 +128,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
             );
         }
     }
-    let common = json!({
+    let mut out = json!({
         "engine": "kasoku",
         "model": model_path.display().to_string(),
         "draft": args.spec.draft,
@@ -137,7 +137,6 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         "gen_tokens": args.gen_tokens,
         "threads": kasoku::kernels::threads::num_threads(),
     });
-    let mut out = common;
     if args.compare.is_empty() {
         out["spec"] = json!(strategies[0].0);
         out["prompts"] = json!(records.pop().expect("one strategy"));
