@@ -8,6 +8,7 @@ use clap::Args;
 use kasoku::engine::{build_speculator, SpecKind, Speculator};
 
 use kasoku::model::Model;
+use kasoku::quant::{requantize, DType};
 use kasoku::spec::PolicyConfig;
 
 use crate::progress;
@@ -33,6 +34,30 @@ pub struct SpecArgs {
     /// acceptance.
     #[arg(long)]
     pub fixed_budget: bool,
+    /// Format of the draft model's matrices that its file stores in heavier ones, requantized
+    /// at load (a drafter only guesses; the target's check keeps the output exact, and fewer
+    /// bytes make each guess cheaper): q4_0, q8_0, or none to keep the file's formats.
+    #[arg(long, default_value = "q4_0")]
+    pub draft_format: DraftFormat,
+}
+
+/// `--draft-format`: a format kasoku can requantize to, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftFormat(pub Option<DType>);
+
+impl std::str::FromStr for DraftFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(DraftFormat(None));
+        }
+        match DType::from_name(s) {
+            Some(d) if requantize::can_write(d) => Ok(DraftFormat(Some(d))),
+            _ => Err(format!(
+                "unknown draft format {s:?} (expected q4_0, q8_0 or none)"
+            )),
+        }
+    }
 }
 
 impl SpecArgs {
@@ -50,7 +75,7 @@ impl SpecArgs {
             return Ok(None);
         };
         let path = progress::resolve_model(name, quiet)?;
-        let model = Model::load(&path)
+        let model = Model::load_with(&path, self.draft_format.0)
             .with_context(|| format!("loading the draft model {}", path.display()))?;
         Ok(Some(Arc::new(model)))
     }

@@ -200,6 +200,16 @@ fn speculative_run_answers_like_plain_decoding() {
     for extra in [
         &["--spec", "ngram", "--fixed-budget", "--tree-budget", "6"][..],
         &["--spec", "draft", "--draft", &draft][..],
+        // The f32 file as its own draft: requantized to Q4_0 (the default), and kept as is.
+        &["--spec", "draft", "--draft", &tiny][..],
+        &[
+            "--spec",
+            "draft",
+            "--draft",
+            &tiny,
+            "--draft-format",
+            "none",
+        ][..],
         &["--spec", "auto"][..],
     ] {
         let (out, err) = answer(extra);
@@ -212,6 +222,13 @@ fn speculative_run_answers_like_plain_decoding() {
         stderr(&bad).contains("unknown speculation"),
         "{}",
         stderr(&bad)
+    );
+    let bad_format = kasoku(&["run", "--model", &tiny, "-m", "x", "--draft-format", "q3"]);
+    assert!(!bad_format.status.success());
+    assert!(
+        stderr(&bad_format).contains("unknown draft format"),
+        "{}",
+        stderr(&bad_format)
     );
     let no_draft = kasoku(&["run", "--model", &tiny, "-m", "x", "--spec", "draft"]);
     assert!(!no_draft.status.success());

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator};
 use kasoku::model::{Model, TokenTree};
+use kasoku::quant::DType;
 use kasoku::spec::draft_model::DraftModelConfig;
 use kasoku::spec::{
     Accepted, DraftError, DraftModelDrafter, DraftRequest, Drafter, Features, MergedDrafter,
@@ -132,6 +133,18 @@ fn draft_model_speculation_equals_plain_decoding() {
         });
     }
     assert!(accepted > 0, "the draft model never got a token accepted");
+    // A draft model requantized to Q4_0 at load (the CLI's default for --draft).
+    let light = Arc::new(
+        Model::load_with(
+            common::fixture("llama/tiny/model-f32.gguf"),
+            Some(DType::Q4_0),
+        )
+        .unwrap(),
+    );
+    assert_eq!(light.layers[0].mlp.up.dtype, DType::Q4_0);
+    check("llama/tiny/model-f32.gguf", &|t| {
+        Box::new(DraftModelDrafter::new(light.clone(), 512, t.config.vocab, config).unwrap())
+    });
     // The draft model with prompt lookup's branches merged in (the default with --draft).
     check("llama/tiny/model-f32.gguf", &|t| {
         let d = DraftModelDrafter::new(draft.clone(), 512, t.config.vocab, config).unwrap();

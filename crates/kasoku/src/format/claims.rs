@@ -5,11 +5,13 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use super::{FormatError, RawTensor, TensorSource};
+use crate::quant::DType;
 
 /// Tracks which tensors of a source have been claimed.
 pub struct Claims<'a> {
     source: &'a dyn TensorSource,
     claimed: Mutex<BTreeSet<String>>,
+    matrix_format: Option<DType>,
 }
 
 impl<'a> Claims<'a> {
@@ -17,7 +19,20 @@ impl<'a> Claims<'a> {
         Claims {
             source,
             claimed: Mutex::new(BTreeSet::new()),
+            matrix_format: None,
         }
+    }
+
+    /// Asks whoever packs the claimed matrices to store those in heavier formats as `format`
+    /// (see `crate::quant::requantize`); `None` keeps every tensor's own format.
+    pub fn with_matrix_format(mut self, format: Option<DType>) -> Self {
+        self.matrix_format = format;
+        self
+    }
+
+    /// The format set by [`Claims::with_matrix_format`].
+    pub fn matrix_format(&self) -> Option<DType> {
+        self.matrix_format
     }
 
     pub fn source(&self) -> &'a dyn TensorSource {

@@ -17,6 +17,7 @@ use crate::format::HfCheckpoint;
 use crate::format::{Claims, TensorSource};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::rope::Rope;
+use crate::quant::DType;
 
 use super::config::{Arch, LayerKind, ModelConfig};
 use super::embedding::Embedding;
@@ -78,28 +79,46 @@ pub struct Model {
 impl Model {
     /// Loads a GGUF file, or a Hugging Face directory (config.json + safetensors).
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Model::load_with(path, None)
+    }
+
+    /// [`Model::load`], storing the matrices whose format is heavier than `matrix_format` in
+    /// that format (see `crate::quant::requantize`; for draft models).
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        matrix_format: Option<DType>,
+    ) -> Result<Model, ModelError> {
         let path = path.as_ref();
         if path.is_dir() {
             let ckpt = HfCheckpoint::open(path)?;
             let config = ModelConfig::from_hf(ckpt.config())?;
-            return Model::from_source(config, &ckpt);
+            return Model::from_source_with(config, &ckpt, matrix_format);
         }
         let file = GgufFile::open(path)?;
         let config = ModelConfig::from_gguf(&file)?;
-        Model::from_source(config, &file)
+        Model::from_source_with(config, &file, matrix_format)
     }
 
     /// Builds the model from `source` (tensors under GGUF names), claiming every tensor:
     /// a tensor nobody uses is an error.
     pub fn from_source(
+        config: ModelConfig,
+        source: &dyn TensorSource,
+    ) -> Result<Model, ModelError> {
+        Model::from_source_with(config, source, None)
+    }
+
+    /// [`Model::from_source`] with the matrix format of [`Model::load_with`].
+    pub fn from_source_with(
         mut config: ModelConfig,
         source: &dyn TensorSource,
+        matrix_format: Option<DType>,
     ) -> Result<Model, ModelError> {
         config.validate().map_err(|reason| ModelError::Config {
             source_path: source.path().display().to_string(),
             reason,
         })?;
-        let claims = Claims::new(source);
+        let claims = Claims::new(source).with_matrix_format(matrix_format);
         let (h, eps) = (config.hidden, config.rms_eps);
         let embedding = Embedding::load(&claims, "token_embd.weight", config.vocab, h)?;
 
@@ -158,12 +177,8 @@ impl Model {
             Some(m) => m,
             None => {
                 let t = embedding.tensor();
-                MatMulWeight::new(t.dtype, config.vocab, h, t.data.as_slice()).map_err(
-                    |source| ModelError::Weight {
-                        tensor: "token_embd.weight (tied head)".into(),
-                        source,
-                    },
-                )?
+                let name = "token_embd.weight (tied head)";
+                weights::pack(&claims, name, t.dtype, config.vocab, h, t.data.as_slice())?
             }
         };
         config.tied_embeddings = !claims.has("output.weight");
@@ -484,6 +499,38 @@ mod tests {
             let rest = model.forward(&mut mixed, &toks[4..], Logits::All).unwrap();
             let want: Vec<f64> = all[4 * cfg.vocab..].iter().map(|&v| v as f64).collect();
             assert!(rel_diff(&rest, &want) < TOL, "{what}: prefill + batch");
+        }
+    }
+
+    #[test]
+    fn requantized_matrices_take_the_asked_format_and_stay_close() {
+        for (what, cfg) in variants() {
+            let src = random_weights(&cfg, 11);
+            let toks = tokens(9, cfg.vocab, 12);
+            let want = reference_forward(&cfg, &src, &toks);
+            let mut diffs = Vec::new();
+            for to in [DType::Q8_0, DType::Q4_0] {
+                let model = Model::from_source_with(cfg.clone(), &src, Some(to)).unwrap();
+                for layer in &model.layers {
+                    for m in [&layer.mlp.gate, &layer.mlp.up, &layer.mlp.down] {
+                        // Rows that 32-value blocks do not divide keep their format.
+                        let want = if m.cols % 32 == 0 { to } else { DType::F32 };
+                        assert_eq!(m.dtype, want, "{what}: {}x{}", m.rows, m.cols);
+                    }
+                }
+                assert_eq!(model.head.dtype, to, "{what}");
+                let mut st = model.new_state(32);
+                let got = model.forward(&mut st, &toks, Logits::All).unwrap();
+                diffs.push(rel_diff(&got, &want));
+            }
+            // Eight-bit weights stay close to the f32 model; four-bit ones move further (on
+            // random weights, whose logits are all noise, far), but stay finite.
+            let (q8, q4) = (diffs[0], diffs[1]);
+            assert!(q8 > 1e-5 && q8 < 0.05, "{what}: Q8_0 rel diff {q8}");
+            assert!(
+                q4 > 4.0 * q8 && q4 < 1.0,
+                "{what}: Q4_0 rel diff {q4} (Q8_0: {q8})"
+            );
         }
     }
 

@@ -3,7 +3,7 @@
 
 use crate::format::Claims;
 use crate::kernels::matmul::MatMulWeight;
-use crate::quant::DType;
+use crate::quant::{requantize, DType};
 
 use super::ModelError;
 
@@ -15,10 +15,32 @@ pub fn matrix(
     cols: usize,
 ) -> Result<MatMulWeight, ModelError> {
     let t = claims.take(name, &[rows, cols])?;
-    MatMulWeight::new(t.dtype, rows, cols, t.data.as_slice()).map_err(|source| ModelError::Weight {
+    pack(claims, name, t.dtype, rows, cols, t.data.as_slice())
+}
+
+/// Packs the `[rows, cols]` matrix `bytes` of format `dtype` (tensor `name`) for `matmul`, in
+/// the claims' matrix format when one is set and lighter than `dtype`.
+pub fn pack(
+    claims: &Claims,
+    name: &str,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+) -> Result<MatMulWeight, ModelError> {
+    let err = |source| ModelError::Weight {
         tensor: name.to_string(),
         source,
-    })
+    };
+    if let Some(to) = claims.matrix_format() {
+        if requantize::worth_it(dtype, to, cols) {
+            // Malformed bytes fall through to the packer below, which names the problem.
+            if let Some(lighter) = requantize::requantize(dtype, to, rows, cols, bytes) {
+                return MatMulWeight::new(to, rows, cols, &lighter).map_err(err);
+            }
+        }
+    }
+    MatMulWeight::new(dtype, rows, cols, bytes).map_err(err)
 }
 
 /// A matrix if the checkpoint has it.

@@ -53,6 +53,28 @@ impl DType {
         })
     }
 
+    /// Every type, in GGML id order.
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::BF16,
+    ];
+
+    /// The type whose [`DType::name`] is `name` (ASCII case ignored), e.g. `Q4_0` or `q6_k`.
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
+    }
+
     /// Number of values in one block (1 for float types).
     pub fn block_size(self) -> usize {
         match self {

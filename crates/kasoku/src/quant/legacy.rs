@@ -164,6 +164,32 @@ pub fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Quantizes `x` (a multiple of 32 values) to Q4_0 blocks in `out` (`x.len() / 32 * 18`
+/// bytes) by GGML's reference rule: `d = m / −8` with `m` the value of largest magnitude (the
+/// first of ties), codes `min(15, trunc(x/d + 8.5))`, so `m` itself gets code 0.
+pub fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
+    assert!(
+        x.len().is_multiple_of(QK) && out.len() == x.len() / QK * 18,
+        "quantize_q4_0: size mismatch"
+    );
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(18)) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in xb {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        ob[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        let code = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            ob[2 + j] = code(xb[j]) | (code(xb[j + 16]) << 4);
+        }
+    }
+}
+
 /// Quantizes `x` (a multiple of 32 values) to Q8_1 blocks in `out` (`x.len() / 32 * 36` bytes):
 /// as Q8_0, plus `s = d·Σq` (computed with the f32 `d`, then stored as f16, as GGML does).
 pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {

@@ -4,6 +4,7 @@
 pub mod dtype;
 pub mod k_quants;
 pub mod legacy;
+pub mod requantize;
 
 pub use dtype::DType;
 
