@@ -428,8 +428,11 @@ fn packed_matmul_bytes(model: &Model) -> (u64, bool) {
     for layer in &model.layers {
         match &layer.mixer {
             Mixer::Attention(a) => {
-                total += [&a.wq, &a.wk, &a.wv, &a.wo]
-                    .iter()
+                total += a
+                    .qkv
+                    .matrices()
+                    .into_iter()
+                    .chain([&a.wo])
                     .map(|w| w.size_bytes() as u64)
                     .sum::<u64>();
             }

@@ -138,8 +138,11 @@ fn step(
         tm.time("rmsnorm", 0, || layer.attn_norm.forward(&x, &mut normed));
         let (kind, bytes) = match (&layer.mixer, &*st) {
             (Mixer::Attention(a), LayerState::Kv(c)) => {
-                let w: usize = [&a.wq, &a.wk, &a.wv, &a.wo]
-                    .iter()
+                let w: usize = a
+                    .qkv
+                    .matrices()
+                    .into_iter()
+                    .chain([&a.wo])
                     .map(|w| w.size_bytes())
                     .sum();
                 let kv = (c.len() + 1) * c.kv_dim() * 2 * 4;

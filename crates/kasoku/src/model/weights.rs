@@ -1,7 +1,7 @@
 //! Taking weights out of a checkpoint: matrices packed for `matmul`, and small vectors
 //! (norms, biases) dequantized to f32. Every tensor is claimed by name and shape.
 
-use crate::format::Claims;
+use crate::format::{Claims, RawTensor};
 use crate::kernels::matmul::MatMulWeight;
 use crate::quant::{requantize, DType};
 
@@ -14,8 +14,105 @@ pub fn matrix(
     rows: usize,
     cols: usize,
 ) -> Result<MatMulWeight, ModelError> {
-    let t = claims.take(name, &[rows, cols])?;
-    pack(claims, name, t.dtype, rows, cols, t.data.as_slice())
+    matrix_rows(claims, name, rows, cols)?.pack()
+}
+
+/// The rows of a claimed `[rows, cols]` matrix in the format it will be packed in: the
+/// checkpoint's, or the claims' lighter matrix format (requantized here).
+pub struct MatrixRows {
+    pub name: String,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    raw: RawTensor,
+    requantized: Option<Vec<u8>>,
+}
+
+impl MatrixRows {
+    /// The rows, contiguous.
+    pub fn bytes(&self) -> &[u8] {
+        self.requantized
+            .as_deref()
+            .unwrap_or_else(|| self.raw.data.as_slice())
+    }
+
+    /// Packs the matrix for `matmul`.
+    pub fn pack(&self) -> Result<MatMulWeight, ModelError> {
+        MatMulWeight::new(self.dtype, self.rows, self.cols, self.bytes()).map_err(|source| {
+            ModelError::Weight {
+                tensor: self.name.clone(),
+                source,
+            }
+        })
+    }
+
+    /// Packs `parts` stacked row-wise as one matrix (their rows in order), so that one product
+    /// reads all their weights in one stream; `None` unless they share format and columns.
+    /// Each row computes exactly what it computes in its own part.
+    pub fn pack_stacked(parts: &[&MatrixRows]) -> Option<Result<MatMulWeight, ModelError>> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.dtype != first.dtype || p.cols != first.cols)
+        {
+            return None;
+        }
+        let bytes: Vec<u8> = parts.iter().flat_map(|p| p.bytes()).copied().collect();
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let name = parts
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        Some(
+            MatMulWeight::new(first.dtype, rows, first.cols, &bytes).map_err(|source| {
+                ModelError::Weight {
+                    tensor: name,
+                    source,
+                }
+            }),
+        )
+    }
+}
+
+/// Claims a `[rows, cols]` matrix and brings it into its packing format (see [`MatrixRows`]).
+pub fn matrix_rows(
+    claims: &Claims,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<MatrixRows, ModelError> {
+    let raw = claims.take(name, &[rows, cols])?;
+    let (dtype, requantized) = lighter(claims, raw.dtype, rows, cols, raw.data.as_slice());
+    Ok(MatrixRows {
+        name: name.to_string(),
+        dtype,
+        rows,
+        cols,
+        raw,
+        requantized,
+    })
+}
+
+/// The claims' matrix format and the rows rewritten in it, when it is set and lighter than
+/// `dtype`; else `dtype` and `None`. Malformed bytes are left to the packer, which names the
+/// problem.
+fn lighter(
+    claims: &Claims,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+) -> (DType, Option<Vec<u8>>) {
+    match claims.matrix_format() {
+        Some(to) if requantize::worth_it(dtype, to, cols) => {
+            match requantize::requantize(dtype, to, rows, cols, bytes) {
+                Some(b) => (to, Some(b)),
+                None => (dtype, None),
+            }
+        }
+        _ => (dtype, None),
+    }
 }
 
 /// Packs the `[rows, cols]` matrix `bytes` of format `dtype` (tensor `name`) for `matmul`, in
@@ -32,15 +129,10 @@ pub fn pack(
         tensor: name.to_string(),
         source,
     };
-    if let Some(to) = claims.matrix_format() {
-        if requantize::worth_it(dtype, to, cols) {
-            // Malformed bytes fall through to the packer below, which names the problem.
-            if let Some(lighter) = requantize::requantize(dtype, to, rows, cols, bytes) {
-                return MatMulWeight::new(to, rows, cols, &lighter).map_err(err);
-            }
-        }
+    match lighter(claims, dtype, rows, cols, bytes) {
+        (to, Some(b)) => MatMulWeight::new(to, rows, cols, &b).map_err(err),
+        _ => MatMulWeight::new(dtype, rows, cols, bytes).map_err(err),
     }
-    MatMulWeight::new(dtype, rows, cols, bytes).map_err(err)
 }
 
 /// A matrix if the checkpoint has it.

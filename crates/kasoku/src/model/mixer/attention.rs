@@ -13,7 +13,8 @@ use crate::kernels::attention::{attention, tree_attention_rows, AttnGeometry};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::rope::Rope;
 
-use super::super::{weights, ModelConfig, ModelError, RmsNorm};
+use super::super::weights::{self, MatrixRows};
+use super::super::{ModelConfig, ModelError, RmsNorm};
 
 /// Keys and values of one attention layer, f32, head-major: per KV head `[position][head_dim]`
 /// (each head's rows contiguous, which is what the attention kernel streams).
@@ -118,9 +119,8 @@ impl KvCache {
 
 /// Weights and geometry of one attention layer.
 pub struct Attention {
-    pub wq: MatMulWeight,
-    pub wk: MatMulWeight,
-    pub wv: MatMulWeight,
+    /// The q, k and v projections, stacked into one matrix where their formats allow it.
+    pub qkv: Projections,
     pub wo: MatMulWeight,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
@@ -132,6 +132,80 @@ pub struct Attention {
     /// Qwen3.5 output gate: q projection rows are `[query | gate]` per head.
     pub gated: bool,
     pub scale: f32,
+}
+
+/// An attention layer's q, k and v projections: one stacked matrix (one pass over the
+/// weights, which matters for small models whose matrices are too small to stream at full
+/// speed one by one), or three when their formats differ.
+pub enum Projections {
+    Stacked {
+        w: MatMulWeight,
+        q_rows: usize,
+        kv_rows: usize,
+    },
+    Separate {
+        wq: MatMulWeight,
+        wk: MatMulWeight,
+        wv: MatMulWeight,
+    },
+}
+
+impl Projections {
+    /// Packs the three matrices, stacked when they share a format.
+    pub fn load(q: &MatrixRows, k: &MatrixRows, v: &MatrixRows) -> Result<Projections, ModelError> {
+        Ok(match MatrixRows::pack_stacked(&[q, k, v]) {
+            Some(w) => Projections::Stacked {
+                w: w?,
+                q_rows: q.rows,
+                kv_rows: k.rows,
+            },
+            None => Projections::Separate {
+                wq: q.pack()?,
+                wk: k.pack()?,
+                wv: v.pack()?,
+            },
+        })
+    }
+
+    /// The packed matrices (for byte counts).
+    pub fn matrices(&self) -> Vec<&MatMulWeight> {
+        match self {
+            Projections::Stacked { w, .. } => vec![w],
+            Projections::Separate { wq, wk, wv } => vec![wq, wk, wv],
+        }
+    }
+
+    /// `(x·Wqᵀ, x·Wkᵀ, x·Wvᵀ)` for the `n` rows of `x`.
+    fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        match self {
+            Projections::Stacked { w, q_rows, kv_rows } => {
+                let mut all = vec![0f32; n * w.rows];
+                matmul(w, x, n, &mut all);
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(n * q_rows),
+                    Vec::with_capacity(n * kv_rows),
+                    Vec::with_capacity(n * kv_rows),
+                );
+                for row in all.chunks_exact(w.rows) {
+                    let (rq, rest) = row.split_at(*q_rows);
+                    let (rk, rv) = rest.split_at(*kv_rows);
+                    q.extend_from_slice(rq);
+                    k.extend_from_slice(rk);
+                    v.extend_from_slice(rv);
+                }
+                (q, k, v)
+            }
+            Projections::Separate { wq, wk, wv } => {
+                let mut q = vec![0f32; n * wq.rows];
+                let mut k = vec![0f32; n * wk.rows];
+                let mut v = vec![0f32; n * wv.rows];
+                matmul(wq, x, n, &mut q);
+                matmul(wk, x, n, &mut k);
+                matmul(wv, x, n, &mut v);
+                (q, k, v)
+            }
+        }
+    }
 }
 
 impl Attention {
@@ -171,10 +245,11 @@ impl Attention {
                 rope.head_dim
             )));
         }
+        let q = weights::matrix_rows(claims, &name("attn_q.weight"), q_rows, h)?;
+        let k = weights::matrix_rows(claims, &name("attn_k.weight"), kv_dim, h)?;
+        let v = weights::matrix_rows(claims, &name("attn_v.weight"), kv_dim, h)?;
         Ok(Attention {
-            wq: weights::matrix(claims, &name("attn_q.weight"), q_rows, h)?,
-            wk: weights::matrix(claims, &name("attn_k.weight"), kv_dim, h)?,
-            wv: weights::matrix(claims, &name("attn_v.weight"), kv_dim, h)?,
+            qkv: Projections::load(&q, &k, &v)?,
             wo: weights::matrix(claims, &name("attn_output.weight"), h, q_dim)?,
             bq: bias("attn_q.bias", q_rows)?,
             bk: bias("attn_k.bias", kv_dim)?,
@@ -269,12 +344,8 @@ impl Attention {
         // Committed positions: a tree's earlier nodes sit after them in the cache.
         let past = cache.len() - tree.map_or(0, |(_, first)| first);
 
-        let mut q_raw = vec![0f32; n * self.wq.rows];
-        let mut k = vec![0f32; n * kv_dim];
-        let mut v = vec![0f32; n * kv_dim];
-        matmul(&self.wq, x, n, &mut q_raw);
-        matmul(&self.wk, x, n, &mut k);
-        matmul(&self.wv, x, n, &mut v);
+        let (mut q_raw, mut k, mut v) = self.qkv.project(x, n);
+        debug_assert_eq!(k.len(), n * kv_dim);
         for (buf, bias) in [
             (&mut q_raw, &self.bq),
             (&mut k, &self.bk),
@@ -327,6 +398,49 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::legacy::tests::{random_blocks, Rng};
+    use crate::quant::DType;
+
+    /// Stacked projections give exactly the separate ones' rows, in every matrix format
+    /// family, for one row and for several.
+    #[test]
+    fn stacked_projections_equal_separate_ones() {
+        let mut rng = Rng(21);
+        let (cols, q_rows, kv_rows) = (64, 24, 12);
+        for (dtype, block) in [(DType::Q4_0, 18), (DType::Q8_0, 34), (DType::F32, 4)] {
+            let per_row = dtype.bytes_for(cols).unwrap() / block;
+            let mut bytes = |rows: usize| -> Vec<u8> {
+                if dtype == DType::F32 {
+                    (0..rows * cols)
+                        .flat_map(|_| (rng.f32() - 0.5).to_le_bytes())
+                        .collect()
+                } else {
+                    random_blocks(&mut rng, block, rows * per_row)
+                }
+            };
+            let (bq, bk, bv) = (bytes(q_rows), bytes(kv_rows), bytes(kv_rows));
+            let new = |rows, b: &[u8]| MatMulWeight::new(dtype, rows, cols, b).unwrap();
+            let all: Vec<u8> = [&bq, &bk, &bv].into_iter().flatten().copied().collect();
+            let stacked = Projections::Stacked {
+                w: new(q_rows + 2 * kv_rows, &all),
+                q_rows,
+                kv_rows,
+            };
+            let separate = Projections::Separate {
+                wq: new(q_rows, &bq),
+                wk: new(kv_rows, &bk),
+                wv: new(kv_rows, &bv),
+            };
+            for n in [1, 5] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() - 0.5).collect();
+                assert_eq!(
+                    stacked.project(&x, n),
+                    separate.project(&x, n),
+                    "{dtype} n={n}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn kv_cache_append_truncate_commit() {
