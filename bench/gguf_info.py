@@ -63,7 +63,8 @@ class _Reader:
 
 
 def read_gguf(path: str | Path) -> dict:
-    """{'version', 'metadata' (small values only), 'tensors': [{'name','type','shape','nbytes'}]}."""
+    """{'version', 'metadata' (small values only), 'tensors': [{'name','type','shape','nbytes','offset'}]}
+    ('offset': where the tensor's bytes start in the file)."""
     with open(path, "rb") as f:
         r = _Reader(f)
         if f.read(4) != b"GGUF":
@@ -87,12 +88,17 @@ def read_gguf(path: str | Path) -> dict:
             nd = r.take("<I")
             ne = [r.take("<Q") for _ in range(nd)]
             ttype = r.take("<I")
-            r.take("<Q")  # offset
+            offset = r.take("<Q")  # within the data section
             tname, blk, bbytes = GGML_TYPES.get(ttype, (f"type{ttype}", 1, 0))
             n = 1
             for d in ne:
                 n *= d
-            tensors.append({"name": name, "type": tname, "shape": ne[::-1], "nbytes": n // blk * bbytes})
+            tensors.append({"name": name, "type": tname, "shape": ne[::-1], "nbytes": n // blk * bbytes,
+                            "offset": offset})
+        align = meta.get("general.alignment", 32)
+        data = (f.tell() + align - 1) // align * align
+        for t in tensors:
+            t["offset"] += data
     return {"version": version, "metadata": meta, "tensors": tensors}
 
 

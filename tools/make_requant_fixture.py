@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from gguf_info import GGML_TYPES, _Reader  # noqa: E402
+from gguf_info import GGML_TYPES, read_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KASOKU_CACHE", Path.home() / ".cache/kasoku"))
@@ -28,28 +27,7 @@ MODELS = Path(os.environ.get("KASOKU_MODELS", CACHE / "models"))
 
 def tensors(path: Path) -> dict:
     """name -> (type name, shape [rows, cols], absolute byte offset) of a GGUF file."""
-    with open(path, "rb") as f:
-        r = _Reader(f)
-        assert f.read(4) == b"GGUF"
-        r.take("<I")
-        n_tensors, n_kv = r.take("<Q"), r.take("<Q")
-        align = 32
-        for _ in range(n_kv):
-            key = r.string()
-            vtype = r.take("<I")
-            v = r.value(vtype, not key.startswith("tokenizer.ggml."))
-            if key == "general.alignment":
-                align = v
-        infos = []
-        for _ in range(n_tensors):
-            name = r.string()
-            nd = r.take("<I")
-            ne = [r.take("<Q") for _ in range(nd)]
-            ttype = r.take("<I")
-            off = r.take("<Q")
-            infos.append((name, GGML_TYPES[ttype][0], ne[::-1], off))
-        start = (f.tell() + align - 1) // align * align
-    return {n: (t, shape, start + off) for n, t, shape, off in infos}
+    return {t["name"]: (t["type"], t["shape"], t["offset"]) for t in read_gguf(path)["tensors"]}
 
 
 def row_bytes(ttype: str, cols: int) -> int:

@@ -242,28 +242,10 @@ fn kernel_cost(formats: &[DType]) {
     }
 }
 
-fn parse_dtype(s: &str) -> Option<DType> {
-    [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-    ]
-    .into_iter()
-    .find(|d| d.name().eq_ignore_ascii_case(s))
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let counts: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let mut formats: Vec<DType> = args.iter().filter_map(|a| parse_dtype(a)).collect();
+    let mut formats: Vec<DType> = args.iter().filter_map(|a| DType::from_name(a)).collect();
     let hot = args.iter().any(|a| a == "hot");
     if args.iter().any(|a| a == "kernel") {
         if formats.is_empty() {

@@ -51,7 +51,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
     };
     let encode = |p: &str| -> Result<Vec<u32>> { Ok(model.tokenizer.encode_with_bos(p, true)?) };
 
-    // One session per strategy: (label, session).
+    // The strategies: (label, speculation kind, whether it gets the draft model).
     let strategies: Vec<(String, SpecKind, bool)> = if args.compare.is_empty() {
         vec![(
             format!("{:?}", args.spec.spec).to_lowercase(),

@@ -176,9 +176,9 @@ impl Model {
         let head = match weights::optional_matrix(&claims, "output.weight", config.vocab, h)? {
             Some(m) => m,
             None => {
-                let t = embedding.tensor();
                 let name = "token_embd.weight (tied head)";
-                weights::pack(&claims, name, t.dtype, config.vocab, h, t.data.as_slice())?
+                let t = embedding.tensor().clone();
+                weights::MatrixRows::new(&claims, name, t, config.vocab, h).pack()?
             }
         };
         config.tied_embeddings = !claims.has("output.weight");

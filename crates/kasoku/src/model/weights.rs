@@ -2,7 +2,7 @@
 //! (norms, biases) dequantized to f32. Every tensor is claimed by name and shape.
 
 use crate::format::{Claims, RawTensor};
-use crate::kernels::matmul::MatMulWeight;
+use crate::kernels::matmul::{MatMulError, MatMulWeight};
 use crate::quant::{requantize, DType};
 
 use super::ModelError;
@@ -29,6 +29,27 @@ pub struct MatrixRows {
 }
 
 impl MatrixRows {
+    /// Brings the `[rows, cols]` matrix `raw` (tensor `name`) into its packing format: the
+    /// claims' matrix format when one is set and lighter than the tensor's, else its own.
+    /// Malformed bytes are kept as they are, for the packer to name the problem.
+    pub fn new(claims: &Claims, name: &str, raw: RawTensor, rows: usize, cols: usize) -> Self {
+        let requantized = claims
+            .matrix_format()
+            .filter(|&to| requantize::worth_it(raw.dtype, to, cols))
+            .and_then(|to| {
+                requantize::requantize(raw.dtype, to, rows, cols, raw.data.as_slice())
+                    .map(|bytes| (to, bytes))
+            });
+        MatrixRows {
+            name: name.to_string(),
+            dtype: requantized.as_ref().map_or(raw.dtype, |(to, _)| *to),
+            rows,
+            cols,
+            raw,
+            requantized: requantized.map(|(_, bytes)| bytes),
+        }
+    }
+
     /// The rows, contiguous.
     pub fn bytes(&self) -> &[u8] {
         self.requantized
@@ -38,12 +59,8 @@ impl MatrixRows {
 
     /// Packs the matrix for `matmul`.
     pub fn pack(&self) -> Result<MatMulWeight, ModelError> {
-        MatMulWeight::new(self.dtype, self.rows, self.cols, self.bytes()).map_err(|source| {
-            ModelError::Weight {
-                tensor: self.name.clone(),
-                source,
-            }
-        })
+        MatMulWeight::new(self.dtype, self.rows, self.cols, self.bytes())
+            .map_err(weight_error(&self.name))
     }
 
     /// Packs `parts` stacked row-wise as one matrix (their rows in order), so that one product
@@ -64,14 +81,15 @@ impl MatrixRows {
             .map(|p| p.name.as_str())
             .collect::<Vec<_>>()
             .join(" + ");
-        Some(
-            MatMulWeight::new(first.dtype, rows, first.cols, &bytes).map_err(|source| {
-                ModelError::Weight {
-                    tensor: name,
-                    source,
-                }
-            }),
-        )
+        Some(MatMulWeight::new(first.dtype, rows, first.cols, &bytes).map_err(weight_error(&name)))
+    }
+}
+
+/// Maps a packing error to one that names tensor `name`.
+fn weight_error(name: &str) -> impl FnOnce(MatMulError) -> ModelError + '_ {
+    move |source| ModelError::Weight {
+        tensor: name.to_string(),
+        source,
     }
 }
 
@@ -83,56 +101,7 @@ pub fn matrix_rows(
     cols: usize,
 ) -> Result<MatrixRows, ModelError> {
     let raw = claims.take(name, &[rows, cols])?;
-    let (dtype, requantized) = lighter(claims, raw.dtype, rows, cols, raw.data.as_slice());
-    Ok(MatrixRows {
-        name: name.to_string(),
-        dtype,
-        rows,
-        cols,
-        raw,
-        requantized,
-    })
-}
-
-/// The claims' matrix format and the rows rewritten in it, when it is set and lighter than
-/// `dtype`; else `dtype` and `None`. Malformed bytes are left to the packer, which names the
-/// problem.
-fn lighter(
-    claims: &Claims,
-    dtype: DType,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-) -> (DType, Option<Vec<u8>>) {
-    match claims.matrix_format() {
-        Some(to) if requantize::worth_it(dtype, to, cols) => {
-            match requantize::requantize(dtype, to, rows, cols, bytes) {
-                Some(b) => (to, Some(b)),
-                None => (dtype, None),
-            }
-        }
-        _ => (dtype, None),
-    }
-}
-
-/// Packs the `[rows, cols]` matrix `bytes` of format `dtype` (tensor `name`) for `matmul`, in
-/// the claims' matrix format when one is set and lighter than `dtype`.
-pub fn pack(
-    claims: &Claims,
-    name: &str,
-    dtype: DType,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-) -> Result<MatMulWeight, ModelError> {
-    let err = |source| ModelError::Weight {
-        tensor: name.to_string(),
-        source,
-    };
-    match lighter(claims, dtype, rows, cols, bytes) {
-        (to, Some(b)) => MatMulWeight::new(to, rows, cols, &b).map_err(err),
-        _ => MatMulWeight::new(dtype, rows, cols, bytes).map_err(err),
-    }
+    Ok(MatrixRows::new(claims, name, raw, rows, cols))
 }
 
 /// A matrix if the checkpoint has it.

@@ -138,11 +138,8 @@ pub struct Attention {
 /// weights, which matters for small models whose matrices are too small to stream at full
 /// speed one by one), or three when their formats differ.
 pub enum Projections {
-    Stacked {
-        w: MatMulWeight,
-        q_rows: usize,
-        kv_rows: usize,
-    },
+    /// Rows `[q | k | v]`, k and v of equal height.
+    Stacked { w: MatMulWeight, q_rows: usize },
     Separate {
         wq: MatMulWeight,
         wk: MatMulWeight,
@@ -151,13 +148,12 @@ pub enum Projections {
 }
 
 impl Projections {
-    /// Packs the three matrices, stacked when they share a format.
+    /// Packs the three matrices (k and v of equal height), stacked when they share a format.
     pub fn load(q: &MatrixRows, k: &MatrixRows, v: &MatrixRows) -> Result<Projections, ModelError> {
         Ok(match MatrixRows::pack_stacked(&[q, k, v]) {
             Some(w) => Projections::Stacked {
                 w: w?,
                 q_rows: q.rows,
-                kv_rows: k.rows,
             },
             None => Projections::Separate {
                 wq: q.pack()?,
@@ -178,7 +174,8 @@ impl Projections {
     /// `(x·Wqᵀ, x·Wkᵀ, x·Wvᵀ)` for the `n` rows of `x`.
     fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         match self {
-            Projections::Stacked { w, q_rows, kv_rows } => {
+            &Projections::Stacked { ref w, q_rows } => {
+                let kv_rows = (w.rows - q_rows) / 2;
                 let mut all = vec![0f32; n * w.rows];
                 matmul(w, x, n, &mut all);
                 let (mut q, mut k, mut v) = (
@@ -187,8 +184,8 @@ impl Projections {
                     Vec::with_capacity(n * kv_rows),
                 );
                 for row in all.chunks_exact(w.rows) {
-                    let (rq, rest) = row.split_at(*q_rows);
-                    let (rk, rv) = rest.split_at(*kv_rows);
+                    let (rq, rest) = row.split_at(q_rows);
+                    let (rk, rv) = rest.split_at(kv_rows);
                     q.extend_from_slice(rq);
                     k.extend_from_slice(rk);
                     v.extend_from_slice(rv);
@@ -424,7 +421,6 @@ mod tests {
             let stacked = Projections::Stacked {
                 w: new(q_rows + 2 * kv_rows, &all),
                 q_rows,
-                kv_rows,
             };
             let separate = Projections::Separate {
                 wq: new(q_rows, &bq),
