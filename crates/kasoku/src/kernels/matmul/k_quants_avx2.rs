@@ -63,20 +63,21 @@ pub(super) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// Packed super-blocks ahead of the current one that [`prefetch`] asks to have in L1, and in
-/// L2.
-const PREFETCH_L1: usize = 2;
+/// Packed super-blocks ahead of the current one that [`prefetch`] asks to have in L2.
 const PREFETCH_L2: usize = 8;
 
-/// Asks for the packed super-blocks `PREFETCH_L1` blocks after `sb` (of `bytes` bytes) to be
-/// brought into L1, and `PREFETCH_L2` blocks after it into L2: with several activation rows a
-/// super-block takes long enough that the hardware prefetchers fall behind, and the far
-/// requests keep both cores' memory streams going while they compute (measured on 2 threads,
-/// weights from memory: -5..30% per product at 2-16 rows against one distance of 4 into L1).
+/// Asks for the packed super-block `PREFETCH_L2` blocks after `sb` (of `bytes` bytes) to be
+/// brought into L2: with several activation rows a super-block takes long enough that the
+/// hardware prefetchers fall behind, and the far requests keep both cores' memory streams
+/// going while they compute. Only into L2: also asking for the nearer blocks in L1 (distance
+/// 2, `prefetcht0`) made the products slower, most at 2-4 rows (measured on 2 threads over
+/// every matrix of Qwen2.5-Coder-1.5B Q4_K_M in forward order, configurations alternated:
+/// 2 rows 32.2 → 21.9 ms, 4 rows 38.6 → 29.2 ms, 8 rows 59.4 → 55.9 ms; 1 row, which does not
+/// prefetch, 22.1 ms). Distances 6 to 16 measured alike; `prefetcht2` and `prefetchnta`
+/// were slower.
 #[inline(always)]
 pub(super) unsafe fn prefetch(sb: *const u8, bytes: usize) {
     for k in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(sb.wrapping_add(PREFETCH_L1 * bytes + k) as *const i8);
         _mm_prefetch::<_MM_HINT_T1>(sb.wrapping_add(PREFETCH_L2 * bytes + k) as *const i8);
     }
 }
