@@ -16,6 +16,10 @@ use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 use crate::kernels::matmul::MatMulWeight;
 use crate::model::{Logits, Model, ModelState, Outputs, TokenTree, TreeBuilder};
 
+/// Most tokens the draft model has not computed yet that a tree's first level computes along
+/// with its root (its "leading chain"); a longer gap is fed by a pass of its own first.
+const LEADING_CHAIN: usize = 8;
+
 /// Draft-model drafter settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftModelConfig {
@@ -197,9 +201,12 @@ impl Drafter for DraftModelDrafter {
     }
 
     fn catch_up(&mut self, tokens: &[u32]) -> Result<(), DraftError> {
-        // Everything but the root, in one pass (nothing in steady state: the last commit
-        // left the draft model one token behind).
-        self.sync(tokens, 1)
+        // Everything but the last LEADING_CHAIN tokens, in one pass. A short gap is left for
+        // the next tree's leading chain, whose first level computes it at no extra cost
+        // (the pass reads the same weights for one row or several): after the target accepts
+        // a path down to a leaf of the last tree, which the draft model never computed, the
+        // gap is two tokens, and feeding them here cost a pass of their own.
+        self.sync(tokens, LEADING_CHAIN)
     }
 
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
@@ -208,7 +215,7 @@ impl Drafter for DraftModelDrafter {
             return Ok(TokenTree::chain(&[]));
         }
         // Keep at most a few unfed tokens for the tree's leading chain.
-        self.sync(tokens, 8)?;
+        self.sync(tokens, LEADING_CHAIN)?;
         let missing = &tokens[self.fed.len()..];
         self.last_missing = missing.to_vec();
         self.last_tree = None;
@@ -344,11 +351,11 @@ mod tests {
         let mut d = DraftModelDrafter::new(model.clone(), 128, vocab, config).unwrap();
         let mut seq: Vec<u32> = vec![3, 7, 11, 2, 5];
         d.start(&seq, Features::default()).unwrap();
-        // Greedy plain decoding of 12 tokens.
+        // Greedy plain decoding of 24 tokens.
         let mut st = model.new_state(128);
         let mut logits = model.forward(&mut st, &seq, Logits::Last).unwrap();
         let mut greedy = Vec::new();
-        for _ in 0..12 {
+        for _ in 0..24 {
             let t = crate::engine::sampler::argmax(&logits);
             greedy.push(t);
             logits = model.forward(&mut st, &[t], Logits::Last).unwrap();
@@ -383,12 +390,14 @@ mod tests {
             .unwrap();
         assert_eq!(tree.tokens(), &greedy[3..7]);
 
-        // Four tokens decoded without drafting: catching up feeds them (all but the new root)
-        // and the next draft still continues greedily.
+        // Four tokens decoded without drafting: a gap this short is left to the next tree's
+        // leading chain (catching up feeds nothing), and the draft still continues greedily.
         let mut seq3 = seq2[..seq2.len() - 1].to_vec();
         seq3.extend_from_slice(&greedy[3..8]);
+        let fed = d.fed.clone();
         d.catch_up(&seq3).unwrap();
-        assert_eq!(d.fed, seq3[..seq3.len() - 1]);
+        assert_eq!(d.fed, fed);
+        assert!(seq3.len() - d.fed.len() <= LEADING_CHAIN);
         let tree = d
             .draft(&DraftRequest {
                 tokens: &seq3,
@@ -397,5 +406,19 @@ mod tests {
             })
             .unwrap();
         assert_eq!(tree.tokens(), &greedy[7..11]);
+
+        // Twelve more without drafting: catching up feeds all but the last LEADING_CHAIN.
+        let mut seq4 = seq3[..seq3.len() - 1].to_vec();
+        seq4.extend_from_slice(&greedy[7..20]);
+        d.catch_up(&seq4).unwrap();
+        assert_eq!(d.fed, seq4[..seq4.len() - LEADING_CHAIN]);
+        let tree = d
+            .draft(&DraftRequest {
+                tokens: &seq4,
+                budget: 3,
+                max_depth: 3,
+            })
+            .unwrap();
+        assert_eq!(tree.tokens(), &greedy[19..23]);
     }
 }
