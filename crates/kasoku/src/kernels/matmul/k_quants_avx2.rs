@@ -1,4 +1,5 @@
-//! AVX2 kernels for the K-quant formats: one packed 8-row group times up to 4 activation rows,
+//! AVX2 kernels for the K-quant formats: one packed 8-row group times up to 4 activation rows
+//! (adding to the tile's running sums),
 //! the same arithmetic as the portable kernel in `k_quants.rs` (see its documentation for the
 //! layouts). Each code register is unpacked once and multiplied (`maddubs`) with every
 //! activation row of the tile; 16-bit partial sums are widened and scaled with one `madd`
@@ -35,20 +36,26 @@ pub(super) unsafe fn kernel(
     let w = wg.as_ptr();
     let a = acts.as_ptr();
     match (dtype, out.len()) {
-        (DType::Q4K, 1) => store(q4k::<1>(w, a, stride, nsb), out),
-        (DType::Q4K, 2) => store(q4k::<2>(w, a, stride, nsb), out),
-        (DType::Q4K, 3) => store(q4k::<3>(w, a, stride, nsb), out),
-        (DType::Q4K, 4) => store(q4k::<4>(w, a, stride, nsb), out),
-        (DType::Q5K, 1) => store(q5k::<1>(w, a, stride, nsb), out),
-        (DType::Q5K, 2) => store(q5k::<2>(w, a, stride, nsb), out),
-        (DType::Q5K, 3) => store(q5k::<3>(w, a, stride, nsb), out),
-        (DType::Q5K, 4) => store(q5k::<4>(w, a, stride, nsb), out),
-        (DType::Q6K, 1) => store(q6k::<1>(w, a, stride, nsb), out),
-        (DType::Q6K, 2) => store(q6k::<2>(w, a, stride, nsb), out),
-        (DType::Q6K, 3) => store(q6k::<3>(w, a, stride, nsb), out),
-        (DType::Q6K, 4) => store(q6k::<4>(w, a, stride, nsb), out),
+        (DType::Q4K, 1) => store(q4k::<1>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q4K, 2) => store(q4k::<2>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q4K, 3) => store(q4k::<3>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q4K, 4) => store(q4k::<4>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q5K, 1) => store(q5k::<1>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q5K, 2) => store(q5k::<2>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q5K, 3) => store(q5k::<3>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q5K, 4) => store(q5k::<4>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q6K, 1) => store(q6k::<1>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q6K, 2) => store(q6k::<2>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q6K, 3) => store(q6k::<3>(w, a, stride, nsb, acc_of(out)), out),
+        (DType::Q6K, 4) => store(q6k::<4>(w, a, stride, nsb, acc_of(out)), out),
         _ => unreachable!("k_quants avx2: {dtype} with {} activation rows", out.len()),
     }
+}
+
+/// The running sums of a tile (`out`), as registers.
+#[inline(always)]
+unsafe fn acc_of<const R: usize>(out: &[[f32; GROUP]]) -> [__m256; R] {
+    std::array::from_fn(|r| _mm256_loadu_ps(out[r].as_ptr()))
 }
 
 #[inline(always)]
@@ -281,6 +288,7 @@ unsafe fn q4k<const R: usize>(
     a: *const u8,
     stride: usize,
     nsb: usize,
+    mut acc: [__m256; R],
 ) -> [__m256; R] {
     let dup = [
         word_mask(0, 0),
@@ -288,7 +296,6 @@ unsafe fn q4k<const R: usize>(
         word_mask(8, 8),
         word_mask(12, 12),
     ];
-    let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1152);
         if R > 1 {
@@ -331,6 +338,7 @@ unsafe fn q5k<const R: usize>(
     a: *const u8,
     stride: usize,
     nsb: usize,
+    mut acc: [__m256; R],
 ) -> [__m256; R] {
     let dup = [
         word_mask(0, 0),
@@ -338,7 +346,6 @@ unsafe fn q5k<const R: usize>(
         word_mask(8, 8),
         word_mask(12, 12),
     ];
-    let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1408);
         if R > 1 {
@@ -388,8 +395,8 @@ unsafe fn q6k<const R: usize>(
     a: *const u8,
     stride: usize,
     nsb: usize,
+    mut acc: [__m256; R],
 ) -> [__m256; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..nsb {
         let sb = w.add(s * 1680);
         if R > 1 {

@@ -210,7 +210,6 @@ unsafe fn q4k<const R: usize>(
     out: &mut [[f32; GROUP]],
 ) {
     debug_assert_eq!(out.len(), R);
-    out.fill([0.0; GROUP]);
     let o = out.as_mut_ptr() as *mut f32;
     // An opaque trip count keeps the group loop a loop: fully unrolled, the compiler
     // schedules every code load of the super-block first and spills the tile's sums.
@@ -254,7 +253,6 @@ unsafe fn q5k<const R: usize>(
     out: &mut [[f32; GROUP]],
 ) {
     debug_assert_eq!(out.len(), R);
-    out.fill([0.0; GROUP]);
     let o = out.as_mut_ptr() as *mut f32;
     // An opaque trip count keeps the group loop a loop (see `q4k`).
     let groups = std::hint::black_box(4usize);
@@ -335,7 +333,6 @@ unsafe fn q6k<const R: usize>(
     out: &mut [[f32; GROUP]],
 ) {
     debug_assert_eq!(out.len(), R);
-    out.fill([0.0; GROUP]);
     let o = out.as_mut_ptr() as *mut f32;
     // An opaque trip count keeps the unit loop a loop (see `q4k`).
     let units = std::hint::black_box(8usize);

@@ -146,19 +146,22 @@ impl MatMulWeight {
     /// computes exactly what row `j` of `self` does.
     pub fn first_rows(&self, n: usize) -> MatMulWeight {
         let n = n.min(self.rows);
-        let bytes = match family(self.dtype) {
-            Family::Reference => self.packed.len() / self.rows.max(1) * n,
+        let prefix = |bytes: usize| PackedBytes::copy_of(&self.packed[..bytes]);
+        let packed = match family(self.dtype) {
+            Family::Reference => prefix(self.packed.len() / self.rows.max(1) * n),
             // Packed in groups of 8 rows, group after group.
-            Family::Floats | Family::Legacy | Family::KQuants => {
+            Family::Floats | Family::Legacy => {
                 let groups = self.rows.div_ceil(8).max(1);
-                self.packed.len() / groups * n.div_ceil(8)
+                prefix(self.packed.len() / groups * n.div_ceil(8))
             }
+            // In groups of 8 rows, in column panels.
+            Family::KQuants => k_quants::first_groups(self, n.div_ceil(k_quants::GROUP)),
         };
         MatMulWeight {
             dtype: self.dtype,
             rows: n,
             cols: self.cols,
-            packed: PackedBytes::copy_of(&self.packed[..bytes]),
+            packed,
         }
     }
 
