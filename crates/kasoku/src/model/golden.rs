@@ -343,17 +343,18 @@ mod tests {
     }
 
     /// Qwen2.5-Coder-1.5B (the speed target): "def fibonacci(n):\n" → llama.cpp's greedy
-    /// "    if n <= 0:\n        return" (top-2 margins ≥ 1.07). Cut at the first margin below
-    /// 1.0: on this prompt kasoku's logits differ from llama.cpp's (f32 cache) by up to 0.65,
-    /// as much as llama.cpp's own f16 cache moves them (0.67), so a 0.53 margin 2 tokens later
-    /// is a coin toss between correct engines.
+    /// "    if n <=" (same tool, f32 cache, decoding token by token: top-2 margins 4.35 1.09
+    /// 5.86 0.74 7.14), cut where the margin first drops below 0.5, as for the 0.5B: the next
+    /// token is llama.cpp's " 0" over " 1" by 0.038 (0.25 when it evaluates the sequence in
+    /// one batch), a coin toss between correct engines (on this prompt kasoku's logits differ
+    /// from llama.cpp's by up to 0.5, as much as llama.cpp's own f16 cache moves them).
     #[test]
     fn qwen25_coder_15b_greedy_matches_llama_cpp() {
         let Some(path) = cached_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") else {
             return;
         };
         let model = Model::load(&path).unwrap();
-        let want = [262u32, 421, 308, 2651, 220, 15, 510, 286, 470];
+        let want = [262u32, 421, 308, 2651, 220];
         assert_eq!(greedy(&model, &[750, 75698, 1445, 982], want.len()), want);
     }
 
