@@ -512,6 +512,7 @@ mod avx2 {
     /// # Safety
     /// AVX2 and FMA must be available; `ctx.hd % 8 == 0`.
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // register blocks index several arrays at once
     unsafe fn blocked_task(
         ctx: &Ctx,
         kvh: usize,
@@ -568,7 +569,7 @@ mod avx2 {
             }
             for p in (0..n_q).step_by(SCORE_HEADS) {
                 let heads: [usize; SCORE_HEADS] = std::array::from_fn(|h| (p + h).min(n_q - 1));
-                let dots = dot_block(heads.map(|h| qp(h)), k, hd);
+                let dots = dot_block(heads.map(&qp), k, hd);
                 for (h, &qh) in heads.iter().enumerate().take(n_q - p) {
                     let row = &mut scores[qh * width + j..][..nk];
                     for (t, s) in row.iter_mut().enumerate() {
