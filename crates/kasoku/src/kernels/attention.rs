@@ -296,6 +296,14 @@ impl Ctx<'_> {
         }
     }
 
+    /// How many of the keys `keys` row `i` sees (it sees positions up to its own).
+    #[inline(always)]
+    fn seen(&self, i: usize, keys: &std::ops::Range<usize>) -> usize {
+        (self.last_seen(i) + 1)
+            .min(keys.end)
+            .saturating_sub(keys.start)
+    }
+
     /// Where the key row `i` sees at logical position `p` is stored.
     #[inline(always)]
     fn slot(&self, i: usize, p: usize) -> usize {
@@ -359,11 +367,7 @@ fn task<O: Ops>(
     let n_q = rows.len() * group;
     let mut scores = vec![0f32; n_q * width];
     // Keys this (row, head) sees in the chunk: row i sees positions ≤ its own.
-    let seen = |i: usize| {
-        (ctx.last_seen(i) + 1)
-            .min(keys.end)
-            .saturating_sub(keys.start)
-    };
+    let seen = |i: usize| ctx.seen(i, &keys);
     let max_seen = rows.clone().map(seen).max().unwrap_or(0);
     for j in 0..max_seen {
         for (r, i) in rows.clone().enumerate() {
@@ -534,14 +538,7 @@ mod avx2 {
         let slot = hd + 2;
         let width = keys.len();
         let n_q = rows.len() * group;
-        let lens: Vec<usize> = rows
-            .clone()
-            .map(|i| {
-                (ctx.last_seen(i) + 1)
-                    .min(keys.end)
-                    .saturating_sub(keys.start)
-            })
-            .collect();
+        let lens: Vec<usize> = rows.clone().map(|i| ctx.seen(i, &keys)).collect();
         let mut shared = lens.iter().copied().min().unwrap_or(0);
         if ctx.tree.is_some() {
             shared = shared.min(ctx.past.saturating_sub(keys.start));
