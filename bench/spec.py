@@ -171,6 +171,11 @@ def summarize(rows):
     }
 
 
+def times(v, base):
+    """`v / base` as a table cell, or a dash where the base configuration did not run."""
+    return f"{v / base:.2f}×" if base else "—"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=20, help="HumanEval prompts (default 20)")
@@ -243,7 +248,8 @@ def main():
              f"{args.threads} threads, greedy, up to {args.gen_tokens} tokens per prompt, "
              f"{args.rounds} round(s); load average at the end {load[0]:.2f}. "
              f"Command: `python3 bench/spec.py --prompts {args.prompts} --gen-tokens {args.gen_tokens} "
-             f"--rounds {args.rounds} --merge-repeats {args.merge_repeats}`.", ""]
+             f"--rounds {args.rounds} --merge-repeats {args.merge_repeats}"
+             + (f" --only '{args.only}'" if args.only else "") + "`.", ""]
     for s, rows in summary.items():
         base = rows.get("kasoku plain", {}).get("decode_tokens_per_s") or 0
         ref = rows.get("llama.cpp draft", {}).get("decode_tokens_per_s") or 0
@@ -255,7 +261,7 @@ def main():
         for c, m in rows.items():
             v = m["decode_tokens_per_s"]
             lines.append(f"| {c} | {v:.2f} | {m['median_prompt_tokens_per_s']:.2f} | {m['tokens_per_pass']:.2f} | "
-                         f"{m['mean_accepted']:.2f} | {v / base if base else 0:.2f}× | {v / ref if ref else 0:.2f}× |")
+                         f"{m['mean_accepted']:.2f} | {times(v, base)} | {times(v, ref)} |")
         lines.append("")
     (OUT / "latest.md").write_text("\n".join(lines))
     print("\n".join(lines))
