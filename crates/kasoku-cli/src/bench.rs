@@ -46,10 +46,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         threads::set_threads(n);
     }
     anyhow::ensure!(args.prompt_tokens > 0, "--prompt-tokens must be at least 1");
-    anyhow::ensure!(
-        args.verify.iter().all(|&k| k > 0),
-        "--verify sizes must be at least 1"
-    );
+    let verify_sizes = parse_verify_sizes(&args.verify)?;
     let path = crate::progress::resolve_model(&args.model, true)?;
     anyhow::ensure!(
         args.compare.is_empty() || args.prompts.is_some(),
@@ -66,7 +63,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let rss_after_load = current_rss_bytes();
     let cfg = &model.config;
 
-    let max_verify = args.verify.iter().copied().max().unwrap_or(0);
+    let max_verify = verify_sizes.iter().copied().max().unwrap_or(0);
     let ctx = args
         .prompt_tokens
         .max(CONTEXT + args.gen_tokens + 1)
@@ -98,7 +95,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     drop(state);
 
     // Verify curve.
-    let verify = verify_curve(model, &context, &args.verify, ctx)?;
+    let verify = verify_curve(model, &context, &verify_sizes, ctx)?;
 
     let profile = if args.profile {
         let gdn = gdn_weight_bytes(&path, model);
@@ -155,6 +152,23 @@ fn warm_up(model: &Model, prompt: &[u32], ctx: usize) -> Result<()> {
     let logits = model.forward(&mut state, &prompt[..n], Logits::Last)?;
     model.forward(&mut state, &[argmax(&logits)], Logits::Last)?;
     Ok(())
+}
+
+/// The forward-pass sizes of `--verify`: comma-separated counts of at least 1, or nothing
+/// (an empty value or `none`) to skip the verify curve.
+fn parse_verify_sizes(arg: &str) -> Result<Vec<usize>> {
+    let arg = arg.trim();
+    if arg.is_empty() || arg == "none" {
+        return Ok(Vec::new());
+    }
+    arg.split(',')
+        .map(|s| match s.trim().parse::<usize>() {
+            Ok(k) if k > 0 => Ok(k),
+            _ => anyhow::bail!(
+                "--verify: `{s}` is not a size of at least 1 (give e.g. 1,2,4,8 or none)"
+            ),
+        })
+        .collect()
 }
 
 /// One point of the verify curve.
@@ -531,6 +545,16 @@ mod tests {
         // Not degenerate: many distinct ids.
         let distinct: std::collections::BTreeSet<_> = a.iter().collect();
         assert!(distinct.len() > 40);
+    }
+
+    #[test]
+    fn verify_sizes_parse_or_skip() {
+        assert_eq!(parse_verify_sizes("1,2, 8").unwrap(), vec![1, 2, 8]);
+        assert!(parse_verify_sizes("").unwrap().is_empty());
+        assert!(parse_verify_sizes("none").unwrap().is_empty());
+        for bad in ["0", "1,,2", "x", "-1"] {
+            assert!(parse_verify_sizes(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
