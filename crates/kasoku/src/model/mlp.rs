@@ -2,7 +2,7 @@
 
 use crate::format::Claims;
 use crate::kernels::activation::swiglu_inplace;
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::{matmul, matmul_many, MatMulWeight};
 
 use super::{weights, ModelError};
 
@@ -33,8 +33,7 @@ impl Mlp {
         let ffn = self.gate.rows;
         let mut g = vec![0f32; n * ffn];
         let mut u = vec![0f32; n * ffn];
-        matmul(&self.gate, x, n, &mut g);
-        matmul(&self.up, x, n, &mut u);
+        matmul_many(&[&self.gate, &self.up], x, n, &mut [&mut g, &mut u]);
         swiglu_inplace(&mut g, &u);
         matmul(&self.down, &g, n, out);
     }

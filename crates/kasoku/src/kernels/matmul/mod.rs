@@ -223,35 +223,68 @@ thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Several products over the same activations, `ys[i] = x · Wᵢᵀ` (e.g. an attention layer's
+/// q, k and v projections when their formats differ), in one parallel job: the pool
+/// synchronises once instead of once per matrix, and the small matrices' tasks fill the gaps
+/// of the large one's. Each output gets the same bits as [`matmul`] of its matrix alone.
+pub fn matmul_many(ws: &[&MatMulWeight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    matmul_parts(ws, x, n, ys, Isa::detect(), threads::num_threads());
+}
+
 /// [`matmul`] with a chosen instruction set, its rows split for `threads` threads.
 fn matmul_split(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32], isa: Isa, threads: usize) {
-    assert_eq!(x.len(), n * w.cols, "matmul: x has the wrong length");
-    assert_eq!(y.len(), n * w.rows, "matmul: y has the wrong length");
-    if n == 0 || w.rows == 0 {
+    matmul_parts(&[w], x, n, &mut [y], isa, threads);
+}
+
+/// The products of [`matmul_many`] with a chosen instruction set, each matrix's rows split
+/// for `threads` threads and all the chunks run as the tasks of one job.
+fn matmul_parts(
+    ws: &[&MatMulWeight],
+    x: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+    isa: Isa,
+    threads: usize,
+) {
+    assert_eq!(ws.len(), ys.len(), "matmul: one output per matrix");
+    let mut acts = Vec::with_capacity(ws.len());
+    let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
+    let mut outs = Vec::with_capacity(ws.len());
+    for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
+        assert_eq!(x.len(), n * w.cols, "matmul: x has the wrong length");
+        assert_eq!(y.len(), n * w.rows, "matmul: y has the wrong length");
+        outs.push(SharedOut(y.as_mut_ptr()));
+        if n == 0 || w.rows == 0 {
+            acts.push(None);
+            continue;
+        }
+        acts.push(Some(match family(w.dtype) {
+            Family::Floats => floats::prepare(x),
+            Family::Legacy => Prepared::Q8(legacy::prepare(w.dtype, x, n, w.cols, isa)),
+            Family::KQuants => k_quants::prepare(w, x, n),
+            Family::Reference => reference::prepare(w, x, n),
+        }));
+        tasks.extend(split_rows(w.rows, threads).into_iter().map(|r| (i, r)));
+    }
+    if tasks.is_empty() {
         return;
     }
-    let fam = family(w.dtype);
-    let act = match fam {
-        Family::Floats => floats::prepare(x),
-        Family::Legacy => Prepared::Q8(legacy::prepare(w.dtype, x, n, w.cols, isa)),
-        Family::KQuants => k_quants::prepare(w, x, n),
-        Family::Reference => reference::prepare(w, x, n),
-    };
-    let chunks = split_rows(w.rows, threads);
-    let out = SharedOut(y.as_mut_ptr());
-    threads::parallel_for(chunks.len(), |t| {
-        let rows = chunks[t].clone();
+    threads::parallel_for(tasks.len(), |t| {
+        let (i, ref rows) = tasks[t];
+        let (w, out) = (ws[i], outs[i]);
+        let act = acts[i].as_ref().expect("tasks only for prepared matrices");
         TILE.with(|cell| {
             let mut tile = cell.borrow_mut();
             tile.resize(n * rows.len(), 0.0);
-            match fam {
-                Family::Floats => floats::compute_tile(w, &act, n, rows.clone(), &mut tile, isa),
-                Family::Legacy => legacy::compute_tile(w, &act, n, rows.clone(), &mut tile, isa),
-                Family::KQuants => k_quants::compute_tile(w, &act, n, rows.clone(), &mut tile, isa),
-                Family::Reference => reference::compute_tile(w, &act, n, rows.clone(), &mut tile),
+            match family(w.dtype) {
+                Family::Floats => floats::compute_tile(w, act, n, rows.clone(), &mut tile, isa),
+                Family::Legacy => legacy::compute_tile(w, act, n, rows.clone(), &mut tile, isa),
+                Family::KQuants => k_quants::compute_tile(w, act, n, rows.clone(), &mut tile, isa),
+                Family::Reference => reference::compute_tile(w, act, n, rows.clone(), &mut tile),
             }
             for r in 0..n {
-                // SAFETY: tasks write disjoint row ranges of y, which outlives the call.
+                // SAFETY: tasks write disjoint row ranges of the outputs, which outlive the
+                // call.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(
                         out.get().add(r * w.rows + rows.start),
@@ -403,6 +436,54 @@ mod tests {
                     matmul_with(&w, &x, n, &mut y, isa);
                     check(dtype, rows, cols, &wb, &x, n, &y);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn several_matrices_in_one_job_match_each_alone() {
+        let mut rng = Rng(4);
+        let cols = 256;
+        // Mixed families and heights, one of them empty.
+        let shapes = [
+            (DType::Q4_0, 70),
+            (DType::F16, 9),
+            (DType::Q6K, 33),
+            (DType::Q8_0, 0),
+        ];
+        let ws: Vec<MatMulWeight> = shapes
+            .iter()
+            .map(|&(dtype, rows)| {
+                let mut wb = match dtype {
+                    DType::Q6K => rng.bytes(rows * dtype.bytes_for(cols).unwrap()),
+                    _ => random_matrix(&mut rng, dtype, rows, cols),
+                };
+                if dtype == DType::Q6K {
+                    // Finite scales: the f16 `d` at the end of each block.
+                    for blk in wb.chunks_exact_mut(dtype.block_bytes()) {
+                        blk[208..210]
+                            .copy_from_slice(&half::f16::from_f32(rng.f32() * 0.05).to_le_bytes());
+                    }
+                }
+                MatMulWeight::new(dtype, rows, cols, &wb).unwrap()
+            })
+            .collect();
+        let refs: Vec<&MatMulWeight> = ws.iter().collect();
+        for n in [1, 5] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+            let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+            let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            matmul_many(&refs, &x, n, &mut slices);
+            for (w, got) in ws.iter().zip(&outs) {
+                let mut alone = vec![0f32; n * w.rows];
+                matmul(w, &x, n, &mut alone);
+                assert!(
+                    got.iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} n={n}",
+                    w.dtype
+                );
             }
         }
     }

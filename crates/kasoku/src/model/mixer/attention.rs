@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::format::Claims;
 use crate::kernels::activation::sigmoid_gate;
 use crate::kernels::attention::{attention, tree_attention_rows, AttnGeometry};
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::{matmul, matmul_many, MatMulWeight};
 use crate::kernels::rope::Rope;
 
 use super::super::weights::{self, MatrixRows};
@@ -196,9 +196,7 @@ impl Projections {
                 let mut q = vec![0f32; n * wq.rows];
                 let mut k = vec![0f32; n * wk.rows];
                 let mut v = vec![0f32; n * wv.rows];
-                matmul(wq, x, n, &mut q);
-                matmul(wk, x, n, &mut k);
-                matmul(wv, x, n, &mut v);
+                matmul_many(&[wq, wk, wv], x, n, &mut [&mut q, &mut k, &mut v]);
                 (q, k, v)
             }
         }
