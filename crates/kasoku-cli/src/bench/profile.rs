@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use kasoku::engine::sampler::argmax;
 use kasoku::kernels::activation::swiglu_inplace;
-use kasoku::kernels::matmul::{matmul, MatMulWeight};
+use kasoku::kernels::matmul::{matmul, matmul_many, MatMulWeight};
 use kasoku::model::{LayerState, Logits, Mixer, Model, ModelState};
 use serde_json::{json, Value};
 
@@ -165,8 +165,16 @@ fn step(
         let m = &layer.mlp;
         let mut g = vec![0f32; m.gate.rows];
         let mut u = vec![0f32; m.up.rows];
-        tm.matmul(&m.gate, &normed, &mut g);
-        tm.matmul(&m.up, &normed, &mut u);
+        // One job for gate and up, as `Mlp::forward` runs them.
+        let kind = if m.gate.dtype == m.up.dtype {
+            format!("matmul {}", m.gate.dtype)
+        } else {
+            format!("matmul {} + {}", m.gate.dtype, m.up.dtype)
+        };
+        let bytes = (m.gate.size_bytes() + m.up.size_bytes()) as u64;
+        tm.time(&kind, bytes, || {
+            matmul_many(&[&m.gate, &m.up], &normed, 1, &mut [&mut g, &mut u])
+        });
         tm.time("swiglu", 0, || swiglu_inplace(&mut g, &u));
         tm.matmul(&m.down, &g, &mut delta);
         tm.time("residual add", 0, || {
