@@ -44,7 +44,7 @@ def speed_table(r: dict) -> str:
                 continue
             row = [m["name"], eng, _cell(mt["prefill"].get(eng))]
             row += [_cell(mt[f"decode_{n}"].get(eng)) for n in gen]
-            row += [_pct((mt[f"decode_{n}"].get(eng) or {}).get("fraction_of_ceiling")) for n in gen]
+            row += [_pcts(mt[f"decode_{n}"].get(eng)) for n in gen]
             row.append(_mib(mt["peak_rss"].get(eng)))
             lines.append("| " + " | ".join(row) + " |")
         ratio = [_cell(mt["prefill"].get("ratio"), 2)] + [_cell(mt[f"decode_{n}"].get("ratio"), 2) for n in gen]
@@ -58,6 +58,15 @@ def speed_table(r: dict) -> str:
 
 def _pct(x) -> str:
     return f"{100 * x:.0f}%" if isinstance(x, (int, float)) else "–"
+
+
+def _pcts(m: dict | None) -> str:
+    """% of the ceiling at the best bandwidth, then (where measured) the median over runs of the
+    % of the ceiling at each run's own bandwidth."""
+    m = m or {}
+    best = _pct(m.get("fraction_of_ceiling"))
+    at = (m.get("fraction_of_ceiling_at_run") or {}).get("median")
+    return f"{best} ({_pct(at)})" if at is not None else best
 
 
 def verify_table(r: dict) -> str:
@@ -132,7 +141,8 @@ def markdown(r: dict) -> str:
     parts = [
         f"Measured {r['date']}, {s['threads']} threads, {s['runs']} alternated runs per engine after a warm-up"
         f"{' (QUICK smoke run: not for quoting)' if s.get('quick') else ''}; tokens/s as median [min–max]. "
-        f"Memory bandwidth {bw['gbps']:.1f} GB/s at {s['threads']} threads ({bw['gbps_1thread']:.1f} GB/s at 1).",
+        f"Memory bandwidth {bw['gbps']:.1f} GB/s at {s['threads']} threads ({bw['gbps_1thread']:.1f} GB/s at 1)"
+        f"{_per_run_bandwidth(r)}.",
         "",
         speed_table(r),
         "",
@@ -150,6 +160,17 @@ def markdown(r: dict) -> str:
     if n:
         parts += ["Notes:", "", *n, ""]
     return "\n".join(parts)
+
+
+def _per_run_bandwidth(r: dict) -> str:
+    """The spread of the short meter readings between engine runs, with how the % column uses them."""
+    seen = [b for m in _measured(r["models"]) for rs in m["runs"].values() for x in rs
+            for b in (x.get("bandwidth_around") or []) if b]
+    if not seen:
+        return ""
+    return (f"; between engine runs a short meter read {min(seen):.1f}–{max(seen):.1f} GB/s. "
+            "% ceiling: against the ceiling at the best bandwidth, and in parentheses the median over runs "
+            "of each run's share of the ceiling at the bandwidth read around it")
 
 
 def busy_warning(r: dict) -> str:
@@ -246,7 +267,10 @@ Engines:
 - Ceiling: tokens/s = read bandwidth at the same thread count / bytes per step, bytes per step = the
   GGUF's weights (embedding table replaced by one row, plus the table when the head is tied) + the f16
   KV cache at the decode's mean context ({s['context']} + N/2 positions) + any recurrent state.
-  kasoku keeps its KV cache in f32 (twice the bytes; negligible at these lengths).
+  kasoku keeps its KV cache in f32 (twice the bytes; negligible at these lengths). This VM's
+  bandwidth switches between settings (about 35 and 65 GB/s at 2 threads) within minutes, so a
+  short meter run (512 MiB, best of 3) goes between engine runs, and each run is also set against
+  the ceiling at the mean of the readings just before and after it.
 - Peak memory: maximum resident set size of the engine process (wait4 rusage; includes the mapped
   file pages the process touched), the largest over all runs.
 """

@@ -179,6 +179,18 @@ def bandwidth(threads: int, reps: int, mib: int) -> dict:
     return bw
 
 
+def quick_bandwidth(threads: int) -> float | None:
+    """A short meter run (512 MiB, best of 3, `threads` threads) between engine runs: GB/s, or None."""
+    script = REPO / "tools" / "bandwidth.sh"
+    p = run_proc(["bash", str(script), "--mib", "512", "--reps", "3", "--threads", str(threads)], timeout=300)
+    if p.rc != 0:
+        return None
+    try:
+        return json.loads(p.out)["results"][0]["best_gbps"]
+    except (json.JSONDecodeError, KeyError, IndexError):
+        return None
+
+
 # ------------------------------------------------------------------------------------------------
 # models
 
@@ -373,11 +385,21 @@ def bench_model(name: str, path: Path, engines: list, a: argparse.Namespace, bw:
     if name in OPTIONAL and entry["status"].get("kasoku") != "ok":
         entry["skipped"] = f"optional model, kasoku does not run it ({entry['status'].get('kasoku')})"
         return entry
+    # This VM's memory bandwidth drifts between settings within minutes: a short meter run
+    # between engine runs gives each run the bandwidth of its moment (the mean of the readings
+    # just before and just after it).
+    before = quick_bandwidth(a.threads) if not a.no_bandwidth_per_run else None
     for i in range(a.runs):
         for e in live:  # strict alternation: A B A B ...
             r = e.run(path, a)
             if "error" in r:
                 log(f"{name}: run {i + 1} {e.name} failed: {r['error']}")
+            if not a.no_bandwidth_per_run:
+                after = quick_bandwidth(a.threads)
+                known = [b for b in (before, after) if b]
+                r["bandwidth_around"] = [before, after]
+                r["bandwidth_gbps"] = sum(known) / len(known) if known else None
+                before = after
             entry["runs"][e.name].append(r)
         log(f"{name}: run {i + 1}/{a.runs}: " + ", ".join(
             f"{e.name} pp {_f(entry['runs'][e.name][-1].get('prefill'))} tg{a.gen[0]} "
@@ -411,9 +433,14 @@ def metrics(entry: dict, a: argparse.Namespace, bw: dict | None) -> dict:
             ceiling = bw["gbps"] * 1e9 / bpt
             m["ceiling"] = {"tokens_per_second": ceiling, "bytes_per_token": bpt, "mean_context": mean_ctx,
                             "gbps": bw["gbps"]}
-            for eng in runs:
+            for eng, rs in runs.items():
                 if m.get(eng):
                     m[eng]["fraction_of_ceiling"] = m[eng]["median"] / ceiling
+                    # Against the bandwidth of each run's own moment.
+                    at_run = summarize([r[key] * bpt / (r["bandwidth_gbps"] * 1e9) for r in rs
+                                        if r.get(key) and r.get("bandwidth_gbps")])
+                    if at_run:
+                        m[eng]["fraction_of_ceiling_at_run"] = at_run
         out[key] = m
     out["foreign_cpu"] = summarize([r.get("foreign_cpu") for rs in runs.values() for r in rs])
     out["peak_rss"] = {eng: max((r.get("peak_rss") or 0 for r in rs), default=0) or None for eng, rs in runs.items()}
@@ -456,6 +483,8 @@ def main() -> None:
                     help="reuse a bandwidth measurement (e.g. bench/results/bandwidth.json from a quiet moment)")
     ap.add_argument("--no-profile", action="store_true", help="skip the kasoku bench --profile pass per model")
     ap.add_argument("--bandwidth-mib", type=int, default=1024)
+    ap.add_argument("--no-bandwidth-per-run", action="store_true",
+                    help="skip the short meter run between engine runs (the per-run ceiling)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine invocation")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--no-benchmarks-md", action="store_true", help="do not rewrite BENCHMARKS.md")
@@ -469,6 +498,7 @@ def main() -> None:
         print(report.markdown(result))
         return
     command = "python3 bench/run.py " + shlex.join(sys.argv[1:])
+    git = git_state()  # before this run writes its outputs into the tree
     if a.quick:
         a.runs = min(a.runs, 2)
         a.gen = "128"
@@ -531,7 +561,7 @@ def main() -> None:
         "schema": 1,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command,
-        "git": git_state(),
+        "git": git,
         "machine": machine(),
         "settings": {"threads": a.threads, "runs": a.runs, "quick": a.quick, "prompt_tokens": a.prompt_tokens,
                      "gen": a.gen, "context": CONTEXT, "verify": a.verify, "verify_reps": a.verify_reps},
