@@ -622,35 +622,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn first_rows_compute_what_the_full_matrix_computes() {
-        let mut rng = Rng(77);
-        for dtype in DTYPES {
-            let (rows, cols, n) = (37, (PANEL + 3) * QK_K, 3);
-            let wb = random_rows(dtype, rows, cols, &mut rng);
-            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-            let x = random_x(n * cols, &mut rng);
-            let mut full = vec![0f32; n * rows];
-            matmul(&w, &x, n, &mut full);
-            for keep in [8, 13, 37] {
-                let part = w.first_rows(keep);
-                assert_eq!(
-                    part.size_bytes(),
-                    keep.div_ceil(GROUP) * cols / QK_K * packed_block_bytes(dtype)
-                );
-                let mut y = vec![0f32; n * keep];
-                matmul(&part, &x, n, &mut y);
-                for r in 0..n {
-                    assert_eq!(
-                        y[r * keep..(r + 1) * keep],
-                        full[r * rows..r * rows + keep],
-                        "{dtype} keep={keep}"
-                    );
-                }
-            }
-        }
-    }
-
     /// Real weights: the first 20 rows of the first Q4_K, Q5_K and Q6_K matrices of the cached
     /// Qwen2.5-Coder-0.5B Q4_K_M file, when it is there (`shared/models/fetch.sh`).
     #[test]

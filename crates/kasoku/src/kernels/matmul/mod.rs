@@ -247,7 +247,10 @@ fn matmul_parts(
     threads: usize,
 ) {
     assert_eq!(ws.len(), ys.len(), "matmul: one output per matrix");
-    let mut acts = Vec::with_capacity(ws.len());
+    // The activations in each format the matrices need, prepared once per format: matrix `i`
+    // reads `acts[act_of[i]]`.
+    let mut acts: Vec<(DType, Prepared)> = Vec::new();
+    let mut act_of = Vec::with_capacity(ws.len());
     let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
     let mut outs = Vec::with_capacity(ws.len());
     for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
@@ -255,15 +258,23 @@ fn matmul_parts(
         assert_eq!(y.len(), n * w.rows, "matmul: y has the wrong length");
         outs.push(SharedOut(y.as_mut_ptr()));
         if n == 0 || w.rows == 0 {
-            acts.push(None);
+            act_of.push(usize::MAX);
             continue;
         }
-        acts.push(Some(match family(w.dtype) {
-            Family::Floats => floats::prepare(x),
-            Family::Legacy => Prepared::Q8(legacy::prepare(w.dtype, x, n, w.cols, isa)),
-            Family::KQuants => k_quants::prepare(w, x, n),
-            Family::Reference => reference::prepare(w, x, n),
-        }));
+        let at = acts
+            .iter()
+            .position(|(d, _)| *d == w.dtype)
+            .unwrap_or_else(|| {
+                let act = match family(w.dtype) {
+                    Family::Floats => floats::prepare(x),
+                    Family::Legacy => Prepared::Q8(legacy::prepare(w.dtype, x, n, w.cols, isa)),
+                    Family::KQuants => k_quants::prepare(w, x, n),
+                    Family::Reference => reference::prepare(w, x, n),
+                };
+                acts.push((w.dtype, act));
+                acts.len() - 1
+            });
+        act_of.push(at);
         tasks.extend(split_rows(w.rows, threads).into_iter().map(|r| (i, r)));
     }
     if tasks.is_empty() {
@@ -272,7 +283,7 @@ fn matmul_parts(
     threads::parallel_for(tasks.len(), |t| {
         let (i, ref rows) = tasks[t];
         let (w, out) = (ws[i], outs[i]);
-        let act = acts[i].as_ref().expect("tasks only for prepared matrices");
+        let act = &acts[act_of[i]].1;
         TILE.with(|cell| {
             let mut tile = cell.borrow_mut();
             tile.resize(n * rows.len(), 0.0);
@@ -386,6 +397,18 @@ mod tests {
             DType::BF16 => (0..rows * cols)
                 .flat_map(|_| half::bf16::from_f32(rng.f32()).to_le_bytes())
                 .collect(),
+            DType::Q4K | DType::Q5K | DType::Q6K => {
+                // Random bytes with finite f16 scales (Q4_K/Q5_K: d, dmin; Q6_K: d at the end).
+                let mut b = rng.bytes(rows * dtype.bytes_for(cols).unwrap());
+                let at: &[usize] = if dtype == DType::Q6K { &[208] } else { &[0, 2] };
+                for blk in b.chunks_exact_mut(dtype.block_bytes()) {
+                    for &o in at {
+                        blk[o..o + 2]
+                            .copy_from_slice(&half::f16::from_f32(rng.f32() * 0.05).to_le_bytes());
+                    }
+                }
+                b
+            }
             _ => random_blocks(rng, dtype.block_bytes(), rows * cols / dtype.block_size()),
         }
     }
@@ -444,27 +467,18 @@ mod tests {
     fn several_matrices_in_one_job_match_each_alone() {
         let mut rng = Rng(4);
         let cols = 256;
-        // Mixed families and heights, one of them empty.
+        // Mixed families and heights, one of them empty, two sharing their activations.
         let shapes = [
             (DType::Q4_0, 70),
             (DType::F16, 9),
             (DType::Q6K, 33),
             (DType::Q8_0, 0),
+            (DType::Q4_0, 17),
         ];
         let ws: Vec<MatMulWeight> = shapes
             .iter()
             .map(|&(dtype, rows)| {
-                let mut wb = match dtype {
-                    DType::Q6K => rng.bytes(rows * dtype.bytes_for(cols).unwrap()),
-                    _ => random_matrix(&mut rng, dtype, rows, cols),
-                };
-                if dtype == DType::Q6K {
-                    // Finite scales: the f16 `d` at the end of each block.
-                    for blk in wb.chunks_exact_mut(dtype.block_bytes()) {
-                        blk[208..210]
-                            .copy_from_slice(&half::f16::from_f32(rng.f32() * 0.05).to_le_bytes());
-                    }
-                }
+                let wb = random_matrix(&mut rng, dtype, rows, cols);
                 MatMulWeight::new(dtype, rows, cols, &wb).unwrap()
             })
             .collect();
@@ -565,8 +579,11 @@ mod tests {
     #[test]
     fn first_rows_compute_what_the_full_matrix_computes() {
         let mut rng = Rng(9);
-        for dtype in ALL {
-            let (rows, cols, n) = (37, 256, 3);
+        let k_quants = [DType::Q4K, DType::Q5K, DType::Q6K];
+        for dtype in ALL.into_iter().chain(k_quants) {
+            // 11 K-quant super-blocks per row: more than one column panel.
+            let (rows, cols, n) = (37, 11 * 256, 3);
+            let row_bytes = dtype.bytes_for(cols).unwrap();
             let wb = random_matrix(&mut rng, dtype, rows, cols);
             let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
@@ -574,6 +591,9 @@ mod tests {
             matmul(&w, &x, n, &mut full);
             for keep in [8, 13, 37] {
                 let part = w.first_rows(keep);
+                // As large as those rows packed alone.
+                let alone = MatMulWeight::new(dtype, keep, cols, &wb[..keep * row_bytes]).unwrap();
+                assert_eq!(part.size_bytes(), alone.size_bytes(), "{dtype} keep={keep}");
                 let mut y = vec![0f32; n * keep];
                 matmul(&part, &x, n, &mut y);
                 for r in 0..n {
