@@ -384,18 +384,11 @@ fn task<O: Ops>(
     for (r, i) in rows.clone().enumerate() {
         let len = seen(i);
         for g in 0..group {
-            let p = (r * group + g) * slot;
-            let out = &mut dst[p..p + slot];
-            out[2..].iter_mut().for_each(|v| *v = 0.0);
-            if len == 0 {
-                out[0] = f32::NEG_INFINITY;
-                out[1] = 0.0;
-                continue;
-            }
-            let s = &mut scores[(r * group + g) * width..][..len];
-            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            out[0] = m;
-            out[1] = O::exp_sum(s, m);
+            let p = r * group + g;
+            start_head::<O>(
+                &mut dst[p * slot..][..slot],
+                &mut scores[p * width..][..len],
+            );
         }
     }
     for j in 0..max_seen {
@@ -411,6 +404,23 @@ fn task<O: Ops>(
             }
         }
     }
+}
+
+/// Starts one query head's output `out` (`[max, Σ exp, weighted sums]`) from the scores of
+/// the keys it sees, `s`: the max and the sum of `exp(score - max)` (the scores become those
+/// exponentials, the weights of the values), the sums zeroed; max = -inf and sum = 0 when it
+/// sees no key.
+#[inline(always)]
+fn start_head<O: Ops>(out: &mut [f32], s: &mut [f32]) {
+    out[2..].iter_mut().for_each(|v| *v = 0.0);
+    if s.is_empty() {
+        out[0] = f32::NEG_INFINITY;
+        out[1] = 0.0;
+        return;
+    }
+    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    out[0] = m;
+    out[1] = O::exp_sum(s, m);
 }
 
 #[derive(Clone, Copy)]
@@ -590,17 +600,7 @@ mod avx2 {
 
         // Softmax statistics per query head.
         for (p, out) in dst.chunks_exact_mut(slot).take(n_q).enumerate() {
-            let len = lens[p / group];
-            out[2..].iter_mut().for_each(|v| *v = 0.0);
-            if len == 0 {
-                out[0] = f32::NEG_INFINITY;
-                out[1] = 0.0;
-                continue;
-            }
-            let s = &mut scores[p * width..][..len];
-            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            out[0] = m;
-            out[1] = exp_sum(s, m);
+            super::start_head::<Avx2>(out, &mut scores[p * width..][..lens[p / group]]);
         }
 
         // Weighted values of the shared keys, each sum in registers for VALUE_HEADS heads ×
