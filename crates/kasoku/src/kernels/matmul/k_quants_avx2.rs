@@ -35,20 +35,22 @@ pub(super) unsafe fn kernel(
     assert!(nsb > 0 && acts.len() >= (nsb - 1) * stride + out.len() * ACT_BLOCK);
     let w = wg.as_ptr();
     let a = acts.as_ptr();
-    match (dtype, out.len()) {
-        (DType::Q4K, 1) => store(q4k::<1>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q4K, 2) => store(q4k::<2>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q4K, 3) => store(q4k::<3>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q4K, 4) => store(q4k::<4>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q5K, 1) => store(q5k::<1>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q5K, 2) => store(q5k::<2>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q5K, 3) => store(q5k::<3>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q5K, 4) => store(q5k::<4>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q6K, 1) => store(q6k::<1>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q6K, 2) => store(q6k::<2>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q6K, 3) => store(q6k::<3>(w, a, stride, nsb, acc_of(out)), out),
-        (DType::Q6K, 4) => store(q6k::<4>(w, a, stride, nsb, acc_of(out)), out),
-        _ => unreachable!("k_quants avx2: {dtype} with {} activation rows", out.len()),
+    macro_rules! tiles {
+        ($f:ident) => {
+            match out.len() {
+                1 => store($f::<1>(w, a, stride, nsb, acc_of(out)), out),
+                2 => store($f::<2>(w, a, stride, nsb, acc_of(out)), out),
+                3 => store($f::<3>(w, a, stride, nsb, acc_of(out)), out),
+                4 => store($f::<4>(w, a, stride, nsb, acc_of(out)), out),
+                n => unreachable!("k_quants avx2: {dtype} with {n} activation rows"),
+            }
+        };
+    }
+    match dtype {
+        DType::Q4K => tiles!(q4k),
+        DType::Q5K => tiles!(q5k),
+        DType::Q6K => tiles!(q6k),
+        _ => unreachable!("k_quants avx2: {dtype}"),
     }
 }
 
