@@ -41,7 +41,7 @@ pub enum Command {
     /// Serve a model over an OpenAI-compatible HTTP API.
     Serve(crate::serve::ServeArgs),
     /// Measure OpenAI-compatible endpoints with one deterministic streaming chat request.
-    BenchClient(crate::serve::bench_client::BenchClientArgs),
+    BenchClient(crate::bench_client::BenchClientArgs),
     /// Download known models into the cache (lists them without names).
     Fetch {
         names: Vec<String>,

@@ -3,6 +3,7 @@
 
 mod args;
 mod bench;
+mod bench_client;
 mod inspect;
 mod logits;
 mod progress;
@@ -10,7 +11,7 @@ mod run;
 mod serve;
 mod spec_args;
 
-use kasoku::fetch;
+use kasoku_fetch as fetch;
 
 use anyhow::Result;
 use clap::Parser;
@@ -58,7 +59,7 @@ fn run(cli: args::Cli) -> Result<()> {
         args::Command::Bench(args) => bench::bench(&args),
         args::Command::Run(args) => run::run(&args),
         args::Command::Serve(args) => serve::serve(&args),
-        args::Command::BenchClient(args) => serve::bench_client::bench_client(&args),
+        args::Command::BenchClient(args) => bench_client::bench_client(&args),
         args::Command::Logits {
             model,
             tokens,

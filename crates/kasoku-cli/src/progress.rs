@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use kasoku::fetch::{self, Progress};
+use kasoku_fetch::{self as fetch, Progress};
 
 /// Resolves a `--model` value (path or known name), fetching with a progress bar if needed.
 pub fn resolve_model(model: &str, quiet: bool) -> Result<PathBuf> {

@@ -16,10 +16,7 @@ use crate::progress;
 const DEFAULT_CTX: usize = 8192;
 
 pub fn run(args: &RunArgs) -> Result<()> {
-    let name = args
-        .model
-        .as_deref()
-        .unwrap_or(kasoku::fetch::DEFAULT_MODEL);
+    let name = args.model.as_deref().unwrap_or(kasoku_fetch::DEFAULT_MODEL);
     let model = load(name, args.threads, args.quiet)?;
     let ctx = args
         .ctx_size

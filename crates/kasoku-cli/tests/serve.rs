@@ -7,7 +7,7 @@ mod common;
 
 use common::fixture;
 
-#[path = "../src/serve/http_client.rs"]
+#[path = "../src/bench_client/http_client.rs"]
 #[allow(dead_code)]
 mod http_client;
 
@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 const OPENAI_VERSION: &str = "2.8.1";
 
 fn smollm2() -> Option<String> {
-    kasoku::fetch::ensure_for_test("smollm2-135m").map(|p| p.display().to_string())
+    kasoku_fetch::ensure_for_test("smollm2-135m").map(|p| p.display().to_string())
 }
 
 /// A running server, killed on drop.
@@ -163,7 +163,7 @@ fn chat_body(model: &str, question: &str, max_tokens: usize) -> Value {
 /// that (no venv module) a `pip install --target` directory on `PYTHONPATH`. `None` (with a
 /// note) when it cannot be installed (no PyPI).
 fn openai_python() -> Option<(PathBuf, Option<PathBuf>)> {
-    let root = kasoku::fetch::models_dir()
+    let root = kasoku_fetch::models_dir()
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(std::env::temp_dir);

@@ -10,10 +10,10 @@
 //!   acceptance walk calls the engine's pure sampler).
 //! - [`engine`]: sessions, sampling, the decode loop, statistics.
 //!
-//! Beside them, [`fetch`] downloads the models kasoku knows by name into a local cache.
+//! Fetching models by name lives in the `kasoku-fetch` crate, serving them over HTTP in
+//! `kasoku-server`.
 
 pub mod engine;
-pub mod fetch;
 pub mod format;
 pub mod kernels;
 pub mod model;

@@ -14,5 +14,5 @@ pub fn fixture(rel: &str) -> PathBuf {
 /// A real model by its known name, fetched into the cache if absent (pinned, hashed).
 /// With `KASOKU_OFFLINE=1` a missing model skips the test instead (returns `None`).
 pub fn real_model(name: &str) -> Option<PathBuf> {
-    kasoku::fetch::ensure_for_test(name)
+    kasoku_fetch::ensure_for_test(name)
 }

@@ -37,11 +37,11 @@ impl Drop for ScratchDir {
 /// `~/.cache/kasoku/models`) by kasoku's own pinned, hashed fetcher when absent. With
 /// `KASOKU_OFFLINE=1` a missing model skips the test instead (`None`, with a note).
 pub fn cached_model(file: &str) -> Option<PathBuf> {
-    let known = crate::fetch::KNOWN_MODELS
+    let known = kasoku_fetch::KNOWN_MODELS
         .iter()
         .find(|m| m.file == file)
         .unwrap_or_else(|| panic!("{file} is not a known model"));
-    crate::fetch::ensure_for_test(known.name)
+    kasoku_fetch::ensure_for_test(known.name)
 }
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -18,10 +18,10 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use kasoku::engine::GenerateOptions;
 
-use super::error::ApiError;
-use super::metrics::{add, Gauges};
-use super::pool::{Done, Engine, Event, Job, Pool};
-use super::request::{self, PromptInput, Request};
+use crate::error::ApiError;
+use crate::metrics::{add, Gauges};
+use crate::pool::{Done, Engine, Event, Job, Pool};
+use crate::request::{self, PromptInput, Request};
 
 /// What the handlers share.
 pub struct App {
@@ -380,7 +380,7 @@ impl Reply {
     /// A streamed chunk carrying `delta` (chat) or text (completion), or the finish reason.
     fn chunk(
         &self,
-        delta: Option<&super::output::Delta>,
+        delta: Option<&crate::output::Delta>,
         finish: Option<&str>,
         role: bool,
     ) -> String {

@@ -4,13 +4,15 @@
 //! time to first token, end-to-end time, decode speed, and tokens per pass where the server
 //! reports `spec_verify_ct`.
 
+mod http_client;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::http_client::{self, Url};
+use http_client::Url;
 
 const DEFAULT_PROMPT: &str = "Write a short story about a lighthouse keeper who finds a message in a bottle. Describe the sea, the weather and the keeper's thoughts in detail.";
 

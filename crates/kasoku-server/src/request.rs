@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use kasoku::engine::SamplingParams;
 use kasoku::format::hf_config::GenerationDefaults;
 
-use super::error::ApiError;
+use crate::error::ApiError;
 
 /// Stop strings accepted per request.
 const MAX_STOPS: usize = 16;

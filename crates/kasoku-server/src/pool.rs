@@ -6,21 +6,19 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use kasoku::engine::{
     EngineError, Flow, GenerateOptions, GenerationStats, LoadedModel, PrefixCache, Session,
 };
-use kasoku::model::Model;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::spec_args::SpecArgs;
-
-use super::error::ApiError;
-use super::metrics::{add, Metrics};
-use super::output::{Delta, Output, ThinkTokens};
+use crate::config::Speculation;
+use crate::error::ApiError;
+use crate::metrics::{add, Metrics};
+use crate::output::{Delta, Output, ThinkTokens};
 
 /// Everything the requests share: weights, tokenizer, cache, counters.
 pub struct Engine {
@@ -34,8 +32,7 @@ pub struct Engine {
     pub cache: Option<Mutex<PrefixCache>>,
     pub metrics: Metrics,
     /// Speculative decoding settings, and the draft model shared by every session.
-    pub spec: SpecArgs,
-    pub draft: Option<Arc<Model>>,
+    pub speculation: Speculation,
 }
 
 /// The one place sessions are made: each gets its own speculator (drafter state and budget
@@ -43,8 +40,8 @@ pub struct Engine {
 pub fn new_session(engine: &Engine) -> Session {
     let mut session = Session::new(Arc::clone(&engine.model.model), engine.ctx);
     let spec = engine
-        .spec
-        .speculator(&engine.model.model, engine.draft.clone(), engine.ctx);
+        .speculation
+        .speculator(&engine.model.model, engine.ctx);
     session.set_speculator(spec.ok().flatten());
     session
 }
@@ -92,6 +89,8 @@ struct Shared {
     capacity: usize,
     running: AtomicUsize,
     sessions: usize,
+    /// No more jobs come: workers finish the queue and exit.
+    closed: AtomicBool,
 }
 
 impl Pool {
@@ -103,6 +102,7 @@ impl Pool {
             capacity,
             running: AtomicUsize::new(0),
             sessions: sessions.max(1),
+            closed: AtomicBool::new(false),
         });
         for i in 0..shared.sessions {
             let (shared, engine) = (Arc::clone(&shared), Arc::clone(&engine));
@@ -145,6 +145,13 @@ impl Pool {
     pub fn sessions(&self) -> usize {
         self.shared.sessions
     }
+
+    /// Lets the workers exit once the queue is empty (the server is stopping).
+    pub fn close(&self) {
+        let _queue = self.shared.lock();
+        self.shared.closed.store(true, Ordering::Relaxed);
+        self.shared.ready.notify_all();
+    }
 }
 
 impl Shared {
@@ -162,6 +169,9 @@ fn worker(shared: &Shared, engine: &Engine) {
                 if let Some(job) = queue.pop_front() {
                     shared.running.fetch_add(1, Ordering::Relaxed);
                     break job;
+                }
+                if shared.closed.load(Ordering::Relaxed) {
+                    return;
                 }
                 queue = shared.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
             }

@@ -1,0 +1,232 @@
+//! kasoku-server: an OpenAI-compatible HTTP server over one loaded kasoku model.
+//!
+//! `/v1/chat/completions` and `/v1/completions` (JSON or Server-Sent Events), `/v1/models`,
+//! `/health` and `/metrics`, with a FIFO queue of requests served by a fixed number of
+//! sessions and a prefix cache shared between them. `kasoku serve` is a thin wrapper over
+//! this crate; another program can serve a model the same way:
+//!
+//! ```no_run
+//! use kasoku::engine::LoadedModel;
+//! use kasoku_server::{Server, ServerConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let model = LoadedModel::load("model.gguf")?;
+//! let server = Server::new(model, ServerConfig::default())?;
+//! let listener = std::net::TcpListener::bind("127.0.0.1:8000")?;
+//! println!("serving '{}' on http://{}", server.model_id(), listener.local_addr()?);
+//! server.serve(listener)?; // until the shutdown handle (or, if configured, a signal) stops it
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Layout: [`config`] (what a server is told), `routes` (HTTP handlers), `request` (request
+//! bodies checked field by field), `pool` (the queue and its session threads), `output`
+//! (tokens to answer text), `metrics` and `error` (OpenAI-shaped errors).
+
+#![warn(missing_docs)]
+
+pub mod config;
+mod error;
+mod metrics;
+mod output;
+mod pool;
+mod request;
+mod routes;
+
+use std::sync::{Arc, Mutex};
+
+use kasoku::engine::{self, EngineError, LoadedModel, PrefixCache};
+use tokio::sync::watch;
+
+pub use config::{PrefixCacheConfig, ServerConfig, Speculation};
+
+use pool::{Engine, Pool};
+use routes::App;
+
+/// Why a server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A configuration value cannot work (which one, and why).
+    #[error("{0}")]
+    Config(String),
+    /// The speculative-decoding settings do not fit the model.
+    #[error("speculative decoding: {0}")]
+    Speculation(#[from] EngineError),
+    /// A socket or runtime operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A server over one model, ready to serve on a listener.
+pub struct Server {
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    names: Vec<String>,
+    shutdown: ShutdownHandle,
+}
+
+/// Stops a [`Server::serve`] call from any thread.
+#[derive(Clone, Debug)]
+pub struct ShutdownHandle {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl ShutdownHandle {
+    fn new() -> ShutdownHandle {
+        ShutdownHandle {
+            tx: Arc::new(watch::channel(false).0),
+        }
+    }
+
+    /// Asks the server to stop: it takes no new connections and returns from `serve`.
+    pub fn shutdown(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// Resolves once [`ShutdownHandle::shutdown`] was called.
+    async fn wait(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|&stop| stop).await;
+    }
+}
+
+impl Server {
+    /// Checks `config` against `model` and builds the server (no thread or socket yet).
+    pub fn new(model: LoadedModel, config: ServerConfig) -> Result<Server, ServerError> {
+        let ctx = config.context_for(model.model.config.max_context);
+        if ctx < 2 {
+            return Err(ServerError::Config(format!(
+                "the context must hold at least 2 tokens (got {ctx})"
+            )));
+        }
+        let stem = model
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let id = config.model_id.clone().unwrap_or_else(|| stem.clone());
+        let mut names = vec![id.clone(), stem];
+        names.extend(config.aliases.iter().cloned());
+        if let Some(f) = model.path.file_name() {
+            names.push(f.to_string_lossy().into_owned());
+        }
+        names.push(model.path.display().to_string());
+        let cache = config
+            .prefix_cache
+            .map(|c| Mutex::new(PrefixCache::new(c.budget_bytes, c.block_tokens.max(1))));
+        // Build one speculator now so that bad speculation settings fail at startup.
+        config.speculation.speculator(&model.model, ctx)?;
+        let engine = Arc::new(Engine {
+            speculation: config.speculation.clone(),
+            stop_tokens: engine::stop_tokens(&model),
+            think: output::ThinkTokens::of(&model.tokenizer),
+            id,
+            ctx,
+            cache,
+            metrics: Default::default(),
+            model,
+        });
+        Ok(Server {
+            engine,
+            config,
+            names,
+            shutdown: ShutdownHandle::new(),
+        })
+    }
+
+    /// The name `/v1/models` reports (and requests' `model` may use).
+    pub fn model_id(&self) -> &str {
+        &self.engine.id
+    }
+
+    /// Tokens each session holds, prompt and answer together.
+    pub fn context(&self) -> usize {
+        self.engine.ctx
+    }
+
+    /// Sessions generating at once.
+    pub fn sessions(&self) -> usize {
+        self.config.sessions()
+    }
+
+    /// A handle that stops [`Server::serve`].
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Serves on `listener` until the shutdown handle fires (or, with
+    /// [`ServerConfig::handle_signals`], SIGINT or SIGTERM arrives). Blocks the calling
+    /// thread; starts the session threads and an async runtime of its own, and stops them
+    /// before returning.
+    pub fn serve(self, listener: std::net::TcpListener) -> Result<(), ServerError> {
+        let io = |context| move |source| ServerError::Io { context, source };
+        listener
+            .set_nonblocking(true)
+            .map_err(io("configuring the listener"))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kasoku-http")
+            .enable_all()
+            .build()
+            .map_err(io("starting the async runtime"))?;
+        let pool = Pool::start(
+            Arc::clone(&self.engine),
+            self.config.sessions(),
+            self.config.queue_size,
+        );
+        let app = Arc::new(App {
+            engine: self.engine,
+            pool,
+            api_key: self.config.api_key.clone(),
+            max_body: self.config.max_body_bytes,
+            names: self.names,
+            created: routes::unix_now(),
+        });
+        let shutdown = self.shutdown.clone();
+        let signals = self.config.handle_signals;
+        let result = runtime.block_on(async move {
+            let listener =
+                tokio::net::TcpListener::from_std(listener).map_err(io("using the listener"))?;
+            let stop = async move {
+                if signals {
+                    tokio::select! {
+                        _ = shutdown.wait() => {}
+                        _ = signal() => {}
+                    }
+                } else {
+                    shutdown.wait().await
+                }
+            };
+            axum::serve(listener, routes::router(Arc::clone(&app)))
+                .with_graceful_shutdown(stop)
+                .await
+                .map_err(io("serving"))?;
+            app.pool.close();
+            Ok(())
+        });
+        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        result
+    }
+}
+
+/// SIGINT or (on Unix) SIGTERM.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
