@@ -52,7 +52,7 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// GGUF file, Hugging Face directory, or a known model name (default: smollm2-135m, fetched on first use).
+    /// GGUF file, Hugging Face directory, or a known model name (default: qwen2.5-coder-0.5b, fetched on first use).
     #[arg(long)]
     pub model: Option<String>,
     /// The prompt; without it, an interactive chat starts.

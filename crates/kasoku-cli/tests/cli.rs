@@ -312,3 +312,21 @@ fn bench_compares_strategies_prompt_by_prompt() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's first command (`kasoku run -m "What is the capital of France?"`, the default
+/// model, greedy): a right, well-formed answer, then the statistics line.
+#[test]
+fn the_readmes_first_command_answers_correctly() {
+    if kasoku_fetch::ensure_for_test(kasoku_fetch::DEFAULT_MODEL).is_none() {
+        return;
+    }
+    let out = kasoku(&["run", "-m", "What is the capital of France?", "-n", "32"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(answer.trim(), "The capital of France is Paris.", "{answer}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("[stop]") && err.contains("time to first token"),
+        "{err}"
+    );
+}
