@@ -47,6 +47,10 @@ pub enum Command {
         names: Vec<String>,
         #[arg(long)]
         list: bool,
+        /// Re-hash every cached model (ignoring earlier checks), remove the ones that do not
+        /// match and the leftovers of interrupted fetches; exit 1 if any was corrupt.
+        #[arg(long)]
+        verify: bool,
     },
 }
 

@@ -38,9 +38,46 @@ fn keep_freed_memory() {
     }
 }
 
+/// `kasoku fetch --verify`: one line per cached model and leftover, then a summary.
+fn verify_cache() -> Result<()> {
+    eprintln!("re-hashing the models in {}", fetch::models_dir().display());
+    let report = fetch::verify()?;
+    for path in &report.ok {
+        println!("ok       {}", path.display());
+    }
+    for (path, got) in &report.corrupt {
+        println!(
+            "corrupt  {} (sha256 {got}; removed, fetched again on next use)",
+            path.display()
+        );
+    }
+    for path in &report.leftovers {
+        println!("removed  {} (left by an interrupted fetch)", path.display());
+    }
+    println!(
+        "{} ok, {} corrupt, {} leftovers removed",
+        report.ok.len(),
+        report.corrupt.len(),
+        report.leftovers.len()
+    );
+    anyhow::ensure!(
+        report.corrupt.is_empty(),
+        "{} cached model(s) were corrupt and have been removed",
+        report.corrupt.len()
+    );
+    Ok(())
+}
+
 fn run(cli: args::Cli) -> Result<()> {
     match cli.command {
-        args::Command::Fetch { names, list } => {
+        args::Command::Fetch {
+            names,
+            list,
+            verify,
+        } => {
+            if verify {
+                return verify_cache();
+            }
             if list || names.is_empty() {
                 for m in fetch::KNOWN_MODELS {
                     println!("{:<20} {:<45} {}", m.name, m.file, m.description);

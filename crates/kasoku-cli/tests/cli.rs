@@ -330,3 +330,42 @@ fn the_readmes_first_command_answers_correctly() {
         "{err}"
     );
 }
+
+/// `kasoku fetch --verify` on a cache holding a corrupt model (with a marker claiming it was
+/// checked) and a partial file of a killed fetch: both reported and removed, exit status 1;
+/// run again, the cache is clean and it exits 0.
+#[test]
+fn fetch_verify_removes_corrupt_models_and_leftovers() {
+    let dir = std::env::temp_dir().join(format!("kasoku-verify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = kasoku_fetch::find("smollm2-135m").unwrap();
+    let file = dir.join(model.file);
+    std::fs::write(&file, b"not a model").unwrap();
+    std::fs::write(dir.join(format!("{}.verified", model.file)), model.sha256).unwrap();
+    let partial = dir.join(format!("{}.999999999-0.part", model.file));
+    std::fs::write(&partial, b"half").unwrap();
+    let verify = || {
+        Command::new(env!("CARGO_BIN_EXE_kasoku"))
+            .args(["fetch", "--verify"])
+            .env("KASOKU_MODELS", &dir)
+            .output()
+            .unwrap()
+    };
+    let out = verify();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr(&out));
+    assert!(
+        stdout.contains("corrupt") && stdout.contains(model.file),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0 ok, 1 corrupt, 1 leftovers removed"),
+        "{stdout}"
+    );
+    assert!(!file.exists() && !partial.exists());
+    let again = verify();
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("0 ok, 0 corrupt, 0 leftovers"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

