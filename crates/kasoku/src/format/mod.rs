@@ -10,6 +10,7 @@ pub mod error;
 pub mod gguf;
 pub mod hf_config;
 pub mod hf_names;
+pub mod limits;
 pub mod safetensors;
 pub mod tensor;
 #[cfg(test)]

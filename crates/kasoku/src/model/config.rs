@@ -8,7 +8,7 @@
 
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::HfConfig;
-use crate::format::TensorSource;
+use crate::format::{limits, TensorSource};
 pub use crate::kernels::rope::{RopeLayout, RopeScaling};
 
 use super::ModelError;
@@ -107,25 +107,35 @@ impl ModelConfig {
             }
         };
         let key = |s: &str| format!("{arch_name}.{s}");
-        let req =
-            |s: &str| -> Result<usize, ModelError> { Ok(to_usize(file.require_u64(&key(s))?)) };
-        let opt = |s: &str| -> Result<Option<usize>, ModelError> {
+        // Every size is bounded as it is read, before anything is allocated from it.
+        let dim = |s: &str, v: u64, max: usize| limits::bounded(&key(s), v, max).map_err(bad);
+        let req = |s: &str, max: usize| -> Result<usize, ModelError> {
+            dim(s, file.require_u64(&key(s))?, max)
+        };
+        let opt = |s: &str, max: usize| -> Result<Option<usize>, ModelError> {
             match file.get(&key(s)) {
                 None => Ok(None),
-                Some(v) => v.as_u64().map(|v| Some(to_usize(v))).ok_or_else(|| {
-                    bad(format!(
+                Some(v) => match v.as_u64() {
+                    Some(n) => dim(s, n, max).map(Some),
+                    None => Err(bad(format!(
                         "'{}' is {v:?}, expected a non-negative integer",
                         key(s)
-                    ))
-                }),
+                    ))),
+                },
             }
         };
+        if let Some(n) = opt("expert_count", usize::MAX)?.filter(|&n| n > 0) {
+            return Err(ModelError::Unsupported(format!(
+                "{path}: '{}' = {n}: mixture-of-experts models",
+                key("expert_count")
+            )));
+        }
 
-        let hidden = req("embedding_length")?;
+        let hidden = req("embedding_length", limits::MAX_HIDDEN)?;
         // Qwen3.5 GGUFs converted with their multi-token-prediction block count it in
         // block_count (stored as the extra block blk.{n_layers}); the trunk is the rest.
-        let block_count = req("block_count")?;
-        let nextn = opt("nextn_predict_layers")?.unwrap_or(0);
+        let block_count = req("block_count", limits::MAX_LAYERS)?;
+        let nextn = opt("nextn_predict_layers", limits::MAX_LAYERS)?.unwrap_or(0);
         if nextn >= block_count {
             return Err(bad(format!(
                 "'{}' = {nextn} leaves no trunk layers of '{}' = {block_count}",
@@ -134,19 +144,36 @@ impl ModelConfig {
             )));
         }
         let n_layers = block_count - nextn;
-        let n_heads = req("attention.head_count")?;
+        let n_heads = req("attention.head_count", limits::MAX_HEADS)?;
         // head_count_kv is a scalar, or (some hybrid converters) one value per layer with 0
         // for layers without attention.
         let kv_key = key("attention.head_count_kv");
         let (n_kv_heads, kv_per_layer) = match file.get(&kv_key) {
             None => (n_heads, None),
             Some(v) => match (v.as_u64(), v.as_array()) {
-                (Some(n), _) => (to_usize(n), None),
+                (Some(n), _) => (dim("attention.head_count_kv", n, limits::MAX_HEADS)?, None),
                 (None, Some(items)) => {
-                    let per: Option<Vec<usize>> =
-                        items.iter().map(|i| i.as_u64().map(to_usize)).collect();
-                    let per = per.ok_or_else(|| bad(format!("'{kv_key}' holds non-integers")))?;
-                    (per.iter().copied().max().unwrap_or(0), Some(per))
+                    let per = items
+                        .iter()
+                        .map(|i| {
+                            let n = i
+                                .as_u64()
+                                .ok_or_else(|| bad(format!("'{kv_key}' holds non-integers")))?;
+                            dim("attention.head_count_kv", n, limits::MAX_HEADS)
+                        })
+                        .collect::<Result<Vec<usize>, ModelError>>()?;
+                    let max = per.iter().copied().max().unwrap_or(0);
+                    // Layers with attention all have the same count (0 marks the others).
+                    if per
+                        .iter()
+                        .any(|&n| n != max && (n != 0 || arch != Arch::Qwen35))
+                    {
+                        return Err(ModelError::Unsupported(format!(
+                            "{path}: '{kv_key}' = {per:?}: attention layers with different \
+                             key/value head counts"
+                        )));
+                    }
+                    (max, Some(per))
                 }
                 _ => {
                     return Err(bad(format!(
@@ -155,9 +182,17 @@ impl ModelConfig {
                 }
             },
         };
-        let head_dim =
-            opt("attention.key_length")?.unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
-        let ffn = req("feed_forward_length")?;
+        let head_dim = opt("attention.key_length", limits::MAX_HEAD_DIM)?
+            .unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
+        if let Some(v) = opt("attention.value_length", limits::MAX_HEAD_DIM)? {
+            if v != head_dim {
+                return Err(ModelError::Unsupported(format!(
+                    "{path}: '{}' = {v} differs from the key length {head_dim}",
+                    key("attention.value_length")
+                )));
+            }
+        }
+        let ffn = req("feed_forward_length", limits::MAX_FFN)?;
         let rms_eps = file.require_f64(&key("attention.layer_norm_rms_epsilon"))? as f32;
         let rope_theta = match file.get(&key("rope.freq_base")) {
             None => 10000.0,
@@ -168,28 +203,82 @@ impl ModelConfig {
                 ))
             })?,
         };
-        let rope_dim = opt("rope.dimension_count")?.unwrap_or(head_dim);
-        let rope_scaling = match file.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+        let rope_dim = opt("rope.dimension_count", limits::MAX_HEAD_DIM)?.unwrap_or(head_dim);
+        let scaling_key = key("rope.scaling.type");
+        let scaling_type = match file.get(&scaling_key) {
+            None => None,
+            Some(v) => Some(v.as_str().ok_or_else(|| {
+                bad(format!(
+                    "'{scaling_key}' is a {}, expected a string",
+                    v.type_name()
+                ))
+            })?),
+        };
+        let rope_scaling = match scaling_type {
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: file.require_f64(&key("rope.scaling.factor"))?,
             },
             Some(other) => {
                 return Err(ModelError::Unsupported(format!(
-                    "{path}: rope scaling '{other}'"
+                    "{path}: '{scaling_key}' = '{other}'"
                 )))
             }
         };
         let vocab = match file.tensor_info("token_embd.weight") {
-            Some(t) if t.shape.len() == 2 => t.shape[0],
-            _ => match opt("vocab_size")? {
+            Some(t) if t.shape.len() == 2 => {
+                if t.shape[1] != hidden {
+                    return Err(bad(format!(
+                        "'{}' = {hidden}, but token_embd.weight has rows of {}",
+                        key("embedding_length"),
+                        t.shape[1]
+                    )));
+                }
+                limits::bounded(
+                    "token_embd.weight rows",
+                    t.shape[0] as u64,
+                    limits::MAX_VOCAB,
+                )
+                .map_err(bad)?
+            }
+            _ => match opt("vocab_size", limits::MAX_VOCAB)? {
                 Some(v) => v,
-                None => file.get_array("tokenizer.ggml.tokens").map(|a| a.len()).ok_or_else(|| {
-                    bad("no vocabulary size: no token_embd.weight, 'vocab_size' or 'tokenizer.ggml.tokens'".into())
-                })?,
+                None => {
+                    let n = file.get_array("tokenizer.ggml.tokens").map(|a| a.len()).ok_or_else(|| {
+                        bad("no vocabulary size: no token_embd.weight, 'vocab_size' or 'tokenizer.ggml.tokens'".into())
+                    })?;
+                    limits::bounded("tokenizer.ggml.tokens", n as u64, limits::MAX_VOCAB)
+                        .map_err(bad)?
+                }
             },
         };
-        let max_context = req("context_length")?;
+        let max_context = req("context_length", limits::MAX_CONTEXT)?;
+        if let Some(window) = opt("attention.sliding_window", usize::MAX)? {
+            if window > 0 && window < max_context {
+                return Err(ModelError::Unsupported(format!(
+                    "{path}: '{}' = {window}: sliding-window attention",
+                    key("attention.sliding_window")
+                )));
+            }
+        }
+        // Llama 3 GGUFs carry their RoPE scaling as frequency divisors: each must be a finite
+        // positive number (a 0 turns every logit into NaN).
+        if let Some(t) = file.tensor("rope_freqs.weight") {
+            let n: usize = t.shape.iter().product();
+            if n > limits::MAX_HEAD_DIM / 2 {
+                return Err(bad(format!(
+                    "rope_freqs.weight has {n} values (one per rotated pair: at most {})",
+                    limits::MAX_HEAD_DIM / 2
+                )));
+            }
+            let factors = super::weights::to_f32(&t.name, t.dtype, t.data.as_slice(), n)?;
+            if let Some(bad_factor) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(bad(format!(
+                    "rope_freqs.weight holds {bad_factor}: frequency factors must be finite and \
+                     positive"
+                )));
+            }
+        }
         let tied_embeddings = file.tensor_info("output.weight").is_none();
         let qkv_bias =
             arch == Arch::Qwen2 || file.names().iter().any(|n| n.ends_with(".attn_q.bias"));
@@ -237,14 +326,14 @@ impl ModelConfig {
                     };
                 }
             } else {
-                let interval = opt("full_attention_interval")?.unwrap_or(4);
+                let interval = opt("full_attention_interval", limits::MAX_LAYERS)?.unwrap_or(4);
                 layer_kinds = kinds_from_interval(n_layers, interval).map_err(bad)?;
             }
-            lconv = req("ssm.conv_kernel")?;
-            ldk = req("ssm.state_size")?;
-            lnk = req("ssm.group_count")?;
-            lnv = req("ssm.time_step_rank")?;
-            let inner = req("ssm.inner_size")?;
+            lconv = req("ssm.conv_kernel", limits::MAX_CONV_KERNEL)?;
+            ldk = req("ssm.state_size", limits::MAX_HEAD_DIM)?;
+            lnk = req("ssm.group_count", limits::MAX_HEADS)?;
+            lnv = req("ssm.time_step_rank", limits::MAX_HEADS)?;
+            let inner = req("ssm.inner_size", limits::MAX_HEADS * limits::MAX_HEAD_DIM)?;
             if lnv == 0 || !inner.is_multiple_of(lnv) {
                 return Err(bad(format!(
                     "'{}' = {inner} is not a multiple of '{}' = {lnv}",
@@ -312,17 +401,31 @@ impl ModelConfig {
                 })
             }
         };
-        let hidden = hf.usize("hidden_size")?;
-        let n_layers = hf.usize("num_hidden_layers")?;
-        let n_heads = hf.usize("num_attention_heads")?;
-        let n_kv_heads = hf.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
-        let head_dim = match hf.opt_usize("head_dim")? {
+        // Every size is bounded as it is read, before anything is allocated from it.
+        let opt_dim = |key: &str, max: usize| -> Result<Option<usize>, ModelError> {
+            match hf.opt_usize(key)? {
+                None => Ok(None),
+                Some(v) => limits::bounded(key, v as u64, max).map(Some).map_err(bad),
+            }
+        };
+        let dim = |key: &str, max: usize| -> Result<usize, ModelError> {
+            limits::bounded(key, hf.usize(key)? as u64, max).map_err(bad)
+        };
+        let hidden = dim("hidden_size", limits::MAX_HIDDEN)?;
+        let n_layers = dim("num_hidden_layers", limits::MAX_LAYERS)?;
+        let n_heads = dim("num_attention_heads", limits::MAX_HEADS)?;
+        let n_kv_heads = opt_dim("num_key_value_heads", limits::MAX_HEADS)?.unwrap_or(n_heads);
+        let head_dim = match opt_dim("head_dim", limits::MAX_HEAD_DIM)? {
             Some(d) => d,
             None => hidden.checked_div(n_heads).unwrap_or(0),
         };
+        let max_context = opt_dim("max_position_embeddings", limits::MAX_CONTEXT)?.unwrap_or(4096);
         if hf.opt_bool("mlp_bias")? == Some(true) {
-            return Err(ModelError::Unsupported(format!("{path}: mlp_bias")));
+            return Err(ModelError::Unsupported(format!(
+                "{path}: 'mlp_bias' = true"
+            )));
         }
+        check_hf_unsupported(hf, arch, max_context)?;
 
         // rope_parameters (transformers 5) or rope_scaling (older); keys inside either.
         let rope_obj = hf
@@ -348,6 +451,11 @@ impl ModelConfig {
                 .opt_f64("partial_rotary_factor")?
                 .unwrap_or(default_partial),
         };
+        if !(partial > 0.0 && partial <= 1.0) {
+            return Err(bad(format!(
+                "partial_rotary_factor {partial} is not in (0, 1]"
+            )));
+        }
         let rope_dim = (head_dim as f64 * partial) as usize;
         let rope_type = rope_obj
             .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
@@ -394,15 +502,16 @@ impl ModelConfig {
                     kinds?
                 }
                 None => {
-                    let interval = hf.opt_usize("full_attention_interval")?.unwrap_or(4);
+                    let interval =
+                        opt_dim("full_attention_interval", limits::MAX_LAYERS)?.unwrap_or(4);
                     kinds_from_interval(n_layers, interval).map_err(bad)?
                 }
             };
-            lnk = hf.usize("linear_num_key_heads")?;
-            lnv = hf.usize("linear_num_value_heads")?;
-            ldk = hf.usize("linear_key_head_dim")?;
-            ldv = hf.usize("linear_value_head_dim")?;
-            lconv = hf.usize("linear_conv_kernel_dim")?;
+            lnk = dim("linear_num_key_heads", limits::MAX_HEADS)?;
+            lnv = dim("linear_num_value_heads", limits::MAX_HEADS)?;
+            ldk = dim("linear_key_head_dim", limits::MAX_HEAD_DIM)?;
+            ldv = dim("linear_value_head_dim", limits::MAX_HEAD_DIM)?;
+            lconv = dim("linear_conv_kernel_dim", limits::MAX_CONV_KERNEL)?;
         }
 
         let cfg = ModelConfig {
@@ -413,8 +522,8 @@ impl ModelConfig {
             n_heads,
             n_kv_heads,
             head_dim,
-            ffn: hf.usize("intermediate_size")?,
-            vocab: hf.usize("vocab_size")?,
+            ffn: dim("intermediate_size", limits::MAX_FFN)?,
+            vocab: dim("vocab_size", limits::MAX_VOCAB)?,
             rms_eps: hf.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope_theta,
             rope_dim,
@@ -433,7 +542,7 @@ impl ModelConfig {
             linear_key_head_dim: ldk,
             linear_value_head_dim: ldv,
             linear_conv_kernel_dim: lconv,
-            max_context: hf.opt_usize("max_position_embeddings")?.unwrap_or(4096),
+            max_context,
         };
         cfg.validate().map_err(bad)?;
         Ok(cfg)
@@ -456,6 +565,50 @@ impl ModelConfig {
             if v == 0 {
                 return Err(format!("{what} is 0"));
             }
+        }
+        // The same limits the readers apply, for configurations built any other way.
+        let bounded = [
+            ("hidden size", self.hidden, limits::MAX_HIDDEN),
+            ("layer count", self.n_layers, limits::MAX_LAYERS),
+            ("attention heads", self.n_heads, limits::MAX_HEADS),
+            ("kv heads", self.n_kv_heads, limits::MAX_HEADS),
+            ("head dim", self.head_dim, limits::MAX_HEAD_DIM),
+            ("feed-forward size", self.ffn, limits::MAX_FFN),
+            ("vocabulary size", self.vocab, limits::MAX_VOCAB),
+            ("context length", self.max_context, limits::MAX_CONTEXT),
+            (
+                "linear key heads",
+                self.linear_num_key_heads,
+                limits::MAX_HEADS,
+            ),
+            (
+                "linear value heads",
+                self.linear_num_value_heads,
+                limits::MAX_HEADS,
+            ),
+            (
+                "linear key head dim",
+                self.linear_key_head_dim,
+                limits::MAX_HEAD_DIM,
+            ),
+            (
+                "linear value head dim",
+                self.linear_value_head_dim,
+                limits::MAX_HEAD_DIM,
+            ),
+            (
+                "conv kernel",
+                self.linear_conv_kernel_dim,
+                limits::MAX_CONV_KERNEL,
+            ),
+        ];
+        for (what, v, max) in bounded {
+            if v > max {
+                return Err(format!("{what} {v} is above the limit of {max}"));
+            }
+        }
+        if self.max_context == 0 {
+            return Err("context length is 0".into());
         }
         if self.layer_kinds.len() != self.n_layers {
             return Err(format!(
@@ -511,16 +664,98 @@ impl ModelConfig {
         let positive = |v: f64| v.is_finite() && v > 0.0;
         if !positive(self.rms_eps as f64) || !positive(self.rope_theta) {
             return Err(format!(
-                "rms eps {} and rope theta {} must be positive",
+                "rms eps {} and rope theta {} must be finite and positive",
                 self.rms_eps, self.rope_theta
             ));
         }
-        Ok(())
+        validate_rope_scaling(&self.rope_scaling)
     }
 }
 
-fn to_usize(v: u64) -> usize {
-    usize::try_from(v).unwrap_or(usize::MAX)
+/// RoPE scaling parameters that give finite frequencies (a factor of 0 divides every
+/// frequency by zero: all-NaN logits), with the constraints transformers checks for llama3.
+fn validate_rope_scaling(scaling: &RopeScaling) -> Result<(), String> {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    match *scaling {
+        RopeScaling::None => Ok(()),
+        RopeScaling::Linear { factor } if positive(factor) => Ok(()),
+        RopeScaling::Linear { factor } => Err(format!(
+            "linear rope scaling factor {factor} must be finite and positive"
+        )),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => {
+            if !positive(factor) || !positive(low_freq_factor) || !positive(original_max_position) {
+                return Err(format!(
+                    "llama3 rope scaling: factor {factor}, low_freq_factor {low_freq_factor} and \
+                     original_max_position_embeddings {original_max_position} must be finite and \
+                     positive"
+                ));
+            }
+            if !(high_freq_factor.is_finite() && high_freq_factor > low_freq_factor) {
+                return Err(format!(
+                    "llama3 rope scaling: high_freq_factor {high_freq_factor} must be finite and \
+                     above low_freq_factor {low_freq_factor}"
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Refuses, by name, the config.json settings that would make transformers compute another
+/// function than the one kasoku implements (instead of silently running a different model).
+fn check_hf_unsupported(hf: &HfConfig, arch: Arch, max_context: usize) -> Result<(), ModelError> {
+    let refuse = |what: String| {
+        Err(ModelError::Unsupported(format!(
+            "{}: {what}",
+            hf.path().display()
+        )))
+    };
+    // Every family kasoku runs uses SiLU (SwiGLU) in its MLP.
+    if let Some(act) = hf.opt_str("hidden_act")? {
+        if act != "silu" {
+            return refuse(format!(
+                "'hidden_act' = '{act}' (kasoku's MLP is SiLU-gated)"
+            ));
+        }
+    }
+    // Sliding-window attention: transformers' Mistral applies `sliding_window` whenever it is
+    // set, the Qwen families only with `use_sliding_window`; Llama ignores the key. A window
+    // at least as long as the context changes nothing.
+    let window_applies = match arch {
+        Arch::Llama => hf.model_type() == "mistral",
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35 => {
+            hf.opt_bool("use_sliding_window")? == Some(true)
+        }
+    };
+    if window_applies {
+        if let Some(window) = hf.opt_usize("sliding_window")? {
+            if window < max_context {
+                return refuse(format!(
+                    "'sliding_window' = {window} (sliding-window attention) with a context of \
+                     {max_context}"
+                ));
+            }
+        }
+    }
+    // Per-layer attention types (transformers >= 4.53 writes them): Qwen3.5 reads its own;
+    // for the others, every layer must be full attention.
+    if arch != Arch::Qwen35 {
+        if let Some(types) = hf.value("layer_types") {
+            let items = types.as_array().map(Vec::as_slice).unwrap_or_default();
+            if let Some(other) = items.iter().find(|t| t.as_str() != Some("full_attention")) {
+                return refuse(format!("'layer_types' has {other} (only full_attention)"));
+            }
+            if !types.is_array() {
+                return refuse(format!("'layer_types' is {types}, expected a list"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Qwen3.5's default layout: layer `i` is full attention iff `(i + 1) % interval == 0`.

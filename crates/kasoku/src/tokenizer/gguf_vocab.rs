@@ -27,7 +27,7 @@ use tokenizers::{
 
 use super::bytes::Spelling;
 use super::TokenizerError;
-use crate::format::GgufFile;
+use crate::format::{limits, GgufFile};
 
 pub const TYPE_NORMAL: i32 = 1;
 pub const TYPE_UNKNOWN: i32 = 2;
@@ -86,8 +86,11 @@ pub(super) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     let pieces = string_array(gguf, "tokenizer.ggml.tokens")?
         .ok_or_else(|| invalid("no tokenizer.ggml.tokens".into()))?;
     let n = pieces.len();
-    if n == 0 || n > u32::MAX as usize {
-        return Err(invalid(format!("{n} tokens")));
+    if n == 0 || n > limits::MAX_VOCAB {
+        return Err(invalid(format!(
+            "tokenizer.ggml.tokens has {n} tokens (1 to {} accepted)",
+            limits::MAX_VOCAB
+        )));
     }
     let types: Vec<i32> = match gguf.get_array("tokenizer.ggml.token_type") {
         None => vec![TYPE_NORMAL; n],
@@ -176,7 +179,7 @@ pub(super) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
                 Some(a) => return Err(invalid(format!("{} scores for {n} tokens", a.len()))),
                 None => vec![0.0; n],
             };
-            let merges = sentencepiece_merges(&pieces, &types, &scores, &vocab);
+            let merges = sentencepiece_merges(&pieces, &types, &scores, &vocab).map_err(invalid)?;
             let unk = id("tokenizer.ggml.unknown_token_id")?.unwrap_or(0);
             let bpe = BPE::builder()
                 .vocab_and_merges(vocab, merges)
@@ -269,6 +272,12 @@ fn string_array(gguf: &GgufFile, key: &str) -> Result<Option<Vec<String>>, Token
         })
 }
 
+/// Bytes hashed while recovering SentencePiece merges: every split of an `L`-byte token
+/// looks up both halves (~`L²` bytes). Real vocabularies need a few tens of millions (32k to
+/// 256k tokens of mostly under 16 bytes); a hostile one of long tokens would need 10¹² and
+/// more, so past this budget (about a second of work) the vocabulary is refused.
+const MAX_SPM_SPLIT_BYTES: u64 = 1 << 30;
+
 /// Merges that reproduce SentencePiece's BPE from token scores: every split of a normal token
 /// into two vocabulary pieces is a merge, ranked by the merged token's score (highest first;
 /// ties by id), which is the order llama.cpp's SPM tokenizer merges in.
@@ -277,7 +286,19 @@ fn sentencepiece_merges(
     types: &[i32],
     scores: &[f32],
     vocab: &HashMap<String, u32, impl std::hash::BuildHasher>,
-) -> Vec<(String, String)> {
+) -> Result<Vec<(String, String)>, String> {
+    let work: u64 = pieces
+        .iter()
+        .zip(types)
+        .filter(|(_, &t)| t == TYPE_NORMAL)
+        .map(|(p, _)| (p.len() as u64).saturating_mul(p.len() as u64))
+        .fold(0, u64::saturating_add);
+    if work > MAX_SPM_SPLIT_BYTES {
+        return Err(format!(
+            "tokenizer.ggml.tokens: its tokens are too long to recover SentencePiece merges \
+             from (sum of squared lengths {work} > {MAX_SPM_SPLIT_BYTES})"
+        ));
+    }
     let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new(); // (score, merged id, left id, right id)
     for (id, piece) in pieces.iter().enumerate() {
         if types[id] != TYPE_NORMAL || vocab.get(piece) != Some(&(id as u32)) {
@@ -291,8 +312,8 @@ fn sentencepiece_merges(
         }
     }
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    ranked
+    Ok(ranked
         .into_iter()
         .map(|(_, _, l, r)| (pieces[l as usize].clone(), pieces[r as usize].clone()))
-        .collect()
+        .collect())
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{Parts, Spelling, TokenizerError};
-use crate::format::{GenerationDefaults, HfConfig};
+use crate::format::{limits, GenerationDefaults, HfConfig};
 
 fn read_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
     if !path.exists() {
@@ -90,6 +90,17 @@ pub(super) fn load(dir: &Path) -> Result<Parts, TokenizerError> {
     // Id → piece, with added tokens.
     let vocab = tok.get_vocab(true);
     let n = vocab.values().map(|&i| i as usize + 1).max().unwrap_or(0);
+    // Ids index the tables below: a single id of 4e9 must not allocate them 4e9 long.
+    if n > limits::MAX_VOCAB {
+        return Err(invalid(
+            &tj,
+            format!(
+                "token id {} is above the limit of {} kasoku accepts",
+                n - 1,
+                limits::MAX_VOCAB - 1
+            ),
+        ));
+    }
     let mut pieces = vec![String::new(); n];
     for (piece, id) in vocab {
         pieces[id as usize] = piece;
@@ -138,11 +149,10 @@ pub(super) fn load(dir: &Path) -> Result<Parts, TokenizerError> {
     let mut extra_eog = GenerationDefaults::load(dir)?.eos_token_ids;
     if dir.join("config.json").exists() {
         if let Some(v) = HfConfig::load(dir)?.value("eos_token_id") {
+            let id = |x: &Value| x.as_u64().and_then(|x| u32::try_from(x).ok());
             match v {
-                Value::Array(a) => {
-                    extra_eog.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32))
-                }
-                _ => extra_eog.extend(v.as_u64().map(|x| x as u32)),
+                Value::Array(a) => extra_eog.extend(a.iter().filter_map(id)),
+                _ => extra_eog.extend(id(v)),
             }
         }
     }
