@@ -8,6 +8,8 @@
 //! polynomial ([`exp_poly`]) computed by a portable path and an AVX2/FMA path with the same
 //! operations in the same order, so both give the same bits.
 
+use super::simd::Isa;
+
 /// `1 / (1 + e^-x)`, stable for large |x|.
 #[inline]
 pub fn sigmoid(x: f32) -> f32 {
@@ -45,13 +47,20 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// `gate[i] = silu(gate[i]) · up[i]`, in place, with `silu(g) = g / (1 + exp_poly(-g))`
 /// (within a few ulp of [`silu`]).
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    swiglu_inplace_with(Isa::detect(), gate, up);
+}
+
+/// [`swiglu_inplace`] with an explicit instruction set (the paths give the same bits).
+fn swiglu_inplace_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: length mismatch");
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above); lengths are equal.
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`); the lengths are equal.
         unsafe { avx2::swiglu_inplace(gate, up) };
         return;
     }
+    let _ = isa;
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = swiglu_one(*g, u);
     }
@@ -101,10 +110,6 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{swiglu_one, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
-
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
 
     /// Eight lanes of [`super::exp_poly`], operation for operation.
     #[target_feature(enable = "avx2,fma")]
@@ -249,20 +254,22 @@ mod tests {
                 .map(|i| ((i * 7919 % 2001) as f32 - 1000.0) * 0.11)
                 .collect();
             let u: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.3 - 1.7).collect();
-            let mut fast = g.clone();
-            swiglu_inplace(&mut fast, &u);
-            for i in 0..n {
-                assert_eq!(
-                    fast[i].to_bits(),
-                    swiglu_one(g[i], u[i]).to_bits(),
-                    "n={n} i={i}"
-                );
-                let want = silu(g[i]) as f64 * u[i] as f64;
-                assert!(
-                    close(fast[i], want, 1e-6),
-                    "n={n} i={i}: {} vs {want}",
-                    fast[i]
-                );
+            for isa in Isa::available() {
+                let mut fast = g.clone();
+                swiglu_inplace_with(isa, &mut fast, &u);
+                for i in 0..n {
+                    assert_eq!(
+                        fast[i].to_bits(),
+                        swiglu_one(g[i], u[i]).to_bits(),
+                        "n={n} i={i}"
+                    );
+                    let want = silu(g[i]) as f64 * u[i] as f64;
+                    assert!(
+                        close(fast[i], want, 1e-6),
+                        "n={n} i={i}: {} vs {want}",
+                        fast[i]
+                    );
+                }
             }
         }
     }

@@ -14,7 +14,8 @@
 //! flash-decoding). Dot products, exponentials and weighted sums have an AVX2/FMA path beside
 //! the portable one; both run the same task code.
 
-use super::threads;
+use super::simd::Isa;
+use super::threads::{self, Blocks, Work};
 
 /// Head counts and size of one attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,17 +52,7 @@ pub fn attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    attention_with(
-        simd_available(),
-        geo,
-        q,
-        keys,
-        values,
-        past,
-        None,
-        scale,
-        out,
-    )
+    attention_with(Isa::detect(), geo, q, keys, values, past, None, scale, out)
 }
 
 /// Attention of the nodes of a token tree (a draft being verified) over a KV cache. Node `i`'s
@@ -102,7 +93,7 @@ pub fn tree_attention_rows(
     let mut paths = TreePaths::new(parents);
     paths.first = first;
     attention_with(
-        simd_available(),
+        Isa::detect(),
         geo,
         q,
         keys,
@@ -159,7 +150,7 @@ impl TreePaths {
 
 #[allow(clippy::too_many_arguments)]
 fn attention_with(
-    use_simd: bool,
+    isa: Isa,
     geo: AttnGeometry,
     q: &[f32],
     keys: &[&[f32]],
@@ -220,7 +211,6 @@ fn attention_with(
     let per_task = rows_per * group * slot;
     let n_tasks = n_kv_heads * row_blocks * chunks;
     let mut partial = vec![0f32; n_tasks * per_task];
-    let pp = SharedOut(partial.as_mut_ptr());
     let ctx = Ctx {
         hd,
         group,
@@ -232,15 +222,14 @@ fn attention_with(
         values,
         tree,
     };
-    threads::parallel_for(n_tasks, |t| {
+    let parts = Blocks::chunks(&mut partial, per_task);
+    threads::for_each(n_tasks, parts, Work::none(), |t, dst, _| {
         let c = t % chunks;
         let b = (t / chunks) % row_blocks;
         let kvh = t / (chunks * row_blocks);
         let rows = b * rows_per..((b + 1) * rows_per).min(n);
         let keys_range = c * chunk_len..((c + 1) * chunk_len).min(total);
-        // SAFETY: each task writes only its own `per_task` slice of `partial`.
-        let dst = unsafe { std::slice::from_raw_parts_mut(pp.get().add(t * per_task), per_task) };
-        run_task(use_simd, &ctx, kvh, rows, keys_range, dst);
+        run_task(isa, &ctx, kvh, rows, keys_range, dst.into_slice());
     });
 
     // Merge the chunks of each (row, head).
@@ -315,7 +304,7 @@ impl Ctx<'_> {
 }
 
 fn run_task(
-    use_simd: bool,
+    isa: Isa,
     ctx: &Ctx,
     kvh: usize,
     rows: std::ops::Range<usize>,
@@ -323,12 +312,13 @@ fn run_task(
     dst: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if use_simd {
-        // SAFETY: `use_simd` is only true when AVX2 and FMA are available.
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`).
         unsafe { avx2::task(ctx, kvh, rows, keys, dst) };
         return;
     }
-    let _ = use_simd;
+    let _ = isa;
     task::<Portable>(ctx, kvh, rows, keys, dst);
 }
 
@@ -423,28 +413,6 @@ fn start_head<O: Ops>(out: &mut [f32], s: &mut [f32]) {
     out[1] = O::exp_sum(s, m);
 }
 
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: only used to write disjoint slices from the pool's tasks during `attention`.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx2::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 struct Portable;
 
 impl Ops for Portable {
@@ -477,10 +445,6 @@ mod avx2 {
     use std::ops::Range;
 
     use super::{Ctx, Ops};
-
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
 
     /// # Safety
     /// AVX2 and FMA must be available.
@@ -854,7 +818,7 @@ mod tests {
     /// `attention` on position-major test arrays (the natural layout of the reference).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn pm(
-        simd: Option<bool>,
+        isa: Option<Isa>,
         geo: AttnGeometry,
         q: &[f32],
         k: &[f32],
@@ -869,9 +833,9 @@ mod tests {
         );
         let kr: Vec<&[f32]> = kh.iter().map(|h| &h[..]).collect();
         let vr: Vec<&[f32]> = vh.iter().map(|h| &h[..]).collect();
-        match simd {
+        match isa {
             None => attention(geo, q, &kr, &vr, past, scale, out),
-            Some(s) => attention_with(s, geo, q, &kr, &vr, past, None, scale, out),
+            Some(isa) => attention_with(isa, geo, q, &kr, &vr, past, None, scale, out),
         }
     }
 
@@ -1028,9 +992,9 @@ mod tests {
             let kr: Vec<&[f32]> = kh.iter().map(|h| &h[..]).collect();
             let vr: Vec<&[f32]> = vh.iter().map(|h| &h[..]).collect();
             let paths = TreePaths::new(&parents);
-            for simd in [false, simd_available()] {
+            for isa in Isa::available() {
                 let mut tree = vec![0f32; q.len()];
-                attention_with(simd, geo, &q, &kr, &vr, past, Some(&paths), 0.2, &mut tree);
+                attention_with(isa, geo, &q, &kr, &vr, past, Some(&paths), 0.2, &mut tree);
                 // Computing only the later nodes (a tree grown level by level) gives their
                 // rows the same bits.
                 for first in [3usize, 5] {
@@ -1038,7 +1002,7 @@ mod tests {
                     let mut later = TreePaths::new(&parents);
                     later.first = first;
                     attention_with(
-                        simd,
+                        isa,
                         geo,
                         &q[first * 144..],
                         &kr,
@@ -1066,7 +1030,7 @@ mod tests {
                     let mut one = vec![0f32; 6 * 24];
                     let qi = &q[i * 144..(i + 1) * 144];
                     pm(
-                        Some(simd),
+                        Some(isa),
                         geo,
                         qi,
                         &kp,
@@ -1079,7 +1043,7 @@ mod tests {
                         one.iter()
                             .zip(&tree[i * 144..])
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "past {past} node {i} simd {simd}"
+                        "past {past} node {i} {isa:?}"
                     );
                 }
             }
@@ -1089,12 +1053,13 @@ mod tests {
     #[test]
     fn portable_and_avx2_agree() {
         #[cfg(target_arch = "x86_64")]
-        if avx2::available() {
+        if let Some(isa) = Isa::available().find(|isa| isa.avx2()) {
             for &n in &[1usize, 7, 8, 16, 31, 64, 128, 257] {
                 let a = values(n, n as u64);
                 let b = values(n, 100 + n as u64);
-                // SAFETY (all avx2:: calls below): AVX2 and FMA are available.
-                let (p, s) = (Portable::dot(&a, &b), unsafe { avx2::dot(&a, &b) });
+                // SAFETY: `isa` has AVX2 (and FMA), which the `avx2::` functions need.
+                let s = unsafe { avx2::dot(&a, &b) };
+                let p = Portable::dot(&a, &b);
                 assert!(
                     (p - s).abs() < 1e-5 * (1.0 + p.abs()),
                     "dot n={n}: {p} vs {s}"
@@ -1102,6 +1067,7 @@ mod tests {
                 let mut y1 = values(n, 7);
                 let mut y2 = y1.clone();
                 Portable::axpy(&mut y1, 0.37, &a);
+                // SAFETY: as above.
                 unsafe { avx2::axpy(&mut y2, 0.37, &a) };
                 for i in 0..n {
                     assert!((y1[i] - y2[i]).abs() < 1e-6, "axpy n={n} i={i}");
@@ -1109,6 +1075,7 @@ mod tests {
                 // exp over the softmax range, against f64.
                 let mut e1: Vec<f32> = a.iter().map(|v| v * 50.0 - 50.0).collect();
                 let src = e1.clone();
+                // SAFETY: as above.
                 let sum = unsafe { avx2::exp_sum(&mut e1, 1.5) };
                 let mut want_sum = 0f64;
                 for (e, x) in e1.iter().zip(&src) {
@@ -1137,8 +1104,8 @@ mod tests {
                 let k = values((past + n) * nkv * hd, 6);
                 let v = values((past + n) * nkv * hd, 7);
                 let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-                pm(Some(false), geo, &q, &k, &v, past, 0.3, &mut a);
-                pm(Some(true), geo, &q, &k, &v, past, 0.3, &mut b);
+                pm(Some(Isa::PORTABLE), geo, &q, &k, &v, past, 0.3, &mut a);
+                pm(Some(isa), geo, &q, &k, &v, past, 0.3, &mut b);
                 for (x, y) in a.iter().zip(&b) {
                     assert!(
                         (x - y).abs() < 1e-5 * (1.0 + x.abs()),

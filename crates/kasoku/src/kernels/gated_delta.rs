@@ -27,7 +27,9 @@
 //! Heads are independent and run in parallel on the worker pool. The state-touching loops
 //! (the recurrent step and `gemm`) have a portable path and an AVX2/FMA path.
 
-use super::threads;
+use super::activation::sigmoid;
+use super::simd::Isa;
+use super::threads::{self, parts::BlockMut, Blocks, Work};
 
 /// Which key head a value head reads when there are more value heads than key heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,16 +107,6 @@ pub fn softplus(x: f32) -> f32 {
     }
 }
 
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-
 /// Gates for `n` tokens from the projections `a`, `b` (`n × nv` each):
 /// `g = ssm_a · softplus(a + dt_bias)` (`ssm_a = −exp(A_log)`, per head) and `β = sigmoid(b)`.
 pub fn gates(
@@ -139,26 +131,6 @@ pub fn gates(
     }
 }
 
-/// Which implementation of the inner loops to use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
-    Portable,
-    Avx2,
-}
-
-impl Path {
-    /// AVX2 + FMA when the CPU has them, else portable.
-    pub fn best() -> Path {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Path::Avx2;
-            }
-        }
-        Path::Portable
-    }
-}
-
 /// Chunk length of the chunked form. Shorter chunks do less work per token (the O(c) terms)
 /// and were fastest here (single thread, dk = dv = 128, AVX2): chunks of 16 / 32 / 64 took
 /// 2.8 / 2.9 / 3.6 µs per token and head.
@@ -175,17 +147,17 @@ pub const CHUNKED_MIN_TOKENS: usize = 16;
 /// `out` (`n × nv × dv`) receives `o_t` for every token and value head. Chooses the chunked
 /// form for long batches (AVX2 only), the recurrent form otherwise.
 pub fn gated_delta(dims: &GdnDims, inp: &GdnInputs, n: usize, state: &mut [f32], out: &mut [f32]) {
-    let path = Path::best();
-    if path == Path::Avx2 && n >= CHUNKED_MIN_TOKENS {
-        chunked_with(path, dims, inp, n, CHUNK, state, out);
+    let isa = Isa::detect();
+    if isa.avx2() && n >= CHUNKED_MIN_TOKENS {
+        chunked_with(isa, dims, inp, n, CHUNK, state, out);
     } else {
-        recurrent_with(path, dims, inp, n, state, out);
+        recurrent_with(isa, dims, inp, n, state, out);
     }
 }
 
 /// The token-by-token recurrent form.
 pub fn recurrent(dims: &GdnDims, inp: &GdnInputs, n: usize, state: &mut [f32], out: &mut [f32]) {
-    recurrent_with(Path::best(), dims, inp, n, state, out);
+    recurrent_with(Isa::detect(), dims, inp, n, state, out);
 }
 
 /// The chunked closed form with chunks of `chunk` tokens.
@@ -197,7 +169,7 @@ pub fn chunked(
     state: &mut [f32],
     out: &mut [f32],
 ) {
-    chunked_with(Path::best(), dims, inp, n, chunk, state, out);
+    chunked_with(Isa::detect(), dims, inp, n, chunk, state, out);
 }
 
 fn check(dims: &GdnDims, inp: &GdnInputs, n: usize, state: &[f32], out: &[f32]) {
@@ -243,43 +215,28 @@ impl HeadIo<'_> {
     }
 }
 
-/// A pointer the head tasks share; each task touches only its own head's rows.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: tasks write disjoint ranges (one value head each) while the caller's borrow lasts.
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// `len` values starting at `offset`.
-    ///
-    /// # Safety
-    /// The range must be inside the original slice and written by no other task.
-    unsafe fn slice<'x>(self, offset: usize, len: usize) -> &'x mut [f32] {
-        std::slice::from_raw_parts_mut(self.0.add(offset), len)
-    }
-}
-
-/// Runs `f(head, state_of_head, out_ptr)` for every value head in parallel.
+/// Runs `f(head, its state, its output)` for every value head in parallel: head `h` owns
+/// `state[h·dk·dv..][..dk·dv]` and columns `h·dv..(h + 1)·dv` of each of the `n` token rows of
+/// `out`.
 fn for_each_head(
     dims: &GdnDims,
+    n: usize,
     state: &mut [f32],
     out: &mut [f32],
-    f: impl Fn(usize, &mut [f32], SyncPtr) + Sync + Send,
+    f: impl Fn(usize, &mut [f32], &mut BlockMut<f32>) + Sync,
 ) {
-    let per_head = dims.dk * dims.dv;
-    let sp = SyncPtr(state.as_mut_ptr());
-    let op = SyncPtr(out.as_mut_ptr());
-    threads::parallel_for(dims.nv, |h| {
-        // SAFETY: head h owns state[h·dk·dv ..][.. dk·dv]; `f` writes only head h's out rows.
-        let s = unsafe { sp.slice(h * per_head, per_head) };
-        f(h, s, op);
+    let parts = (
+        Blocks::chunks(state, dims.dk * dims.dv),
+        Blocks::new(out, n, dims.dv),
+    );
+    threads::for_each(dims.nv, parts, Work::none(), |h, (s, mut o), _| {
+        f(h, s.into_slice(), &mut o)
     });
 }
 
-/// Recurrent form with an explicit implementation path (tests compare paths).
-pub fn recurrent_with(
-    path: Path,
+/// Recurrent form with an explicit instruction set (tests compare them).
+pub(crate) fn recurrent_with(
+    isa: Isa,
     dims: &GdnDims,
     inp: &GdnInputs,
     n: usize,
@@ -291,40 +248,41 @@ pub fn recurrent_with(
         return;
     }
     let d = *dims;
-    for_each_head(dims, state, out, |h, s, op| {
+    for_each_head(dims, n, state, out, |h, s, o| {
         let io = HeadIo {
             inp,
             dims: d,
             h,
             kh: d.key_head(h),
         };
-        let out_row = |t: usize| unsafe { op.slice((t * d.nv + h) * d.dv, d.dv) };
-        match path {
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx2 if d.dv.is_multiple_of(8) => unsafe {
-                avx2::recurrent_head(&io, n, s, &out_row)
-            },
-            _ => recurrent_head_portable(&io, n, s, &out_row),
-        }
+        recurrent_head(isa, &io, n, s, o);
     });
+}
+
+/// One head's recurrent form on the best path `isa` allows.
+fn recurrent_head(isa: Isa, io: &HeadIo, n: usize, s: &mut [f32], out: &mut BlockMut<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && io.dims.dv.is_multiple_of(8) {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`); `dv % 8 == 0` and `s` is one head's state (`check`).
+        unsafe { avx2::recurrent_head(io, n, s, out) };
+        return;
+    }
+    let _ = isa;
+    recurrent_head_portable(io, n, s, out);
 }
 
 /// Per token: `kv = Sᵀk`, `sq = Sᵀq` from the old state, then with `α = e^g`:
 /// `δ = β(v − α·kv)`, `o = α·sq + (q·k)·δ` (= the updated state read with q) and
 /// `S = α·S + k ⊗ δ`.
-fn recurrent_head_portable<'o>(
-    io: &HeadIo,
-    n: usize,
-    s: &mut [f32],
-    out_row: &dyn Fn(usize) -> &'o mut [f32],
-) {
+fn recurrent_head_portable(io: &HeadIo, n: usize, s: &mut [f32], out: &mut BlockMut<f32>) {
     let (dk, dv) = (io.dims.dk, io.dims.dv);
     let mut kv = vec![0f32; dv];
     let mut delta = vec![0f32; dv];
     for t in 0..n {
         let (q, k, v) = (io.q(t), io.k(t), io.v(t));
         let alpha = io.g(t).exp();
-        let o = out_row(t);
+        let o = out.row(t);
         portable_step(
             s,
             dk,
@@ -383,9 +341,9 @@ fn portable_update(s: &mut [f32], dk: usize, dv: usize, alpha: f32, k: &[f32], d
     }
 }
 
-/// Chunked form with an explicit implementation path (tests compare paths).
-pub fn chunked_with(
-    path: Path,
+/// Chunked form with an explicit instruction set (tests compare them).
+pub(crate) fn chunked_with(
+    isa: Isa,
     dims: &GdnDims,
     inp: &GdnInputs,
     n: usize,
@@ -399,19 +357,18 @@ pub fn chunked_with(
         return;
     }
     let d = *dims;
-    for_each_head(dims, state, out, |h, s, op| {
+    for_each_head(dims, n, state, out, |h, s, o| {
         let io = HeadIo {
             inp,
             dims: d,
             h,
             kh: d.key_head(h),
         };
-        let out_row = |t: usize| unsafe { op.slice((t * d.nv + h) * d.dv, d.dv) };
         let mut scratch = ChunkScratch::new(chunk, d.dk, d.dv);
         let mut t0 = 0;
         while t0 < n {
             let c = chunk.min(n - t0);
-            chunk_head(path, &io, t0, c, s, &mut scratch, &out_row);
+            chunk_head(isa, &io, t0, c, s, &mut scratch, o);
             t0 += c;
         }
     });
@@ -452,14 +409,14 @@ impl ChunkScratch {
 }
 
 /// Advances one head's state over tokens `t0 .. t0 + c` and writes their outputs.
-fn chunk_head<'o>(
-    path: Path,
+fn chunk_head(
+    isa: Isa,
     io: &HeadIo,
     t0: usize,
     c: usize,
     s: &mut [f32],
     w: &mut ChunkScratch,
-    out_row: &dyn Fn(usize) -> &'o mut [f32],
+    out: &mut BlockMut<f32>,
 ) {
     let (dk, dv) = (io.dims.dk, io.dims.dv);
     // Gather K, Q (rows), Kᵀ, V, G, β.
@@ -485,8 +442,8 @@ fn chunk_head<'o>(
     let (gc, beta) = (&w.gcum[..c], &w.beta[..c]);
 
     // [K S0; Q S0] and [K Kᵀ; Q Kᵀ].
-    gemm(path, 2 * c, dk, dv, kq, dk, s, dv, ks, dv, false);
-    gemm(path, 2 * c, dk, c, kq, dk, kt, c, gram, c, false);
+    gemm(isa, 2 * c, dk, dv, kq, dk, s, dv, ks, dv, false);
+    gemm(isa, 2 * c, dk, c, kq, dk, kt, c, gram, c, false);
 
     // Right-hand side r_j = β_j (v_j − e^{G_j} (S0ᵀ k_j)) and, stored negated,
     // A_jl = β_j e^{G_j−G_l} (k_j·k_l) for l < j.
@@ -510,7 +467,7 @@ fn chunk_head<'o>(
         let (done, rest) = u.split_at_mut(j * dv);
         let uj = &mut rest[..dv];
         gemm(
-            path,
+            isa,
             1,
             j,
             dv,
@@ -543,9 +500,9 @@ fn chunk_head<'o>(
             };
         }
     }
-    gemm(path, c, c, dv, pgram, c, u, dv, o, dv, true);
+    gemm(isa, c, c, dv, pgram, c, u, dv, o, dv, true);
     for i in 0..c {
-        out_row(t0 + i).copy_from_slice(&o[i * dv..(i + 1) * dv]);
+        out.row(t0 + i).copy_from_slice(&o[i * dv..(i + 1) * dv]);
     }
     // State: S = e^{G_c} S0 + Σ_j e^{G_c−G_j} k_j ⊗ u_j.
     let glast = gc[c - 1];
@@ -559,14 +516,14 @@ fn chunk_head<'o>(
             *x *= f;
         }
     }
-    gemm(path, dk, c, dv, kt, c, u, dv, s, dv, true);
+    gemm(isa, dk, c, dv, kt, c, u, dv, s, dv, true);
 }
 
 /// `C (+)= A · B` with `A`: `m × kk` (row stride `lda`), `B`: `kk × nn` (row stride `ldb`),
 /// `C`: `m × nn` (row stride `ldc`); `accumulate = false` overwrites `C`.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    path: Path,
+pub(crate) fn gemm(
+    isa: Isa,
     m: usize,
     kk: usize,
     nn: usize,
@@ -588,12 +545,15 @@ pub fn gemm(
         "gemm: b too short"
     );
     assert!(c.len() >= (m - 1) * ldc + nn, "gemm: c too short");
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX2 and FMA (Path::Avx2 is chosen only then); bounds checked above.
-        Path::Avx2 => unsafe { avx2::gemm(m, kk, nn, a, lda, b, ldb, c, ldc, accumulate) },
-        _ => gemm_portable(m, kk, nn, a, lda, b, ldb, c, ldc, accumulate),
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`); the bounds are checked above.
+        unsafe { avx2::gemm(m, kk, nn, a, lda, b, ldb, c, ldc, accumulate) };
+        return;
     }
+    let _ = isa;
+    gemm_portable(m, kk, nn, a, lda, b, ldb, c, ldc, accumulate)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -629,6 +589,7 @@ pub mod tree;
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::HeadIo;
+    use crate::kernels::threads::parts::BlockMut;
     use std::arch::x86_64::*;
 
     /// The recurrent form with one pass over the state per token: the update of token t is
@@ -637,12 +598,7 @@ mod avx2 {
     /// # Safety
     /// Requires AVX2 and FMA, `dv % 8 == 0`, `s.len() == dk·dv`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn recurrent_head<'o>(
-        io: &HeadIo,
-        n: usize,
-        s: &mut [f32],
-        out_row: &dyn Fn(usize) -> &'o mut [f32],
-    ) {
+    pub unsafe fn recurrent_head(io: &HeadIo, n: usize, s: &mut [f32], out: &mut BlockMut<f32>) {
         let (dk, dv) = (io.dims.dk, io.dims.dv);
         debug_assert!(dv % 8 == 0 && s.len() == dk * dv);
         let mut kv = vec![0f32; dv];
@@ -654,7 +610,7 @@ mod avx2 {
             let alpha = io.g(t).exp();
             let beta = io.beta(t);
             let qk = dot(q, k);
-            let o = out_row(t);
+            let o = out.row(t);
             for j in 0..dv {
                 delta[j] = beta * (v[j] - alpha * kv[j]);
                 o[j] = alpha * sq[j] + qk * delta[j];
@@ -1159,12 +1115,8 @@ mod tests {
             .fold(0f32, f32::max)
     }
 
-    fn paths() -> Vec<Path> {
-        let mut p = vec![Path::Portable];
-        if Path::best() == Path::Avx2 {
-            p.push(Path::Avx2);
-        }
-        p
+    fn paths() -> Vec<Isa> {
+        Isa::available().collect()
     }
 
     fn dims(nk: usize, nv: usize, dk: usize, dv: usize, map: HeadMap) -> GdnDims {
@@ -1210,7 +1162,7 @@ mod tests {
         let run = |dd: GdnDims| {
             let mut s = case.s0.clone();
             let mut o = vec![0f32; case.n * d.nv * d.dv];
-            recurrent_with(Path::Portable, &dd, &case.inputs(), case.n, &mut s, &mut o);
+            recurrent_with(Isa::PORTABLE, &dd, &case.inputs(), case.n, &mut s, &mut o);
             o
         };
         assert!(
@@ -1402,8 +1354,7 @@ mod tests {
                 kh: 0,
             };
             let mut o = vec![0f32; n * d.dv];
-            let op = SyncPtr(o.as_mut_ptr());
-            let out_row = |t: usize| unsafe { op.slice(t * d.dv, d.dv) };
+            let mut out = BlockMut::whole(&mut o, n);
             let reps = (16 / n).max(1);
             let time = |f: &mut dyn FnMut(&mut [f32])| {
                 let mut s = case.s0.clone();
@@ -1420,11 +1371,7 @@ mod tests {
             };
             let mut line = format!("n={n:4} ns/token/head:");
             for path in paths() {
-                let r = time(&mut |s| match path {
-                    #[cfg(target_arch = "x86_64")]
-                    Path::Avx2 => unsafe { avx2::recurrent_head(&io, n, s, &out_row) },
-                    _ => recurrent_head_portable(&io, n, s, &out_row),
-                });
+                let r = time(&mut |s| recurrent_head(path, &io, n, s, &mut out));
                 line += &format!("  {path:?} recurrent {r:6.0}");
                 for chunk in [16, 32, 64] {
                     if chunk <= n.max(16) {
@@ -1433,7 +1380,7 @@ mod tests {
                             let mut t0 = 0;
                             while t0 < n {
                                 let c = chunk.min(n - t0);
-                                chunk_head(path, &io, t0, c, s, &mut w, &out_row);
+                                chunk_head(path, &io, t0, c, s, &mut w, &mut out);
                                 t0 += c;
                             }
                         });

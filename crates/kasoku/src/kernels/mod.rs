@@ -1,5 +1,10 @@
-//! CPU compute kernels. Each kernel has a portable path and, where it pays, an AVX2/FMA path
-//! chosen at run time; both compute the same function and are tested against each other.
+//! CPU compute kernels. Each kernel has a portable path and, where it pays, SIMD paths picked
+//! from the instruction set detected once at startup ([`simd::Isa`]); the paths compute the
+//! same function and are tested against each other. Tasks on the worker pool ([`threads`])
+//! write their outputs through [`threads::parts`], so kernels hold no raw pointers; every
+//! `unsafe` block says why it is sound (enforced below).
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod activation;
 pub mod attention;
@@ -8,4 +13,6 @@ pub mod gated_delta;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+mod scratch;
+pub mod simd;
 pub mod threads;

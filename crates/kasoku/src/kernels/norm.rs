@@ -6,6 +6,8 @@
 //! chosen at run time; both compute the same function (they differ only in f64 summation
 //! order).
 
+use super::simd::Isa;
+
 /// Normalises each row of `x` (rows of `weight.len()` values) into `out`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
@@ -14,8 +16,9 @@ pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         "rmsnorm: x is not a whole number of rows"
     );
     assert_eq!(x.len(), out.len(), "rmsnorm: out has the wrong length");
+    let isa = Isa::detect();
     for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        row(xr, weight, eps, yr);
+        row(isa, xr, weight, eps, yr);
     }
 }
 
@@ -26,20 +29,23 @@ pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
         d > 0 && x.len().is_multiple_of(d),
         "rmsnorm: x is not a whole number of rows"
     );
+    let isa = Isa::detect();
     let mut tmp = vec![0f32; d];
     for xr in x.chunks_exact_mut(d) {
-        row(xr, weight, eps, &mut tmp);
+        row(isa, xr, weight, eps, &mut tmp);
         xr.copy_from_slice(&tmp);
     }
 }
 
-fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+fn row(isa: Isa, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`).
         unsafe { avx2::row(x, w, eps, y) };
         return;
     }
+    let _ = isa;
     portable::row(x, w, eps, y);
 }
 
@@ -56,10 +62,6 @@ mod portable {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
-
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
 
     /// # Safety
     /// The CPU must support AVX2 and FMA; `w` and `y` must be as long as `x`.
@@ -156,7 +158,7 @@ mod tests {
     #[test]
     fn portable_and_avx2_agree() {
         #[cfg(target_arch = "x86_64")]
-        if avx2::available() {
+        if Isa::detect().avx2() {
             for &d in &[3usize, 8, 24, 33, 576, 2048] {
                 let x = values(d, 7 * d as u64, 10.0);
                 let w = values(d, 3, 1.0);

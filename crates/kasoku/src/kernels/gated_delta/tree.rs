@@ -13,8 +13,9 @@
 //! `S ← e^{g}·S + k ⊗ δ` for one accepted node, which is exactly decoding's state update, so
 //! the committed state equals plain decoding's bit for bit.
 
-use super::{GdnDims, GdnInputs, HeadIo, Path, SyncPtr};
-use crate::kernels::threads;
+use super::{GdnDims, GdnInputs, HeadIo};
+use crate::kernels::simd::Isa;
+use crate::kernels::threads::{self, Blocks, Work};
 
 /// Runs every node of a tree through the recurrence from the committed `state`
 /// (`nv × dk × dv`, read only). `parents[i] < i` is node `i`'s parent (`usize::MAX` for a
@@ -28,12 +29,12 @@ pub fn tree_recurrent(
     out: &mut [f32],
     deltas: &mut [f32],
 ) {
-    tree_recurrent_with(Path::best(), dims, inp, parents, state, out, deltas)
+    tree_recurrent_with(Isa::detect(), dims, inp, parents, state, out, deltas)
 }
 
-/// [`tree_recurrent`] on an explicit path (tests compare paths).
-pub fn tree_recurrent_with(
-    path: Path,
+/// [`tree_recurrent`] with an explicit instruction set (tests compare them).
+pub(crate) fn tree_recurrent_with(
+    isa: Isa,
     dims: &GdnDims,
     inp: &GdnInputs,
     parents: &[usize],
@@ -62,9 +63,8 @@ pub fn tree_recurrent_with(
     let max_depth = depth.iter().copied().max().unwrap_or(0);
     let d = *dims;
     let per_head = d.dk * d.dv;
-    let op = SyncPtr(out.as_mut_ptr());
-    let dp = SyncPtr(deltas.as_mut_ptr());
-    threads::parallel_for(d.nv, |h| {
+    let parts = (Blocks::new(out, n, d.dv), Blocks::new(deltas, n, d.dv));
+    threads::for_each(d.nv, parts, Work::none(), |h, (mut out, mut deltas), _| {
         let io = HeadIo {
             inp,
             dims: d,
@@ -77,9 +77,7 @@ pub fn tree_recurrent_with(
         let mut kv = vec![0f32; d.dv];
         let mut sq = vec![0f32; d.dv];
         for i in 0..n {
-            let row = (i * d.nv + h) * d.dv;
-            // SAFETY: head h alone writes rows (i, h) of `out` and `deltas`.
-            let (o, delta) = unsafe { (op.slice(row, d.dv), dp.slice(row, d.dv)) };
+            let (o, delta) = (out.row(i), deltas.row(i));
             let (before, after) = slots.split_at_mut(depth[i] * per_head);
             let s_in: &[f32] = if parents[i] == usize::MAX {
                 s0
@@ -87,11 +85,11 @@ pub fn tree_recurrent_with(
                 &before[(depth[i] - 1) * per_head..]
             };
             let alpha = io.g(i).exp();
-            step(path, &io, i, alpha, s_in, &mut kv, &mut sq, o, delta);
+            step(isa, &io, i, alpha, s_in, &mut kv, &mut sq, o, delta);
             if has_child[i] {
                 let s_out = &mut after[..per_head];
                 s_out.copy_from_slice(s_in);
-                update(path, &d, s_out, alpha, io.k(i), delta);
+                update(isa, &d, s_out, alpha, io.k(i), delta);
             }
         }
     });
@@ -101,12 +99,12 @@ pub fn tree_recurrent_with(
 /// head, with that node's `k` (`nk × dk`), `g` (`nv`) and `δ` (`nv × dv`, from
 /// [`tree_recurrent`]).
 pub fn replay(dims: &GdnDims, state: &mut [f32], k: &[f32], g: &[f32], delta: &[f32]) {
-    replay_with(Path::best(), dims, state, k, g, delta)
+    replay_with(Isa::detect(), dims, state, k, g, delta)
 }
 
-/// [`replay`] on an explicit path.
-pub fn replay_with(
-    path: Path,
+/// [`replay`] with an explicit instruction set.
+pub(crate) fn replay_with(
+    isa: Isa,
     dims: &GdnDims,
     state: &mut [f32],
     k: &[f32],
@@ -122,13 +120,10 @@ pub fn replay_with(
         "gated_delta replay: lengths"
     );
     let per_head = d.dk * d.dv;
-    let sp = SyncPtr(state.as_mut_ptr());
-    threads::parallel_for(d.nv, |h| {
-        // SAFETY: head h alone touches its state rows.
-        let s = unsafe { sp.slice(h * per_head, per_head) };
+    threads::for_each_disjoint(state, per_head, |h, s| {
         let kh = d.key_head(h);
         update(
-            path,
+            isa,
             &d,
             s,
             g[h].exp(),
@@ -142,7 +137,7 @@ pub fn replay_with(
 /// computed as the single-token recurrent kernels compute them.
 #[allow(clippy::too_many_arguments)]
 fn step(
-    path: Path,
+    isa: Isa,
     io: &HeadIo,
     t: usize,
     alpha: f32,
@@ -155,35 +150,35 @@ fn step(
     let (dk, dv) = (io.dims.dk, io.dims.dv);
     let (q, k, v) = (io.q(t), io.k(t), io.v(t));
     let beta = io.beta(t);
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 if dv.is_multiple_of(8) => {
-            // SAFETY: `Path::Avx2` is only chosen when AVX2 and FMA are available; the slices
-            // have the lengths `check` verified.
-            let qk = unsafe {
-                super::avx2::project(s, dk, dv, k, q, kv, sq);
-                super::avx2::dot(q, k)
-            };
-            for j in 0..dv {
-                delta[j] = beta * (v[j] - alpha * kv[j]);
-                o[j] = alpha * sq[j] + qk * delta[j];
-            }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && dv.is_multiple_of(8) {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`); the slices have the lengths `check` verified.
+        let qk = unsafe {
+            super::avx2::project(s, dk, dv, k, q, kv, sq);
+            super::avx2::dot(q, k)
+        };
+        for j in 0..dv {
+            delta[j] = beta * (v[j] - alpha * kv[j]);
+            o[j] = alpha * sq[j] + qk * delta[j];
         }
-        _ => super::portable_step(s, dk, dv, (q, k, v), alpha, beta, kv, o, delta),
+        return;
     }
+    let _ = (isa, sq);
+    super::portable_step(s, dk, dv, (q, k, v), alpha, beta, kv, o, delta)
 }
 
 /// `S = α·S + k ⊗ δ` for one head, as the recurrent kernels do it.
-fn update(path: Path, d: &GdnDims, s: &mut [f32], alpha: f32, k: &[f32], delta: &[f32]) {
+fn update(isa: Isa, d: &GdnDims, s: &mut [f32], alpha: f32, k: &[f32], delta: &[f32]) {
     let (dk, dv) = (d.dk, d.dv);
-    match path {
-        #[cfg(target_arch = "x86_64")]
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && dv.is_multiple_of(8) {
         // SAFETY: as in `step`.
-        Path::Avx2 if dv.is_multiple_of(8) => unsafe {
-            super::avx2::update(s, dk, dv, alpha, k, delta)
-        },
-        _ => super::portable_update(s, dk, dv, alpha, k, delta),
+        unsafe { super::avx2::update(s, dk, dv, alpha, k, delta) };
+        return;
     }
+    let _ = isa;
+    super::portable_update(s, dk, dv, alpha, k, delta)
 }
 
 #[cfg(test)]
@@ -202,12 +197,8 @@ mod tests {
             .collect()
     }
 
-    fn paths() -> Vec<Path> {
-        let mut v = vec![Path::Portable];
-        if Path::best() == Path::Avx2 {
-            v.push(Path::Avx2);
-        }
-        v
+    fn paths() -> Vec<Isa> {
+        Isa::available().collect()
     }
 
     /// Every node's output equals single-token decoding of its path from the same state, bit

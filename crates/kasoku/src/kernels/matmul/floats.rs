@@ -15,7 +15,8 @@ use std::ops::Range;
 
 use half::f16;
 
-use super::{Isa, MatMulWeight, PackedBytes, Prepared};
+use super::{MatMulWeight, PackedBytes, Prepared};
+use crate::kernels::simd::Isa;
 use crate::quant::DType;
 
 /// Weight rows packed together.
@@ -111,13 +112,15 @@ fn kernel(
     xr: usize,
     acc: &mut [f32],
 ) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only chosen when AVX2, FMA and F16C are present; the slices'
-        // lengths are checked inside.
-        Isa::Avx2 => unsafe { super::floats_avx2::kernel(dtype, w, kn, x, cols, c0, xr, acc) },
-        _ => portable_kernel(dtype, w, kn, x, cols, c0, xr, acc),
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`); the kernel checks the slices' lengths.
+        unsafe { super::floats_avx2::kernel(dtype, w, kn, x, cols, c0, xr, acc) };
+        return;
     }
+    let _ = isa;
+    portable_kernel(dtype, w, kn, x, cols, c0, xr, acc)
 }
 
 /// Weight element `k` (in packed order) of a float chunk, as f32.

@@ -51,7 +51,8 @@ use std::ops::Range;
 
 use half::f16;
 
-use super::{Isa, MatMulWeight, PackedBytes, Prepared};
+use super::{MatMulWeight, PackedBytes, Prepared};
+use crate::kernels::simd::Isa;
 use crate::quant::k_quants::{self as kq, QK_K};
 use crate::quant::DType;
 
@@ -209,41 +210,31 @@ fn pack_q6(blk: &[u8], i: usize, sb: &mut [u8]) {
 }
 
 /// Quantizes `n` activation rows to Q8_K blocks (see the module documentation).
-pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize) -> Prepared {
+pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize, isa: Isa) -> Prepared {
     let nb = w.cols / QK_K;
     let mut out = vec![0u8; n * nb * ACT_BLOCK];
     if nb == 0 {
         return Prepared::Bytes(out);
     }
-    let simd = simd_quantizer();
     for (r, xr) in x.chunks_exact(w.cols).enumerate() {
         for (s, xs) in xr.chunks_exact(QK_K).enumerate() {
             let at = (s * n + r) * ACT_BLOCK;
-            quantize_act_block(simd, xs, &mut out[at..at + ACT_BLOCK]);
+            quantize_act_block(isa, xs, &mut out[at..at + ACT_BLOCK]);
         }
     }
     Prepared::Bytes(out)
 }
 
-/// Whether this CPU runs the AVX2 activation quantizer (the same bits as the scalar one).
-fn simd_quantizer() -> bool {
+/// Quantizes 256 activations into one activation block, on AVX2 where `isa` has it (which
+/// then leaves blocks with infinities or NaNs to the scalar quantizer: the same bits).
+fn quantize_act_block(isa: Isa, xs: &[f32], blk: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        Isa::detect() != Isa::Portable
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Quantizes 256 activations into one activation block, on AVX2 when `simd` (which then
-/// leaves blocks with infinities or NaNs to the scalar quantizer).
-fn quantize_act_block(simd: bool, xs: &[f32], blk: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `simd` only when the CPU has AVX2 (`simd_quantizer`); the lengths are checked.
-    if simd && unsafe { avx2::quantize_act_block(xs, blk) } {
+    // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+    // (`kernels::simd`); the lengths are checked inside.
+    if isa.avx2() && unsafe { avx2::quantize_act_block(xs, blk) } {
         return;
     }
-    let _ = simd;
+    let _ = isa;
     write_act_block(&kq::quantize_block_q8_k(xs), blk);
 }
 
@@ -261,46 +252,16 @@ fn write_act_block(q: &kq::BlockQ8K, blk: &mut [u8]) {
     }
 }
 
-/// The kernel that computes tiles: `Isa::Avx2` runs the VNNI kernels where the CPU has
-/// AVX512-VNNI (same arithmetic, fewer instructions).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Path {
-    Portable,
+/// Activation rows per kernel call.
+fn tile_rows(isa: Isa) -> usize {
     #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-}
-
-impl Path {
-    fn for_isa(isa: Isa) -> Path {
-        match isa {
-            Isa::Portable => Path::Portable,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                // `KASOKU_NO_VNNI=1` keeps the AVX2 kernels (for comparisons), as in `legacy`.
-                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                if *VNNI.get_or_init(|| {
-                    vnni::available() && std::env::var_os("KASOKU_NO_VNNI").is_none()
-                }) {
-                    Path::Vnni
-                } else {
-                    Path::Avx2
-                }
-            }
-        }
+    if isa.vnni() {
+        return vnni::TILE;
+    } else if isa.avx2() {
+        return avx2::TILE;
     }
-
-    /// Activation rows per kernel call.
-    fn tile(self) -> usize {
-        match self {
-            Path::Portable => 4,
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => avx2::TILE,
-            #[cfg(target_arch = "x86_64")]
-            Path::Vnni => vnni::TILE,
-        }
-    }
+    let _ = isa;
+    4
 }
 
 /// Computes `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for `r < n`, `j ∈ rows`, on the
@@ -312,17 +273,6 @@ pub(crate) fn compute_tile(
     rows: Range<usize>,
     tile: &mut [f32],
     isa: Isa,
-) {
-    compute_tile_on(Path::for_isa(isa), w, act, n, rows, tile)
-}
-
-fn compute_tile_on(
-    path: Path,
-    w: &MatMulWeight,
-    act: &Prepared,
-    n: usize,
-    rows: Range<usize>,
-    tile: &mut [f32],
 ) {
     let Prepared::Bytes(acts) = act else {
         unreachable!("K-quant formats prepare Q8_K activations")
@@ -343,7 +293,7 @@ fn compute_tile_on(
     let stride = n * ACT_BLOCK;
     let groups = w.rows.div_ceil(GROUP);
     let (g0, g1) = (rows.start / GROUP, rows.end.div_ceil(GROUP));
-    let xt = path.tile();
+    let xt = tile_rows(isa);
     SUMS.with(|cell| {
         let mut sums = cell.borrow_mut();
         for x0 in (0..n).step_by(XB) {
@@ -362,7 +312,7 @@ fn compute_tile_on(
                         let a = &acts[s0 * stride + r * ACT_BLOCK
                             ..(s0 + width - 1) * stride + (r + xr) * ACT_BLOCK];
                         let out = &mut sums[(g - g0) * xn + r - x0..][..xr];
-                        kernel(path, w.dtype, wg, a, stride, out);
+                        kernel(isa, w.dtype, wg, a, stride, out);
                         r += xr;
                     }
                 }
@@ -387,38 +337,34 @@ thread_local! {
     static SUMS: std::cell::RefCell<Vec<[f32; GROUP]>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One packed row group's run of super-blocks (`wg`) times `out.len()` ≤ `path.tile()`
+/// One packed row group's run of super-blocks (`wg`) times `out.len()` ≤ `tile_rows(isa)`
 /// activation rows (`acts`: the block of row `r` for super-block `s` at `s·stride +
 /// r·ACT_BLOCK`): adds to `out[r][i]` the dot of activation row `r` and weight row `i` over
 /// those super-blocks, one super-block after the other.
-fn kernel(
-    path: Path,
-    dtype: DType,
-    wg: &[u8],
-    acts: &[u8],
-    stride: usize,
-    out: &mut [[f32; GROUP]],
-) {
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Path::Avx2` is only chosen when the CPU has AVX2, FMA and F16C; the slices
-        // hold whole packed super-blocks and activation blocks (checked by the caller).
-        Path::Avx2 => unsafe { avx2::kernel(dtype, wg, acts, stride, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Path::Vnni` is only chosen when `vnni::available()`; slices as above.
-        Path::Vnni => unsafe { vnni::kernel(dtype, wg, acts, stride, out) },
-        Path::Portable => {
-            let pbb = packed_block_bytes(dtype);
-            for (r, o) in out.iter_mut().enumerate() {
-                for (s, sb) in wg.chunks_exact(pbb).enumerate() {
-                    let ab = &acts[s * stride + r * ACT_BLOCK..s * stride + (r + 1) * ACT_BLOCK];
-                    match dtype {
-                        DType::Q4K => portable_q45(sb, None, ab, o),
-                        DType::Q5K => portable_q45(sb, Some(()), ab, o),
-                        DType::Q6K => portable_q6(sb, ab, o),
-                        _ => unreachable!("not a K-quant format: {dtype}"),
-                    }
-                }
+fn kernel(isa: Isa, dtype: DType, wg: &[u8], acts: &[u8], stride: usize, out: &mut [[f32; GROUP]]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.vnni() {
+        // SAFETY: an `Isa` with VNNI exists only on CPUs with AVX2, FMA, F16C and AVX-512
+        // F/VL/VNNI (`kernels::simd`); the slices hold whole packed super-blocks and
+        // activation blocks (checked by the caller).
+        unsafe { vnni::kernel(dtype, wg, acts, stride, out) };
+        return;
+    } else if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C; slices as
+        // above.
+        unsafe { avx2::kernel(dtype, wg, acts, stride, out) };
+        return;
+    }
+    let _ = isa;
+    let pbb = packed_block_bytes(dtype);
+    for (r, o) in out.iter_mut().enumerate() {
+        for (s, sb) in wg.chunks_exact(pbb).enumerate() {
+            let ab = &acts[s * stride + r * ACT_BLOCK..s * stride + (r + 1) * ACT_BLOCK];
+            match dtype {
+                DType::Q4K => portable_q45(sb, None, ab, o),
+                DType::Q5K => portable_q45(sb, Some(()), ab, o),
+                DType::Q6K => portable_q6(sb, ab, o),
+                _ => unreachable!("not a K-quant format: {dtype}"),
             }
         }
     }
@@ -557,20 +503,6 @@ mod tests {
         y
     }
 
-    /// Every kernel this CPU runs.
-    fn paths() -> Vec<Path> {
-        #[allow(unused_mut)]
-        let mut v = vec![Path::Portable];
-        #[cfg(target_arch = "x86_64")]
-        if Isa::detect() == Isa::Avx2 {
-            v.push(Path::Avx2);
-            if vnni::available() {
-                v.push(Path::Vnni);
-            }
-        }
-        v
-    }
-
     #[test]
     fn tiles_match_ggml_dot_bit_for_bit_on_every_path() {
         let mut rng = Rng(0x5eed);
@@ -584,13 +516,13 @@ mod tests {
             for n in [1, 2, 3, 4, 5, 7, 8, 9, 13] {
                 let x = random_x(n * cols, &mut rng);
                 let expect = reference(dtype, &wb, rows, cols, &x, n);
-                let act = prepare(&w, &x, n);
-                for path in paths() {
+                let act = prepare(&w, &x, n, Isa::detect());
+                for path in Isa::available() {
                     // Whole range, and a range that starts and ends inside row groups.
                     for range in [0..rows, 3..19, 8..16, 20..21] {
                         let len = range.len();
                         let mut tile = vec![f32::NAN; n * len];
-                        compute_tile_on(path, &w, &act, n, range.clone(), &mut tile);
+                        compute_tile(&w, &act, n, range.clone(), &mut tile, path);
                         for r in 0..n {
                             for (k, j) in range.clone().enumerate() {
                                 assert_eq!(
@@ -696,10 +628,10 @@ mod tests {
         for (k, xs) in blocks.iter().enumerate() {
             let mut expect = vec![0u8; ACT_BLOCK];
             write_act_block(&kq::quantize_block_q8_k(xs), &mut expect);
-            for simd in [false, simd_quantizer()] {
+            for isa in Isa::available() {
                 let mut got = vec![0xA5u8; ACT_BLOCK];
-                quantize_act_block(simd, xs, &mut got);
-                assert_eq!(got, expect, "block {k} simd={simd}");
+                quantize_act_block(isa, xs, &mut got);
+                assert_eq!(got, expect, "block {k} {isa:?}");
             }
         }
     }
@@ -732,10 +664,10 @@ mod tests {
                 for xv in [1.0f32, -1.0] {
                     let x = vec![xv; 3 * cols];
                     let expect = reference(dtype, &wb, rows, cols, &x, 3);
-                    let act = prepare(&w, &x, 3);
-                    for path in paths() {
+                    let act = prepare(&w, &x, 3, Isa::detect());
+                    for path in Isa::available() {
                         let mut y = vec![0f32; 3 * rows];
-                        compute_tile_on(path, &w, &act, 3, 0..rows, &mut y);
+                        compute_tile(&w, &act, 3, 0..rows, &mut y, path);
                         assert_eq!(y, expect, "{dtype} fill={fill:#x} x={xv} {path:?}");
                     }
                 }

@@ -24,20 +24,10 @@ use crate::quant::DType;
 /// Largest activation tile of these kernels.
 pub(super) const TILE: usize = 8;
 
-/// Whether this CPU runs these kernels.
-pub(super) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512vnni")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-}
-
 /// See `k_quants::kernel`.
 ///
 /// # Safety
-/// The CPU must pass [`available`]. `wg` must hold whole packed super-blocks of `dtype`, and
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/VL/VNNI (`Isa::vnni`). `wg` must hold whole packed super-blocks of `dtype`, and
 /// `acts` the activation blocks of `out.len()` rows for each
 /// super-block of `wg`, super-block `s` at `s·stride`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]

@@ -41,7 +41,8 @@ use std::sync::Mutex;
 
 use half::f16;
 
-use super::{Isa, MatMulWeight, PackedBytes, Prepared};
+use super::{MatMulWeight, PackedBytes, Prepared};
+use crate::kernels::simd::Isa;
 use crate::kernels::threads;
 use crate::quant::legacy::QK;
 use crate::quant::DType;
@@ -219,16 +220,17 @@ fn quantize_blocks(
     sums: &mut [i32],
     isa: Isa,
 ) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only chosen when AVX2 and FMA are present.
-        Isa::Avx2 => unsafe { super::legacy_avx2::quantize_blocks(x, n, cols, j0, qs, d, sums) },
-        _ => {
-            for (e, ((qb, d), s)) in qs.chunks_exact_mut(QK).zip(d).zip(sums).enumerate() {
-                let (j, r) = (j0 + e / n, e % n);
-                (*d, *s) = quantize_block(&x[r * cols + j * QK..][..QK], qb);
-            }
-        }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`).
+        unsafe { super::legacy_avx2::quantize_blocks(x, n, cols, j0, qs, d, sums) };
+        return;
+    }
+    let _ = isa;
+    for (e, ((qb, d), s)) in qs.chunks_exact_mut(QK).zip(d).zip(sums).enumerate() {
+        let (j, r) = (j0 + e / n, e % n);
+        (*d, *s) = quantize_block(&x[r * cols + j * QK..][..QK], qb);
     }
 }
 
@@ -249,6 +251,16 @@ impl XTile<'_> {
     }
 }
 
+/// Activation rows one kernel call takes (its register tile): the VNNI kernels have 32
+/// vector registers and do eight (measured −10 % time per row at 8–16 rows on Zen 4).
+fn tile_rows(isa: Isa) -> usize {
+    if isa.vnni() {
+        8
+    } else {
+        4
+    }
+}
+
 /// `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for the weight rows `rows` (which start on
 /// a group boundary).
 pub(crate) fn compute_tile(
@@ -258,73 +270,6 @@ pub(crate) fn compute_tile(
     rows: Range<usize>,
     tile: &mut [f32],
     isa: Isa,
-) {
-    compute_tile_path(w, act, n, rows, tile, Path::for_isa(isa));
-}
-
-/// The kernel that computes tiles: `Isa::Avx2` runs the VNNI kernels where the CPU has
-/// AVX512-VNNI (same results, fewer instructions).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Path {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-}
-
-impl Path {
-    pub(crate) fn for_isa(isa: Isa) -> Path {
-        match isa {
-            Isa::Portable => Path::Portable,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                // `KASOKU_NO_VNNI=1` keeps the AVX2 kernels (for comparisons).
-                let vnni = || {
-                    super::legacy_vnni::available() && std::env::var_os("KASOKU_NO_VNNI").is_none()
-                };
-                if *VNNI.get_or_init(vnni) {
-                    Path::Vnni
-                } else {
-                    Path::Avx2
-                }
-            }
-        }
-    }
-
-    /// Activation rows one kernel call takes (its register tile): the VNNI kernels have 32
-    /// vector registers and do eight (measured −10 % time per row at 8–16 rows on Zen 4).
-    fn tile(self) -> usize {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Path::Vnni => 8,
-            _ => 4,
-        }
-    }
-
-    /// Every path this CPU runs.
-    #[cfg(test)]
-    fn available() -> Vec<Path> {
-        let mut v = vec![Path::Portable];
-        #[cfg(target_arch = "x86_64")]
-        if Isa::detect() == Isa::Avx2 {
-            v.push(Path::Avx2);
-            if super::legacy_vnni::available() {
-                v.push(Path::Vnni);
-            }
-        }
-        v
-    }
-}
-
-fn compute_tile_path(
-    w: &MatMulWeight,
-    act: &Prepared,
-    n: usize,
-    rows: Range<usize>,
-    tile: &mut [f32],
-    path: Path,
 ) {
     let Prepared::Q8(acts) = act else {
         unreachable!("legacy formats prepare int8 activations")
@@ -343,15 +288,15 @@ fn compute_tile_path(
             for kb in (0..nb).step_by(KC) {
                 let kn = KC.min(nb - kb);
                 let wchunk = &gw[kb * GROUP * bb..(kb + kn) * GROUP * bb];
-                for xt in (0..xn).step_by(path.tile()) {
-                    let xr = path.tile().min(xn - xt);
+                for xt in (0..xn).step_by(tile_rows(isa)) {
+                    let xr = tile_rows(isa).min(xn - xt);
                     let x = XTile {
                         acts,
                         r0: xr0 + xt,
                         kb,
                     };
                     let a = &mut acc[xt * GROUP..(xt + xr) * GROUP];
-                    kernel(w.dtype, path, wchunk, kn, &x, xr, a);
+                    kernel(w.dtype, isa, wchunk, kn, &x, xr, a);
                 }
             }
             for r in 0..xn {
@@ -367,17 +312,21 @@ fn compute_tile_path(
 }
 
 /// Accumulates `kn` blocks of one weight group into `acc[r][i]` for `xr` activation rows.
-fn kernel(dtype: DType, path: Path, w: &[u8], kn: usize, x: &XTile, xr: usize, acc: &mut [f32]) {
-    match path {
-        Path::Portable => portable_kernel(dtype, w, kn, x, xr, acc),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Path::Avx2` is only chosen when AVX2, FMA and F16C are present; the kernel
-        // checks that `w`, `x` and `acc` cover `kn` blocks and `xr` rows.
-        Path::Avx2 => unsafe { super::legacy_avx2::kernel(dtype, w, kn, x, xr, acc) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Path::Vnni` is only chosen when `legacy_vnni::available()`; as above.
-        Path::Vnni => unsafe { super::legacy_vnni::kernel(dtype, w, kn, x, xr, acc) },
+fn kernel(dtype: DType, isa: Isa, w: &[u8], kn: usize, x: &XTile, xr: usize, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.vnni() {
+        // SAFETY: an `Isa` with VNNI exists only on CPUs with AVX2, FMA, F16C and AVX-512
+        // F/VL/VNNI (`kernels::simd`); the kernel checks that `w`, `x` and `acc` cover `kn`
+        // blocks and `xr` rows.
+        unsafe { super::legacy_vnni::kernel(dtype, w, kn, x, xr, acc) };
+        return;
+    } else if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C; as above.
+        unsafe { super::legacy_avx2::kernel(dtype, w, kn, x, xr, acc) };
+        return;
     }
+    let _ = isa;
+    portable_kernel(dtype, w, kn, x, xr, acc)
 }
 
 /// The eight rows' codes of one packed block, as signed integers (unsigned codes for Q4/Q5).
@@ -607,7 +556,6 @@ mod tests {
     #[test]
     fn every_path_gives_the_same_bits() {
         let mut rng = Rng(9);
-        let paths = Path::available();
         for dtype in FORMATS {
             let (rows, cols) = (40, 32 * 70);
             let wb = random_weight(&mut rng, dtype, rows, cols);
@@ -618,9 +566,9 @@ mod tests {
                 let mut tiles = Vec::new();
                 for isa in Isa::available() {
                     let act = Prepared::Q8(prepare(dtype, &x, n, cols, isa));
-                    for &path in &paths {
+                    for path in Isa::available() {
                         let mut tile = vec![f32::NAN; n * rows];
-                        compute_tile_path(&w, &act, n, 0..rows, &mut tile, path);
+                        compute_tile(&w, &act, n, 0..rows, &mut tile, path);
                         tiles.push((isa, path, tile));
                     }
                 }

@@ -17,21 +17,11 @@ use super::legacy::{offsets, XTile, GROUP};
 use crate::quant::legacy::QK;
 use crate::quant::DType;
 
-/// Whether this CPU runs these kernels.
-pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512vnni")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-}
-
 /// Accumulates `kn` packed blocks of one weight group into `acc[r][i]` for `xr` (1..=8)
 /// activation rows (AVX-512VL gives 32 vector registers); see `legacy_avx2::kernel`.
 ///
 /// # Safety
-/// [`available`] must be true; `w` must hold `kn` packed blocks of `dtype` and `x` cover `xr`
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/VL/VNNI (`Isa::vnni`); `w` must hold `kn` packed blocks of `dtype` and `x` cover `xr`
 /// rows × `kn` blocks; `acc.len() == xr * 8`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(crate) unsafe fn kernel(

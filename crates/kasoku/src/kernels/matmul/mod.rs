@@ -19,12 +19,13 @@
 //! function, bit for bit. The float and legacy families also give an activation row the same
 //! bits whatever the batch it comes in (so verifying a draft reproduces plain decoding exactly).
 
-use std::cell::RefCell;
-use std::ops::Range;
+use std::cell::Cell;
 
 use crate::quant::DType;
 
-use super::threads;
+use super::scratch;
+use super::simd::Isa;
+use super::threads::{self, parts::BlockList, parts::MAX_LIST, Blocks, Work};
 
 mod floats;
 #[cfg(target_arch = "x86_64")]
@@ -86,39 +87,6 @@ pub(crate) enum Prepared {
     Bytes(Vec<u8>),
     /// Legacy formats: int8 blocks with scales and sums.
     Q8(legacy::Q8Acts),
-}
-
-/// Instruction set a kernel runs with. Every family has a portable path and an AVX2 path
-/// computing the same function; `detect` picks the best the CPU supports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-}
-
-impl Isa {
-    /// The fastest path this CPU runs.
-    pub(crate) fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            return Isa::Avx2;
-        }
-        Isa::Portable
-    }
-
-    /// Every path this CPU runs (tests compare them).
-    #[cfg(test)]
-    pub(crate) fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Portable];
-        if Isa::detect() != Isa::Portable {
-            v.push(Isa::detect());
-        }
-        v
-    }
 }
 
 /// The kernel family a format belongs to.
@@ -219,8 +187,8 @@ pub(crate) fn matmul_with(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32], 
 }
 
 thread_local! {
-    /// Per-thread output tile, reused across calls.
-    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's memory for its tasks' output tiles.
+    static TILES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// Several products over the same activations, `ys[i] = x · Wᵢᵀ` (e.g. an attention layer's
@@ -237,7 +205,8 @@ fn matmul_split(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32], isa: Isa, 
 }
 
 /// The products of [`matmul_many`] with a chosen instruction set, each matrix's rows split
-/// for `threads` threads and all the chunks run as the tasks of one job.
+/// for `threads` threads and all the chunks run as the tasks of one job (of up to
+/// [`MAX_LIST`] matrices; more are done in several jobs).
 fn matmul_parts(
     ws: &[&MatMulWeight],
     x: &[f32],
@@ -247,18 +216,33 @@ fn matmul_parts(
     threads: usize,
 ) {
     assert_eq!(ws.len(), ys.len(), "matmul: one output per matrix");
+    for (ws, ys) in ws.chunks(MAX_LIST).zip(ys.chunks_mut(MAX_LIST)) {
+        matmul_job(ws, x, n, ys, isa, threads);
+    }
+}
+
+/// [`matmul_parts`] for at most [`MAX_LIST`] matrices: one pool job.
+fn matmul_job(
+    ws: &[&MatMulWeight],
+    x: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+    isa: Isa,
+    threads: usize,
+) {
     // The activations in each format the matrices need, prepared once per format: matrix `i`
     // reads `acts[act_of[i]]`.
     let mut acts: Vec<(DType, Prepared)> = Vec::new();
-    let mut act_of = Vec::with_capacity(ws.len());
-    let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
-    let mut outs = Vec::with_capacity(ws.len());
+    let mut act_of = [usize::MAX; MAX_LIST];
+    // Weight rows per task of each matrix: a task computes one block of its output columns.
+    let mut step = [0usize; MAX_LIST];
+    let mut outs = BlockList::new();
     for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
         assert_eq!(x.len(), n * w.cols, "matmul: x has the wrong length");
         assert_eq!(y.len(), n * w.rows, "matmul: y has the wrong length");
-        outs.push(SharedOut(y.as_mut_ptr()));
+        step[i] = task_rows(w.rows, threads);
+        outs.push(Blocks::new(y, n, step[i]));
         if n == 0 || w.rows == 0 {
-            act_of.push(usize::MAX);
             continue;
         }
         let at = acts
@@ -268,72 +252,51 @@ fn matmul_parts(
                 let act = match family(w.dtype) {
                     Family::Floats => floats::prepare(x),
                     Family::Legacy => Prepared::Q8(legacy::prepare(w.dtype, x, n, w.cols, isa)),
-                    Family::KQuants => k_quants::prepare(w, x, n),
+                    Family::KQuants => k_quants::prepare(w, x, n, isa),
                     Family::Reference => reference::prepare(w, x, n),
                 };
                 acts.push((w.dtype, act));
                 acts.len() - 1
             });
-        act_of.push(at);
-        tasks.extend(split_rows(w.rows, threads).into_iter().map(|r| (i, r)));
+        act_of[i] = at;
     }
-    if tasks.is_empty() {
-        return;
-    }
-    threads::parallel_for(tasks.len(), |t| {
-        let (i, ref rows) = tasks[t];
-        let (w, out) = (ws[i], outs[i]);
-        let act = &acts[act_of[i]].1;
-        TILE.with(|cell| {
-            let mut tile = cell.borrow_mut();
-            tile.resize(n * rows.len(), 0.0);
+    let tasks = outs.parts();
+    // Each task computes its tile (every activation row × its weight rows) in its thread's
+    // work area, then copies the tile's rows into place.
+    let tile_len = n * step[..ws.len()].iter().max().copied().unwrap_or(0);
+    scratch::with(&TILES, |buf| {
+        let work = Work::new(buf, tile_len);
+        threads::for_each(tasks, outs, work, |_, (i, b, mut out), tile| {
+            let w = ws[i];
+            let rows = b * step[i]..b * step[i] + out.len();
+            let act = &acts[act_of[i]].1;
+            let tile = &mut tile[..n * rows.len()];
             match family(w.dtype) {
-                Family::Floats => floats::compute_tile(w, act, n, rows.clone(), &mut tile, isa),
-                Family::Legacy => legacy::compute_tile(w, act, n, rows.clone(), &mut tile, isa),
-                Family::KQuants => k_quants::compute_tile(w, act, n, rows.clone(), &mut tile, isa),
-                Family::Reference => reference::compute_tile(w, act, n, rows.clone(), &mut tile),
+                Family::Floats => floats::compute_tile(w, act, n, rows.clone(), tile, isa),
+                Family::Legacy => legacy::compute_tile(w, act, n, rows.clone(), tile, isa),
+                Family::KQuants => k_quants::compute_tile(w, act, n, rows.clone(), tile, isa),
+                Family::Reference => reference::compute_tile(w, act, n, rows.clone(), tile),
             }
-            for r in 0..n {
-                // SAFETY: tasks write disjoint row ranges of the outputs, which outlive the
-                // call.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.get().add(r * w.rows + rows.start),
-                        rows.len(),
-                    )
-                };
-                dst.copy_from_slice(&tile[r * rows.len()..(r + 1) * rows.len()]);
+            for (r, src) in tile.chunks_exact(rows.len()).enumerate() {
+                out.row(r).copy_from_slice(src);
             }
         });
     });
 }
 
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: used only to write disjoint ranges from the pool's tasks, within `matmul`'s borrow of y.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// Splits `rows` into about `4 × threads` chunks whose sizes are multiples of 16 (so every
-/// chunk starts on a packed-group boundary).
-fn split_rows(rows: usize, threads: usize) -> Vec<Range<usize>> {
+/// Weight rows per task when a matrix of `rows` is split for `threads` threads: about
+/// `4 × threads` tasks, each a multiple of 16 rows (so every task starts on a packed-group
+/// boundary).
+fn task_rows(rows: usize, threads: usize) -> usize {
     let tasks = (threads * 4).max(1);
-    let step = rows.div_ceil(tasks).div_ceil(16) * 16;
-    let step = step.max(16);
-    (0..rows)
-        .step_by(step)
-        .map(|s| s..(s + step).min(rows))
-        .collect()
+    (rows.div_ceil(tasks).div_ceil(16) * 16).max(16)
 }
 
 /// The simplest correct implementation: dequantize each weight row to f32 and take dot
 /// products in f32. The per-family fast kernels replace it and are tested against it.
 mod reference {
+    use std::ops::Range;
+
     use super::*;
 
     pub fn pack(_dtype: DType, _rows: usize, _cols: usize, bytes: &[u8]) -> PackedBytes {

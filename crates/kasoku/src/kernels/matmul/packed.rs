@@ -48,6 +48,7 @@ pub(crate) struct Arena {
 // it, before any shared `PackedBytes` for it exists, and only read afterwards.
 #[cfg(target_os = "linux")]
 unsafe impl Send for Arena {}
+// SAFETY: as above: shared access only reads regions that are no longer written.
 #[cfg(target_os = "linux")]
 unsafe impl Sync for Arena {}
 

@@ -9,6 +9,12 @@
 //! Only one job runs at a time: a `parallel_for` called while another is in flight (from
 //! another thread, or nested inside a task) runs its tasks serially on the calling thread.
 //!
+//! Each thread taking part in a job (the caller, and every worker that entered) has a *slot*
+//! number, `0` for the caller and `1 + i` for worker `i`, and runs its tasks one after the
+//! other: so tasks with the same slot never run at the same time, and per-slot memory
+//! ([`parts::Work`]) serves every task without locks. [`parts`] builds the safe ways for tasks
+//! to write disjoint parts of one output on top of this.
+//!
 //! Protocol. `state` packs an epoch (bits 33..), a "closed" bit (32) and the number of workers
 //! inside the current job (bits 0..32). A worker enters only by incrementing the count while
 //! the epoch is the one it woke for and the job is open, and only then reads the job; the
@@ -27,10 +33,17 @@ const CLOSED: u64 = 1 << 32;
 const COUNT_MASK: u64 = CLOSED - 1;
 const EPOCH_SHIFT: u32 = 33;
 
-/// A type-erased `&dyn Fn(usize) + Sync` whose lifetime the protocol guarantees.
+pub(crate) mod parts;
+
+pub(crate) use parts::{for_each, for_each_disjoint, Blocks, Work};
+
+/// A job's task function: `(task, slot)`.
+type TaskFn = dyn Fn(usize, usize) + Sync;
+
+/// A type-erased `&TaskFn` whose lifetime the protocol guarantees.
 #[derive(Clone, Copy)]
 struct JobRef {
-    f: *const (dyn Fn(usize) + Sync),
+    f: *const TaskFn,
     tasks: usize,
 }
 
@@ -94,27 +107,33 @@ pub fn num_threads() -> usize {
 }
 
 /// Runs `f(task)` for every task in `0..tasks`, spread over the pool; returns when all are done.
-/// A panic in a task is re-raised here after every other task has finished.
+/// Every task runs exactly once. A panic in a task is re-raised here after every other task has
+/// finished.
 pub fn parallel_for(tasks: usize, f: impl Fn(usize) + Sync + Send) {
+    parallel_for_slots(tasks, usize::MAX, |t, _| f(t));
+}
+
+/// [`parallel_for`] on at most `slots` threads (at least 1), telling each task the slot of the
+/// thread that runs it: `f(task, slot)` with `slot < slots`. Tasks with the same slot never
+/// run at the same time.
+pub(crate) fn parallel_for_slots(tasks: usize, slots: usize, f: impl Fn(usize, usize) + Sync) {
     let p = pool();
-    let threads = p.threads.load(Ordering::Relaxed);
+    let threads = p.threads.load(Ordering::Relaxed).min(slots);
     if tasks <= 1
         || threads <= 1
         || p.busy
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
     {
-        (0..tasks).for_each(f);
+        (0..tasks).for_each(|t| f(t, 0));
         return;
     }
     p.ensure_workers(threads - 1);
-    let f_ref: &(dyn Fn(usize) + Sync) = &f;
+    let f_ref: &(dyn Fn(usize, usize) + Sync) = &f;
     // SAFETY: erases the closure's lifetime; `run` does not return before every worker that
     // entered the job has left it, and none can enter after it is closed.
-    let job = JobRef {
-        f: unsafe { std::mem::transmute::<_, *const (dyn Fn(usize) + Sync)>(f_ref) },
-        tasks,
-    };
+    let f = unsafe { std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), *const TaskFn>(f_ref) };
+    let job = JobRef { f, tasks };
     let result = p.run(job, threads - 1);
     p.busy.store(false, Ordering::Release);
     if let Err(e) = result {
@@ -148,7 +167,7 @@ impl Pool {
             let _guard = self.sleep_lock.lock().unwrap();
             self.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| self.work(job)));
+        let mine = catch_unwind(AssertUnwindSafe(|| self.work(job, 0)));
         // Close the job and wait for the workers inside it.
         self.state.fetch_or(CLOSED, Ordering::SeqCst);
         let mut spins = 0u32;
@@ -168,15 +187,16 @@ impl Pool {
         Ok(())
     }
 
-    /// Takes and runs tasks until none are left.
-    fn work(&self, job: JobRef) {
+    /// Takes and runs tasks until none are left, as slot `slot`. Every index is taken once:
+    /// `next` only grows.
+    fn work(&self, job: JobRef, slot: usize) {
         loop {
             let t = self.next.0.fetch_add(1, Ordering::Relaxed);
             if t >= job.tasks {
                 break;
             }
-            // SAFETY: see `parallel_for`: the closure outlives every entered job.
-            unsafe { (*job.f)(t) };
+            // SAFETY: see `parallel_for_slots`: the closure outlives every entered job.
+            unsafe { (*job.f)(t, slot) };
         }
     }
 
@@ -209,7 +229,9 @@ impl Pool {
             }
             let job = *self.job.lock().unwrap();
             if let Some(job) = job {
-                if catch_unwind(AssertUnwindSafe(|| self.work(job))).is_err() {
+                // Worker `index` is allowed in only while `index < allowed`, and `allowed` is
+                // one less than the job's thread count: its slot, `1 + index`, is below it.
+                if catch_unwind(AssertUnwindSafe(|| self.work(job, 1 + index))).is_err() {
                     self.panicked.store(true, Ordering::Release);
                 }
             }
