@@ -1,6 +1,8 @@
 //! `kasoku serve`: its flags, turned into a `kasoku_server::ServerConfig`; the server itself
 //! (routes, queue, sessions) is the `kasoku-server` crate.
 
+use std::time::Duration;
+
 use anyhow::Context;
 use clap::Args;
 use kasoku::engine;
@@ -47,16 +49,52 @@ pub struct ServeArgs {
     /// Name reported by /v1/models (default: the model file's stem).
     #[arg(long)]
     pub alias: Option<String>,
+    /// A web origin (http://host:port, or * for any) whose pages may call the server
+    /// (repeatable). Without it, requests carrying a browser's Origin are refused (403).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// A host name (NAME or NAME:PORT) requests may address the server by, besides localhost,
+    /// loopback addresses and the bound address (repeatable; e.g. behind a reverse proxy).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+    /// Connections open at once; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers; also the longest a kept-alive
+    /// connection may idle.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    pub body_timeout: f64,
+    /// Memory, in MiB, that all request bodies being received may take together (503 beyond).
+    #[arg(long, default_value_t = 64)]
+    pub body_memory_mb: usize,
+    /// Seconds running generations may go on after SIGTERM/SIGINT before they are ended
+    /// (streams get a final chunk with finish_reason "length" and [DONE]).
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    pub shutdown_grace: f64,
     /// Speculative decoding for every session (usage reports `spec_verify_ct`, the target
     /// passes, and `spec_accepted_tokens`).
     #[command(flatten)]
     pub spec: crate::spec_args::SpecArgs,
 }
 
+/// A `--...-timeout` value as a duration (a clear error for a negative or absurd one).
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero() || flag == "--shutdown-grace")
+        .with_context(|| format!("{flag} {secs}: expected a positive number of seconds"))
+}
+
 impl ServeArgs {
     /// The server configuration these flags describe (the draft model already loaded).
-    fn config(&self, draft: Option<std::sync::Arc<kasoku::model::Model>>) -> ServerConfig {
-        ServerConfig {
+    fn config(
+        &self,
+        draft: Option<std::sync::Arc<kasoku::model::Model>>,
+    ) -> anyhow::Result<ServerConfig> {
+        Ok(ServerConfig {
             context: self.ctx_size,
             sessions: self.parallel,
             queue_size: self.queue_size,
@@ -66,6 +104,13 @@ impl ServeArgs {
             }),
             api_key: self.api_key.clone(),
             max_body_bytes: self.max_body_bytes,
+            max_connections: self.max_connections,
+            header_timeout: seconds("--header-timeout", self.header_timeout)?,
+            body_timeout: seconds("--body-timeout", self.body_timeout)?,
+            body_memory_bytes: self.body_memory_mb << 20,
+            cors_origins: self.cors_origins.clone(),
+            allowed_hosts: self.allowed_hosts.clone(),
+            shutdown_grace: seconds("--shutdown-grace", self.shutdown_grace)?,
             model_id: self.alias.clone(),
             // The name given on the command line ("smollm2-135m") is one a client may use.
             aliases: vec![self.model.clone()],
@@ -75,14 +120,15 @@ impl ServeArgs {
                 policy: self.spec.policy(),
             },
             handle_signals: true,
-        }
+            ..ServerConfig::default()
+        })
     }
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let model = crate::run::load(&args.model, args.threads, false)?;
     let draft = args.spec.load_draft(false)?;
-    let server = Server::new(model, args.config(draft))?;
+    let server = Server::new(model, args.config(draft)?)?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
     eprintln!(
@@ -98,5 +144,6 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
     );
     server.serve(listener)?;
+    eprintln!("kasoku serve: stopped");
     Ok(())
 }

@@ -493,3 +493,122 @@ fn speculative_serving_answers_like_plain_serving_in_fewer_passes() {
     assert!(n(&b, "spec_accepted_tokens") > 0, "{b}");
     assert!(n(&b, "spec_verify_ct") < n(&a, "spec_verify_ct"), "{a} {b}");
 }
+
+/// SIGTERM while a stream is live: the stream gets its final chunk (`finish_reason`, usage)
+/// and `[DONE]` after the grace period, and the process exits 0.
+#[test]
+fn sigterm_during_a_stream_ends_it_cleanly() {
+    let Some(model) = smollm2() else { return };
+    let mut server = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "1",
+            "--ctx-size",
+            "2048",
+            "--shutdown-grace",
+            "0.5",
+        ],
+    );
+    let mut long = chat_body(&server.id, "Count from one to a thousand.", 1900);
+    long["ignore_eos"] = json!(true);
+    long["stream"] = json!(true);
+    long["stream_options"] = json!({"include_usage": true});
+    let r = http_client::request(
+        &server.url,
+        "POST",
+        "/v1/chat/completions",
+        Some(&long.to_string()),
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let mut lines = r.body.lines();
+    let mut data = Vec::new();
+    while data.len() < 3 {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(d) = line.strip_prefix("data: ") {
+            data.push(d.to_string());
+        }
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(d) = line.strip_prefix("data: ") {
+            data.push(d.to_string());
+        }
+    }
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [&json!("length")]);
+    let usage = &chunks.last().unwrap()["usage"];
+    assert!(
+        usage["completion_tokens"].as_u64().unwrap() < 1900,
+        "{usage}"
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// The flags reach the server: --cors-origin allows that origin, others are refused, and a
+/// foreign Host is refused.
+#[test]
+fn cors_origin_and_host_flags_are_honoured() {
+    let server = Server::start(
+        &fixture("llama/tiny/model-f32.gguf"),
+        &[
+            "--cors-origin",
+            "http://localhost:5173",
+            "--no-prefix-cache",
+        ],
+    );
+    let ask = |headers: &str| {
+        use std::io::{Read, Write};
+        let body = json!({"model": server.id, "prompt": "one", "max_tokens": 1}).to_string();
+        let mut s =
+            std::net::TcpStream::connect((server.url.host.as_str(), server.url.port)).unwrap();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let host = format!("Host: {}:{}\r\n", server.url.host, server.url.port);
+    assert!(ask(&host).starts_with("HTTP/1.1 200"));
+    let allowed = ask(&format!("{host}Origin: http://localhost:5173\r\n"));
+    assert!(allowed.starts_with("HTTP/1.1 200"), "{allowed}");
+    assert!(allowed
+        .to_ascii_lowercase()
+        .contains("access-control-allow-origin: http://localhost:5173"));
+    assert!(ask(&format!("{host}Origin: https://evil.example\r\n")).starts_with("HTTP/1.1 403"));
+    let rebound = format!("Host: attacker.example:{}\r\n", server.url.port);
+    assert!(ask(&rebound).starts_with("HTTP/1.1 403"));
+}

@@ -1,7 +1,9 @@
-//! What a server is told: sessions and queue, context, prefix cache, API key, request limits,
-//! speculative decoding. `ServerConfig::default()` is what `kasoku serve` uses without flags.
+//! What a server is told: sessions and queue, context, prefix cache, API key, who may call it
+//! (Host and Origin), connection and request limits, speculative decoding.
+//! `ServerConfig::default()` is what `kasoku serve` uses without flags.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kasoku::engine::{build_speculator, EngineError, SpecKind, Speculator};
 use kasoku::model::Model;
@@ -10,6 +12,16 @@ use kasoku::spec::PolicyConfig;
 /// The context a session gets when the configuration names none and the model's own is larger:
 /// bounds each session's KV cache.
 pub const DEFAULT_CONTEXT: usize = 8192;
+
+/// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
+/// context. Real text averages 3-5 bytes per token (CJK ~3, code 3-6); only long runs of one
+/// character (Qwen2.5's longest token is 128 spaces) average more than 16. So a prompt that
+/// could fit is not refused in practice, while a 4 MB prompt costs nothing (tokenizing runs at
+/// about 1 MB/s on one core here, and a prompt of 8192 tokens is at most 128 KiB).
+pub const PROMPT_BYTES_PER_TOKEN: usize = 16;
+
+/// The largest request head (request line and headers) the server reads; more is refused.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// How a [`crate::Server`] runs. Every field has a default (see [`ServerConfig::default`]).
 #[derive(Clone, Debug)]
@@ -29,6 +41,36 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body in bytes; larger ones get 413 (default 4 MiB).
     pub max_body_bytes: usize,
+    /// Connections open at once (default 256); one more is answered 503 and closed. A
+    /// connection costs a socket and at most [`MAX_HEADER_BYTES`] of buffer while idle.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers, and the longest a kept-alive
+    /// connection may idle between requests (default 10 s). A client dripping bytes is cut off
+    /// when it runs out, however steady the drip.
+    pub header_timeout: Duration,
+    /// Time a client has to send a request's whole body once its headers are in (default
+    /// 30 s: 4 MiB at 140 kB/s).
+    pub body_timeout: Duration,
+    /// Memory all request bodies being received may take together (default 64 MiB); a body
+    /// that would pass it is refused with 503 before it is read.
+    pub body_memory_bytes: usize,
+    /// Prompt bytes per context token beyond which a prompt is refused before tokenization
+    /// (default [`PROMPT_BYTES_PER_TOKEN`]).
+    pub prompt_bytes_per_token: usize,
+    /// Host names (`name` for any port, or `name:port`) a request's `Host` may carry besides
+    /// the server's own (`localhost`, loopback addresses and the bound address, at its port).
+    /// Anything else is refused (403), so that a web page cannot reach the server through a
+    /// DNS name it controls (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`http://host:port`, or `*` for any) allowed to call the server. A
+    /// request carrying any other `Origin` (every cross-site request a browser makes) is
+    /// refused (403), so that no web page can drive the server; clients that are not browsers
+    /// send no `Origin` and are not affected.
+    pub cors_origins: Vec<String>,
+    /// How long running generations may go on after shutdown was asked for (default 5 s);
+    /// then each ends at its next token with `finish_reason: "length"` (streams get their
+    /// final chunk and `[DONE]`). Waiting requests are answered 503 at once.
+    pub shutdown_grace: Duration,
     /// The name `/v1/models` reports (`None`: the model file's stem).
     pub model_id: Option<String>,
     /// More names a request's `model` may use (besides the id, the file's stem, name and path).
@@ -49,6 +91,14 @@ impl Default for ServerConfig {
             prefix_cache: Some(PrefixCacheConfig::default()),
             api_key: None,
             max_body_bytes: 4 << 20,
+            max_connections: 256,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            body_memory_bytes: 64 << 20,
+            prompt_bytes_per_token: PROMPT_BYTES_PER_TOKEN,
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
+            shutdown_grace: Duration::from_secs(5),
             model_id: None,
             aliases: Vec::new(),
             speculation: Speculation::default(),

@@ -50,6 +50,26 @@ impl ApiError {
         }
     }
 
+    /// 403: the caller may not use the server this way (Host or Origin).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: Some(code),
+            ..ApiError::new(StatusCode::FORBIDDEN, "permission_error", message)
+        }
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn timeout(message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                message,
+            )
+        }
+    }
+
     pub fn not_found(code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             code: Some(code),

@@ -19,17 +19,23 @@
 //! # }
 //! ```
 //!
-//! Layout: [`config`] (what a server is told), `routes` (HTTP handlers), `request` (request
-//! bodies checked field by field), `pool` (the queue and its session threads), `output`
-//! (tokens to answer text), `metrics` and `error` (OpenAI-shaped errors).
+//! Layout: [`config`] (what a server is told), `connections` (the accept loop: connection cap,
+//! header deadline, graceful stop), `access` (Host, Origin and body-type checks before any
+//! route), `routes` (HTTP handlers, body limits), `request` (request bodies checked field by
+//! field against one allow-list), `prompt` (prompts bounded in bytes; control-token spellings
+//! in client text kept as text), `pool` (the queue and its session threads), `output` (tokens
+//! to answer text), `metrics` and `error` (OpenAI-shaped errors).
 
 #![warn(missing_docs)]
 
+mod access;
 pub mod config;
+mod connections;
 mod error;
 mod metrics;
 mod output;
 mod pool;
+mod prompt;
 mod request;
 mod routes;
 
@@ -126,6 +132,7 @@ impl Server {
             speculation: config.speculation.clone(),
             stop_tokens: engine::stop_tokens(&model),
             think: output::ThinkTokens::of(&model.tokenizer),
+            control: prompt::ControlText::of(&model.tokenizer),
             id,
             ctx,
             cache,
@@ -164,8 +171,16 @@ impl Server {
     /// [`ServerConfig::handle_signals`], SIGINT or SIGTERM arrives). Blocks the calling
     /// thread; starts the session threads and an async runtime of its own, and stops them
     /// before returning.
+    ///
+    /// Stopping is graceful: no new connections or requests; requests still waiting for a
+    /// session are answered 503; running generations get [`ServerConfig::shutdown_grace`] to
+    /// finish, then end at their next token with `finish_reason: "length"` (a stream gets its
+    /// final chunk and `[DONE]`); `serve` returns once every answer is complete.
     pub fn serve(self, listener: std::net::TcpListener) -> Result<(), ServerError> {
         let io = |context| move |source| ServerError::Io { context, source };
+        let bound = listener
+            .local_addr()
+            .map_err(io("reading the listener's address"))?;
         listener
             .set_nonblocking(true)
             .map_err(io("configuring the listener"))?;
@@ -175,21 +190,33 @@ impl Server {
             .enable_all()
             .build()
             .map_err(io("starting the async runtime"))?;
+        let config = self.config;
         let pool = Pool::start(
             Arc::clone(&self.engine),
-            self.config.sessions(),
-            self.config.queue_size,
+            config.sessions(),
+            config.queue_size,
         );
+        let body_kib = config.body_memory_bytes.div_ceil(1024).max(1);
         let app = Arc::new(App {
             engine: self.engine,
             pool,
-            api_key: self.config.api_key.clone(),
-            max_body: self.config.max_body_bytes,
+            api_key: config.api_key.clone(),
+            max_body: config.max_body_bytes,
+            body_timeout: config.body_timeout,
+            body_memory: Arc::new(tokio::sync::Semaphore::new(
+                body_kib.min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            prompt_bytes_per_token: config.prompt_bytes_per_token.max(1),
+            access: access::Access::new(bound, &config.allowed_hosts, &config.cors_origins),
+            connections: connections::Connections::new(config.max_connections),
             names: self.names,
             created: routes::unix_now(),
         });
         let shutdown = self.shutdown.clone();
-        let signals = self.config.handle_signals;
+        let signals = config.handle_signals;
+        let limits = connections::Limits {
+            header_timeout: config.header_timeout,
+        };
         let result = runtime.block_on(async move {
             let listener =
                 tokio::net::TcpListener::from_std(listener).map_err(io("using the listener"))?;
@@ -203,10 +230,15 @@ impl Server {
                     shutdown.wait().await
                 }
             };
-            axum::serve(listener, routes::router(Arc::clone(&app)))
-                .with_graceful_shutdown(stop)
-                .await
-                .map_err(io("serving"))?;
+            let open = &app.connections;
+            let router = routes::router(Arc::clone(&app));
+            connections::accept(listener, router, limits, open, stop).await;
+            app.pool.stop_taking();
+            if !open.finish(config.shutdown_grace).await {
+                app.pool.cut();
+                // Each generation ends at its next token; its answer then completes.
+                open.finish(std::time::Duration::from_secs(30)).await;
+            }
             app.pool.close();
             Ok(())
         });

@@ -70,6 +70,7 @@ pub struct Gauges {
     pub queue_depth: usize,
     pub running: usize,
     pub sessions: usize,
+    pub connections: usize,
     pub cache_bytes: usize,
     pub cache_entries: usize,
     pub cache_hits: u64,
@@ -157,6 +158,11 @@ impl Metrics {
                 g.sessions as f64,
             ),
             (
+                "kasoku_connections_open",
+                "HTTP connections open now.",
+                g.connections as f64,
+            ),
+            (
                 "kasoku_tokens_per_pass",
                 "Decoded tokens per target forward pass, since start.",
                 tpp,
@@ -220,6 +226,7 @@ mod tests {
             queue_depth: 1,
             running: 0,
             sessions: 2,
+            connections: 1,
             cache_bytes: 0,
             cache_entries: 0,
             cache_hits: 0,

@@ -19,6 +19,7 @@ use crate::config::Speculation;
 use crate::error::ApiError;
 use crate::metrics::{add, Metrics};
 use crate::output::{Delta, Output, ThinkTokens};
+use crate::prompt::ControlText;
 
 /// Everything the requests share: weights, tokenizer, cache, counters.
 pub struct Engine {
@@ -33,6 +34,8 @@ pub struct Engine {
     pub metrics: Metrics,
     /// Speculative decoding settings, and the draft model shared by every session.
     pub speculation: Speculation,
+    /// The vocabulary's control-token spellings, kept as text in what clients write.
+    pub control: ControlText,
 }
 
 /// The one place sessions are made: each gets its own speculator (drafter state and budget
@@ -91,6 +94,10 @@ struct Shared {
     sessions: usize,
     /// No more jobs come: workers finish the queue and exit.
     closed: AtomicBool,
+    /// The server is stopping: new jobs are refused.
+    stopping: AtomicBool,
+    /// Running jobs end at their next token (the shutdown grace is over).
+    cut: AtomicBool,
 }
 
 impl Pool {
@@ -103,6 +110,8 @@ impl Pool {
             running: AtomicUsize::new(0),
             sessions: sessions.max(1),
             closed: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
         });
         for i in 0..shared.sessions {
             let (shared, engine) = (Arc::clone(&shared), Arc::clone(&engine));
@@ -117,6 +126,9 @@ impl Pool {
     /// Queues a job, or refuses it (503) when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let mut queue = self.shared.lock();
+        if self.shared.stopping.load(Ordering::Relaxed) {
+            return Err(shutting_down());
+        }
         // Jobs that idle sessions are about to take do not count as waiting.
         let idle = self
             .shared
@@ -144,6 +156,25 @@ impl Pool {
 
     pub fn sessions(&self) -> usize {
         self.shared.sessions
+    }
+
+    /// The server is stopping: refuses new jobs and answers the waiting ones 503; running
+    /// ones go on (until [`Pool::cut`]).
+    pub fn stop_taking(&self) {
+        let waiting: Vec<Job> = {
+            let mut queue = self.shared.lock();
+            self.shared.stopping.store(true, Ordering::Relaxed);
+            queue.drain(..).collect()
+        };
+        for job in waiting {
+            let _ = job.events.send(Event::Error(shutting_down()));
+        }
+    }
+
+    /// Ends every running job at its next token (or prefill block): each finishes with
+    /// `finish_reason: "length"`, its text so far delivered.
+    pub fn cut(&self) {
+        self.shared.cut.store(true, Ordering::Relaxed);
     }
 
     /// Lets the workers exit once the queue is empty (the server is stopping).
@@ -180,7 +211,8 @@ fn worker(shared: &Shared, engine: &Engine) {
             add(&engine.metrics.requests_cancelled, 1);
         } else {
             engine.metrics.queue_wait.observe(job.arrived.elapsed());
-            let ran = catch_unwind(AssertUnwindSafe(|| run(engine, &mut session, &job)));
+            let cut = || shared.cut.load(Ordering::Relaxed);
+            let ran = catch_unwind(AssertUnwindSafe(|| run(engine, &mut session, &job, &cut)));
             if ran.is_err() {
                 add(&engine.metrics.requests_error, 1);
                 let _ = job.events.send(Event::Error(ApiError::internal(
@@ -193,7 +225,16 @@ fn worker(shared: &Shared, engine: &Engine) {
     }
 }
 
-fn run(engine: &Engine, session: &mut Session, job: &Job) {
+/// The answer to work that arrives or waits while the server stops.
+fn shutting_down() -> ApiError {
+    ApiError {
+        code: Some("shutting_down"),
+        ..ApiError::overloaded("the server is shutting down")
+    }
+}
+
+/// Runs one job; `cut()` true ends it early (the server is stopping).
+fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool) {
     let started = Instant::now();
     let queue_time = started - job.arrived;
     let tx = &job.events;
@@ -205,12 +246,18 @@ fn run(engine: &Engine, session: &mut Session, job: &Job) {
         job.json_object,
     );
     let mut cancelled = false;
+    let was_cut = std::cell::Cell::new(false);
+    let cut = || {
+        let now = cut();
+        was_cut.set(was_cut.get() || now);
+        now
+    };
     let cache = engine.cache.as_ref().filter(|_| job.use_cache);
     let result = session.generate_cached_until(
         cache,
         &job.prompt,
         &job.options,
-        &|| tx.is_closed(),
+        &|| tx.is_closed() || cut(),
         &mut |token| {
             if tx.is_closed() {
                 cancelled = true;
@@ -220,7 +267,7 @@ fn run(engine: &Engine, session: &mut Session, job: &Job) {
             if !delta.is_empty() {
                 let _ = tx.send(Event::Delta(delta));
             }
-            if output.done() {
+            if output.done() || cut() {
                 Flow::Stop
             } else {
                 Flow::Continue
@@ -256,6 +303,9 @@ fn run(engine: &Engine, session: &mut Session, job: &Job) {
     m.request_duration.observe(job.arrived.elapsed());
     let finish = if output.done() {
         "stop"
+    } else if was_cut.get() {
+        // Cut short by the server stopping: as if max_tokens had been reached.
+        "length"
     } else {
         generation.finish.as_str()
     };

@@ -1,6 +1,8 @@
 //! Request bodies of /v1/chat/completions and /v1/completions, parsed and checked field by
-//! field so that every bad value is a 400 naming its parameter. Unknown fields are ignored, as
-//! OpenAI-compatible servers do.
+//! field so that every bad value is a 400 naming its parameter. Every field is either read
+//! or refused: [`FIELDS`] is the allow-list, and a field it does not list, or lists as not
+//! supported, is a 400 naming it (unless its value is null or empty, which asks for nothing),
+//! so that no client believes a setting was honoured when it was ignored.
 
 use serde_json::{Map, Value};
 
@@ -11,6 +13,217 @@ use crate::error::ApiError;
 
 /// Stop strings accepted per request.
 const MAX_STOPS: usize = 16;
+
+/// Temperatures below this sample greedily (as vLLM does): dividing logits by less overflows
+/// f32 to infinity (1e-38 gives NaN probabilities), and no distribution that close to the
+/// argmax differs from it.
+pub const GREEDY_BELOW: f32 = 1e-5;
+
+/// The smallest repetition penalty accepted. Below 1 a penalty favours repeated tokens (their
+/// positive logits are divided by it); at 0.01 that is a factor of 100 already, and tinier
+/// values overflow logits to infinity, which samples nonsense.
+pub const MIN_REPETITION_PENALTY: f64 = 0.01;
+
+/// Which endpoints read a field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum On {
+    Both,
+    Chat,
+    Completion,
+}
+
+/// What the server does with a field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    /// Parsed and honoured (its value checked where it is read).
+    Read,
+    /// Not implemented: refused unless its value asks for nothing (null, false, 0, empty).
+    Refused(&'static str),
+}
+
+/// The allow-list of request fields. Implementing a field means moving it from `Refused` to
+/// `Read` and reading it in [`chat`], [`completion`] or [`common`].
+const FIELDS: &[(&str, On, Rule)] = &[
+    ("model", On::Both, Rule::Read),
+    ("temperature", On::Both, Rule::Read),
+    ("top_p", On::Both, Rule::Read),
+    ("top_k", On::Both, Rule::Read),
+    ("min_p", On::Both, Rule::Read),
+    ("presence_penalty", On::Both, Rule::Read),
+    ("frequency_penalty", On::Both, Rule::Read),
+    ("repetition_penalty", On::Both, Rule::Read),
+    ("seed", On::Both, Rule::Read),
+    ("max_tokens", On::Both, Rule::Read),
+    ("stop", On::Both, Rule::Read),
+    ("stream", On::Both, Rule::Read),
+    ("stream_options", On::Both, Rule::Read),
+    // Only n = 1 (one choice per request).
+    ("n", On::Both, Rule::Read),
+    // llama.cpp's extensions.
+    ("ignore_eos", On::Both, Rule::Read),
+    ("cache_prompt", On::Both, Rule::Read),
+    // An end-user id for the caller's own records: it asks nothing of generation.
+    ("user", On::Both, Rule::Read),
+    ("messages", On::Chat, Rule::Read),
+    ("max_completion_tokens", On::Chat, Rule::Read),
+    ("response_format", On::Chat, Rule::Read),
+    ("chat_template_kwargs", On::Chat, Rule::Read),
+    ("enable_thinking", On::Chat, Rule::Read),
+    ("prompt", On::Completion, Rule::Read),
+    // Only best_of = 1, echo = false, no suffix.
+    ("best_of", On::Completion, Rule::Read),
+    ("echo", On::Completion, Rule::Read),
+    ("suffix", On::Completion, Rule::Read),
+    (
+        "logprobs",
+        On::Both,
+        Rule::Refused("log probabilities are not supported"),
+    ),
+    (
+        "top_logprobs",
+        On::Both,
+        Rule::Refused("log probabilities are not supported"),
+    ),
+    (
+        "logit_bias",
+        On::Both,
+        Rule::Refused("logit_bias is not supported"),
+    ),
+    (
+        "tools",
+        On::Chat,
+        Rule::Refused("tool calling is not supported"),
+    ),
+    (
+        "tool_choice",
+        On::Chat,
+        Rule::Refused("tool calling is not supported"),
+    ),
+    (
+        "parallel_tool_calls",
+        On::Chat,
+        Rule::Refused("tool calling is not supported"),
+    ),
+    (
+        "functions",
+        On::Chat,
+        Rule::Refused("function calling is not supported"),
+    ),
+    (
+        "function_call",
+        On::Chat,
+        Rule::Refused("function calling is not supported"),
+    ),
+    ("audio", On::Chat, Rule::Refused("audio is not supported")),
+    (
+        "modalities",
+        On::Chat,
+        Rule::Refused("only text is supported"),
+    ),
+    (
+        "prediction",
+        On::Chat,
+        Rule::Refused("predicted outputs are not supported"),
+    ),
+    (
+        "reasoning_effort",
+        On::Chat,
+        Rule::Refused(
+            "reasoning effort is not supported (use chat_template_kwargs.enable_thinking)",
+        ),
+    ),
+    (
+        "web_search_options",
+        On::Chat,
+        Rule::Refused("web search is not supported"),
+    ),
+    (
+        "store",
+        On::Chat,
+        Rule::Refused("stored completions are not supported"),
+    ),
+    (
+        "metadata",
+        On::Chat,
+        Rule::Refused("stored completions are not supported"),
+    ),
+    (
+        "service_tier",
+        On::Both,
+        Rule::Refused("service tiers are not supported"),
+    ),
+];
+
+/// Fields of a chat message: read, or refused unless empty.
+const MESSAGE_FIELDS: &[(&str, Rule)] = &[
+    ("role", Rule::Read),
+    ("content", Rule::Read),
+    // Passed to the template (Qwen3's shows it for the last assistant turn).
+    ("reasoning_content", Rule::Read),
+    ("name", Rule::Refused("participant names are not supported")),
+    ("refusal", Rule::Refused("refusals are not supported")),
+    ("tool_calls", Rule::Refused("tool calling is not supported")),
+    (
+        "tool_call_id",
+        Rule::Refused("tool calling is not supported"),
+    ),
+    (
+        "function_call",
+        Rule::Refused("function calling is not supported"),
+    ),
+    ("audio", Rule::Refused("audio is not supported")),
+];
+
+/// Fields of `stream_options`.
+const STREAM_OPTION_FIELDS: &[(&str, Rule)] = &[("include_usage", Rule::Read)];
+
+/// A value that asks for nothing: null, false, 0, "", [] or {}.
+fn asks_nothing(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
+}
+
+/// Refuses the fields of `object` (named `{prefix}{name}` in errors) that `allowed` does not
+/// read, unless they ask for nothing.
+fn check_fields(
+    object: &Map<String, Value>,
+    prefix: &str,
+    allowed: &mut dyn Iterator<Item = (&'static str, Rule)>,
+) -> Result<(), ApiError> {
+    let rules: Vec<(&str, Rule)> = allowed.collect();
+    for (name, value) in object {
+        let rule = rules.iter().find(|(n, _)| n == name).map(|&(_, r)| r);
+        let why = match rule {
+            Some(Rule::Read) => continue,
+            Some(Rule::Refused(why)) => why.to_string(),
+            None => "kasoku does not know this parameter".to_string(),
+        };
+        if asks_nothing(value) {
+            continue;
+        }
+        let param = format!("{prefix}{name}");
+        return Err(ApiError {
+            code: Some("unsupported_parameter"),
+            ..ApiError::invalid(&param, format!("unsupported parameter '{param}': {why}"))
+        });
+    }
+    Ok(())
+}
+
+/// The top-level fields of a request to the endpoint `on`.
+fn check_request_fields(body: &Map<String, Value>, on: On) -> Result<(), ApiError> {
+    let mut allowed = FIELDS
+        .iter()
+        .filter(|(_, o, _)| *o == On::Both || *o == on)
+        .map(|&(n, _, r)| (n, r));
+    check_fields(body, "", &mut allowed)
+}
 
 /// What the prompt is made of.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,6 +333,7 @@ pub fn chat(
     body: &Map<String, Value>,
     defaults: Option<&GenerationDefaults>,
 ) -> Result<Request, ApiError> {
+    check_request_fields(body, On::Chat)?;
     let f = Fields(body);
     let messages = match f.get("messages") {
         Some(Value::Array(list)) if !list.is_empty() => list
@@ -138,11 +352,6 @@ pub fn chat(
             ))
         }
     };
-    if f.get("tools")
-        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(ApiError::invalid("tools", "tool calling is not supported"));
-    }
     let mut template_kwargs = f
         .object("chat_template_kwargs")?
         .cloned()
@@ -191,6 +400,7 @@ pub fn completion(
     body: &Map<String, Value>,
     defaults: Option<&GenerationDefaults>,
 ) -> Result<Request, ApiError> {
+    check_request_fields(body, On::Completion)?;
     let f = Fields(body);
     let prompt = match f.get("prompt") {
         Some(Value::String(s)) => PromptInput::Text(s.clone()),
@@ -267,9 +477,6 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
     if f.get("best_of").is_some_and(|v| v.as_u64() != Some(1)) {
         return Err(ApiError::invalid("best_of", "best_of is not supported"));
     }
-    if f.get("logprobs").is_some_and(|v| v != &Value::Bool(false)) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
-    }
     let d = defaults;
     let default_f = |get: fn(&GenerationDefaults) -> Option<f64>, fallback: f32| {
         d.and_then(get).map(|x| x as f32).unwrap_or(fallback)
@@ -287,6 +494,9 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
     }
     if let Some(t) = f.f32("temperature", 0.0, 2.0)? {
         s.temperature = t;
+    }
+    if s.temperature < GREEDY_BELOW {
+        s.temperature = 0.0;
     }
     if let Some(p) = f.f32("top_p", 0.0, 1.0)? {
         if p == 0.0 {
@@ -306,7 +516,7 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
     if let Some(p) = f.f32("frequency_penalty", -2.0, 2.0)? {
         s.frequency_penalty = p;
     }
-    if let Some(p) = f.f32("repetition_penalty", f64::MIN_POSITIVE, 10.0)? {
+    if let Some(p) = f.f32("repetition_penalty", MIN_REPETITION_PENALTY, 10.0)? {
         s.repetition_penalty = p;
     }
     s.seed = match f.get("seed") {
@@ -343,7 +553,11 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
     }
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
-        Some(o) => Fields(o).bool("include_usage")?.unwrap_or(false),
+        Some(o) => {
+            let mut allowed = STREAM_OPTION_FIELDS.iter().copied();
+            check_fields(o, "stream_options.", &mut allowed)?;
+            Fields(o).bool("include_usage")?.unwrap_or(false)
+        }
         None => false,
     };
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
@@ -367,6 +581,11 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let param = format!("messages[{i}]");
     let bad = |msg: &str| ApiError::invalid(&param, format!("{param}: {msg}"));
     let obj = m.as_object().ok_or_else(|| bad("must be an object"))?;
+    check_fields(
+        obj,
+        &format!("{param}."),
+        &mut MESSAGE_FIELDS.iter().copied(),
+    )?;
     let role = match obj.get("role").and_then(Value::as_str) {
         Some("developer") | Some("system") => "system",
         Some("user") => "user",
@@ -405,7 +624,13 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
         Some(Value::Null) | None if role == "assistant" => String::new(),
         _ => return Err(bad("content must be a string or a list of text parts")),
     };
-    Ok(serde_json::json!({ "role": role, "content": content }))
+    let mut normalized = serde_json::json!({ "role": role, "content": content });
+    match obj.get("reasoning_content") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(r)) => normalized["reasoning_content"] = r.clone().into(),
+        Some(_) => return Err(bad("reasoning_content must be a string")),
+    }
+    Ok(normalized)
 }
 
 /// A seed for requests that give none: different per request.
@@ -523,6 +748,102 @@ mod tests {
         }
         assert!(parse_object(b"{not json").is_err());
         assert!(parse_object(b"[1]").is_err());
+    }
+
+    /// One regression test per class of field: not implemented (refused unless empty),
+    /// unknown, inside a message, inside stream_options.
+    #[test]
+    fn every_field_is_read_or_refused_by_name() {
+        let base = || json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        let with = |key: &str, value: Value| {
+            let mut b = base();
+            b[key] = value;
+            b
+        };
+        let refused = [
+            (with("logit_bias", json!({"15": 10})), "logit_bias"),
+            (with("top_logprobs", json!(3)), "top_logprobs"),
+            (with("logprobs", json!(true)), "logprobs"),
+            (
+                with("functions", json!([{"name": "f", "parameters": {}}])),
+                "functions",
+            ),
+            (with("function_call", json!("auto")), "function_call"),
+            (with("tools", json!([{"type": "function"}])), "tools"),
+            (with("tool_choice", json!("required")), "tool_choice"),
+            (with("reasoning_effort", json!("high")), "reasoning_effort"),
+            (with("frobnicate", json!(1)), "frobnicate"),
+            (
+                with(
+                    "messages",
+                    json!([{"role": "user", "content": "x", "name": "bob"}]),
+                ),
+                "messages[0].name",
+            ),
+            (
+                with(
+                    "stream_options",
+                    json!({"include_usage": true, "include_obfuscation": true}),
+                ),
+                "stream_options.include_obfuscation",
+            ),
+        ];
+        for (body, param) in refused {
+            let e = chat(&obj(body.clone()), None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert_eq!(e.status, 400);
+            assert_eq!(e.code, Some("unsupported_parameter"), "{body}");
+            assert!(e.message.contains(param), "{}", e.message);
+        }
+        // Values that ask for nothing are fine (SDKs send such defaults).
+        for (key, value) in [
+            ("logit_bias", json!({})),
+            ("logprobs", json!(false)),
+            ("top_logprobs", json!(0)),
+            ("tools", json!([])),
+            ("functions", Value::Null),
+            ("user", json!("user-1234")),
+        ] {
+            assert!(
+                chat(&obj(with(key, value.clone())), None).is_ok(),
+                "{key}: {value}"
+            );
+        }
+        let e = completion(
+            &obj(json!({"model": "m", "prompt": "x", "logit_bias": {"1": 1}})),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias"));
+        // A chat-only field on the completion endpoint is unknown there.
+        let e = completion(
+            &obj(json!({"model": "m", "prompt": "x", "messages": [1]})),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn values_that_cannot_be_sampled() {
+        let body = |key: &str, value: Value| {
+            let mut b = json!({"model": "m", "prompt": "x"});
+            b[key] = value;
+            obj(b)
+        };
+        // A temperature too small to divide by is greedy.
+        for t in [1e-38, 1e-9, 9e-6] {
+            let r = completion(&body("temperature", json!(t)), None).unwrap();
+            assert_eq!(r.sampling.temperature, 0.0, "{t}");
+        }
+        let r = completion(&body("temperature", json!(0.2)), None).unwrap();
+        assert_eq!(r.sampling.temperature, 0.2);
+        // Non-positive and vanishing repetition penalties are 400s.
+        for p in [0.0, -1.0, 1e-30, 0.001] {
+            let e = completion(&body("repetition_penalty", json!(p)), None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("repetition_penalty"), "{p}");
+        }
+        assert!(completion(&body("repetition_penalty", json!(0.5)), None).is_ok());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! HTTP routes: /v1/chat/completions and /v1/completions (JSON or Server-Sent Events),
-//! /v1/models, /health, /metrics; API-key checks, body limits, and OpenAI-shaped errors for
-//! unknown routes and methods.
+//! /v1/models, /health, /metrics; who may call (Host, Origin: `access`) before any route,
+//! API-key checks, body limits (size, time, memory of all bodies together), prompt limits, and
+//! OpenAI-shaped errors for unknown routes and methods.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,18 +10,22 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::Semaphore;
 
 use kasoku::engine::GenerateOptions;
 
+use crate::access::Access;
 use crate::error::ApiError;
 use crate::metrics::{add, Gauges};
 use crate::pool::{Done, Engine, Event, Job, Pool};
+use crate::prompt;
 use crate::request::{self, PromptInput, Request};
 
 /// What the handlers share.
@@ -29,6 +34,14 @@ pub struct App {
     pub pool: Pool,
     pub api_key: Option<String>,
     pub max_body: usize,
+    /// Time a body has to arrive once its headers are in.
+    pub body_timeout: std::time::Duration,
+    /// KiB of bodies being received at once, all requests together.
+    pub body_memory: Arc<Semaphore>,
+    /// Prompt bytes per context token beyond which a prompt is refused untokenized.
+    pub prompt_bytes_per_token: usize,
+    pub access: Access,
+    pub connections: crate::connections::Connections,
     /// Names a request's `model` may use.
     pub names: Vec<String>,
     pub created: u64,
@@ -53,7 +66,30 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            guard,
+        ))
         .with_state(app)
+}
+
+/// Runs [`Access::check`] before any route, and adds the CORS header for an allowed origin.
+async fn guard(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let passed = match app.access.check(&request) {
+        Ok(p) => p,
+        Err(refused) => return *refused,
+    };
+    let mut response = next.run(request).await;
+    if let Some(origin) = passed.allow_origin {
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
 }
 
 async fn not_found() -> ApiError {
@@ -68,7 +104,8 @@ async fn health() -> Response {
     json_response(StatusCode::OK, &json!({"status": "ok"}))
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorize(&app, &headers)?;
     let cache = app
         .engine
         .cache
@@ -79,12 +116,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         queue_depth: app.pool.queue_depth(),
         running: app.pool.running(),
         sessions: app.pool.sessions(),
+        connections: app.connections.open(),
         cache_bytes: cache.bytes,
         cache_entries: cache.entries,
         cache_hits: cache.hits,
         cache_lookups: cache.lookups,
     });
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 fn model_object(app: &App) -> Value {
@@ -172,6 +210,10 @@ fn unknown_model(app: &App, name: &str) -> ApiError {
     }
 }
 
+/// Reads a body within the limits: at most `max_body` bytes, within `body_timeout`, and only
+/// while the bodies being received together stay within the server's body memory (the
+/// declared length is reserved first, or `max_body` for a body of unknown length; a body that
+/// does not fit is refused at once rather than waiting, so slow clients cannot queue up).
 async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -180,9 +222,24 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, 
     if declared.is_some_and(|n| n > app.max_body as u64) {
         return Err(ApiError::too_large(app.max_body));
     }
-    axum::body::to_bytes(body, app.max_body)
-        .await
-        .map_err(|_| ApiError::too_large(app.max_body))
+    let reserve = declared.map_or(app.max_body, |n| n as usize);
+    let kib = reserve.div_ceil(1024).min(u32::MAX as usize) as u32;
+    let _memory = Arc::clone(&app.body_memory)
+        .try_acquire_many_owned(kib)
+        .map_err(|_| {
+            ApiError::overloaded(
+                "the server is receiving too many request bodies at once; retry later",
+            )
+        })?;
+    let read = axum::body::to_bytes(body, app.max_body);
+    match tokio::time::timeout(app.body_timeout, read).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::too_large(app.max_body)),
+        Err(_) => Err(ApiError::timeout(format!(
+            "the request body did not arrive within {} s",
+            app.body_timeout.as_secs_f64()
+        ))),
+    }
 }
 
 /// A request made ready for a worker.
@@ -205,6 +262,24 @@ fn prepare(app: &App, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
     }
     let model = &app.engine.model;
     let tokenizer = &model.tokenizer;
+    let ctx = app.engine.ctx;
+    let max_bytes = ctx.saturating_mul(app.prompt_bytes_per_token);
+    let fits = |bytes: usize, param: &str| {
+        if bytes <= max_bytes {
+            return Ok(());
+        }
+        Err(ApiError {
+            param: Some(param.into()),
+            ..ApiError::bad_request(
+                "context_length_exceeded",
+                format!(
+                    "the prompt has {bytes} bytes, more than the context of {ctx} tokens can hold \
+                     ({max_bytes} bytes at {} per token); it was not tokenized",
+                    app.prompt_bytes_per_token
+                ),
+            )
+        })
+    };
     let mut in_thinking = false;
     let (prompt, param) = match &request.prompt {
         PromptInput::Chat {
@@ -217,17 +292,33 @@ fn prepare(app: &App, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
                     "this model has no chat template; use /v1/completions with a raw prompt",
                 )
             })?;
+            let content: usize = messages
+                .iter()
+                .map(|m| m["content"].as_str().map_or(0, str::len))
+                .sum();
+            fits(content, "messages")?;
             let mut messages = messages.clone();
             if request.json_object {
                 add_json_instruction(&mut messages);
             }
+            let mut kwargs = template_kwargs.clone();
+            app.engine
+                .control
+                .mark_conversation(&mut messages, &mut kwargs);
             let text = template
-                .render_json(&Value::Array(messages), true, template_kwargs)
+                .render_json(&Value::Array(messages), true, &kwargs)
                 .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
+            fits(text.len(), "messages")?;
             in_thinking = text.trim_end().ends_with("<think>");
-            (encode(tokenizer, &text)?, "messages")
+            let ids = prompt::encode_rendered(tokenizer, &text).map_err(tokenizer_error)?;
+            (ids, "messages")
         }
-        PromptInput::Text(text) => (encode(tokenizer, text)?, "prompt"),
+        // A raw prompt is the client's whole text, template included: its control-token
+        // spellings are meant as control tokens.
+        PromptInput::Text(text) => {
+            fits(text.len(), "prompt")?;
+            (encode(tokenizer, text)?, "prompt")
+        }
         PromptInput::Tokens(ids) => {
             let vocab = model.model.config.vocab;
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
@@ -242,7 +333,6 @@ fn prepare(app: &App, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "the prompt is empty"));
     }
-    let ctx = app.engine.ctx;
     if prompt.len() >= ctx {
         return Err(ApiError {
             param: Some(param.into()),
@@ -265,7 +355,11 @@ fn prepare(app: &App, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
 fn encode(tokenizer: &kasoku::tokenizer::Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
     tokenizer
         .encode_with_bos(text, true)
-        .map_err(|e| ApiError::bad_request("tokenizer_error", format!("tokenizing: {e}")))
+        .map_err(tokenizer_error)
+}
+
+fn tokenizer_error(e: kasoku::tokenizer::TokenizerError) -> ApiError {
+    ApiError::bad_request("tokenizer_error", format!("tokenizing: {e}"))
 }
 
 fn add_json_instruction(messages: &mut Vec<Value>) {

@@ -29,6 +29,19 @@ pub struct Running {
 }
 
 impl Running {
+    /// The tiny llama fixture with one session and no prefix cache, under `config`.
+    pub fn tiny(config: ServerConfig) -> Running {
+        Running::start(
+            "llama/tiny/model-f32.gguf",
+            ServerConfig {
+                sessions: Some(1),
+                prefix_cache: None,
+                model_id: Some("tiny".into()),
+                ..config
+            },
+        )
+    }
+
     pub fn start(model: &str, config: ServerConfig) -> Running {
         let model = LoadedModel::load(fixture(model)).expect("load the fixture model");
         let server = Server::new(model, config).expect("build the server");
@@ -51,17 +64,53 @@ impl Running {
         self.thread.take().unwrap().join().expect("serve panicked")
     }
 
+    /// Asks the server to stop without waiting for it.
+    pub fn ask_to_stop(&self) {
+        self.handle.shutdown();
+    }
+
     /// Sends a request (with `Host` naming the server) and reads the whole answer.
     pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Response {
-        let host = self.addr.to_string();
-        let head = match body {
-            Some(b) => format!(
-                "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                b.len()
-            ),
-            None => format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
-        };
+        let content_type = body.map(|_| ("Content-Type", "application/json"));
+        self.send(
+            method,
+            path,
+            &content_type.into_iter().collect::<Vec<_>>(),
+            body,
+        )
+    }
+
+    /// Sends a request with `headers` (a `Host` naming the server unless they give one).
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Response {
+        let mut head = format!("{method} {path} HTTP/1.1\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            head.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if let Some(b) = body {
+            head.push_str(&format!("Content-Length: {}\r\n", b.len()));
+        }
+        head.push_str("Connection: close\r\n\r\n");
         self.raw(&format!("{head}{}", body.unwrap_or("")))
+    }
+
+    /// A metric's value from /metrics (`None` when the server does not answer 200).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let r = self.request("GET", "/metrics", None);
+        if r.status != 200 {
+            return None;
+        }
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
     }
 
     /// Sends `bytes` as they are and reads the answer until the server closes.
