@@ -3,6 +3,7 @@
 
 pub mod dtype;
 pub mod k_quants;
+pub mod kasoku;
 pub mod legacy;
 pub mod requantize;
 

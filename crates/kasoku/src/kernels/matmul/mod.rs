@@ -13,6 +13,8 @@
 //! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations as int8 blocks of 32, the Q8_0 / Q8_1
 //!   information)
 //! - `k_quants`: Q4_K, Q5_K, Q6_K (activations as Q8_K blocks)
+//! - `kasoku`: kasoku's own formats M and L (rotated int8 activations); its own matrix type
+//!   `KasokuMatrix` for now, until the format interface joins them
 //!
 //! Each family provides `pack`, `prepare` (activations) and `compute_tile`, with a portable
 //! path and an AVX2 path (and an AVX512-VNNI one where the CPU has it) that compute the same
@@ -31,6 +33,11 @@ mod floats;
 #[cfg(target_arch = "x86_64")]
 mod floats_avx2;
 mod k_quants;
+pub mod kasoku;
+#[cfg(target_arch = "x86_64")]
+mod kasoku_avx2;
+#[cfg(target_arch = "x86_64")]
+mod kasoku_vnni;
 mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod legacy_avx2;
