@@ -35,6 +35,7 @@ mod error;
 mod metrics;
 mod output;
 mod pool;
+mod prepare;
 mod prompt;
 mod request;
 mod routes;
@@ -73,7 +74,6 @@ pub enum ServerError {
 pub struct Server {
     engine: Arc<Engine>,
     config: ServerConfig,
-    names: Vec<String>,
     shutdown: ShutdownHandle,
 }
 
@@ -133,6 +133,8 @@ impl Server {
             stop_tokens: engine::stop_tokens(&model),
             think: output::ThinkTokens::of(&model.tokenizer),
             control: prompt::ControlText::of(&model.tokenizer),
+            names,
+            prompt_bytes_per_token: config.prompt_bytes_per_token.max(1),
             id,
             ctx,
             cache,
@@ -142,7 +144,6 @@ impl Server {
         Ok(Server {
             engine,
             config,
-            names,
             shutdown: ShutdownHandle::new(),
         })
     }
@@ -160,6 +161,21 @@ impl Server {
     /// Sessions generating at once.
     pub fn sessions(&self) -> usize {
         self.config.sessions()
+    }
+
+    /// What a request body to `/v1/chat/completions` (`chat`) or `/v1/completions` becomes
+    /// before any generation: its prompt tokens, or the error answer's status and body. For
+    /// fuzzing the request path without sockets or sessions; not a stable interface.
+    #[doc(hidden)]
+    pub fn prepare_request(&self, chat: bool, body: &[u8]) -> Result<usize, (u16, String)> {
+        let kind = if chat {
+            prepare::Kind::Chat
+        } else {
+            prepare::Kind::Completion
+        };
+        prepare::prepare(&self.engine, body, kind)
+            .map(|p| p.prompt.len())
+            .map_err(|e| (e.status.as_u16(), e.body().to_string()))
     }
 
     /// A handle that stops [`Server::serve`].
@@ -206,10 +222,8 @@ impl Server {
             body_memory: Arc::new(tokio::sync::Semaphore::new(
                 body_kib.min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
-            prompt_bytes_per_token: config.prompt_bytes_per_token.max(1),
             access: access::Access::new(bound, &config.allowed_hosts, &config.cors_origins),
             connections: connections::Connections::new(config.max_connections),
-            names: self.names,
             created: routes::unix_now(),
         });
         let shutdown = self.shutdown.clone();

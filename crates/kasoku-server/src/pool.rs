@@ -36,6 +36,10 @@ pub struct Engine {
     pub speculation: Speculation,
     /// The vocabulary's control-token spellings, kept as text in what clients write.
     pub control: ControlText,
+    /// Names a request's `model` may use.
+    pub names: Vec<String>,
+    /// Prompt bytes per context token beyond which a prompt is refused untokenized.
+    pub prompt_bytes_per_token: usize,
 }
 
 /// The one place sessions are made: each gets its own speculator (drafter state and budget

@@ -25,8 +25,7 @@ use crate::access::Access;
 use crate::error::ApiError;
 use crate::metrics::{add, Gauges};
 use crate::pool::{Done, Engine, Event, Job, Pool};
-use crate::prompt;
-use crate::request::{self, PromptInput, Request};
+use crate::prepare::{prepare, unknown_model, Kind, Prepared};
 
 /// What the handlers share.
 pub struct App {
@@ -38,22 +37,9 @@ pub struct App {
     pub body_timeout: std::time::Duration,
     /// KiB of bodies being received at once, all requests together.
     pub body_memory: Arc<Semaphore>,
-    /// Prompt bytes per context token beyond which a prompt is refused untokenized.
-    pub prompt_bytes_per_token: usize,
     pub access: Access,
     pub connections: crate::connections::Connections,
-    /// Names a request's `model` may use.
-    pub names: Vec<String>,
     pub created: u64,
-}
-
-/// The instruction added to chats that ask for `response_format: json_object`.
-const JSON_INSTRUCTION: &str = "Respond with one valid JSON object only.";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Chat,
-    Completion,
 }
 
 pub fn router(app: Arc<App>) -> Router {
@@ -153,8 +139,8 @@ async fn model(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     authorize(&app, &headers)?;
-    if !app.names.contains(&id) {
-        return Err(unknown_model(&app, &id));
+    if !app.engine.names.contains(&id) {
+        return Err(unknown_model(&app.engine, &id));
     }
     Ok(json_response(StatusCode::OK, &model_object(&app)))
 }
@@ -197,19 +183,6 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn unknown_model(app: &App, name: &str) -> ApiError {
-    ApiError {
-        param: Some("model".into()),
-        ..ApiError::not_found(
-            "model_not_found",
-            format!(
-                "the model '{name}' does not exist; this server serves '{}'",
-                app.engine.id
-            ),
-        )
-    }
-}
-
 /// Reads a body within the limits: at most `max_body` bytes, within `body_timeout`, and only
 /// while the bodies being received together stay within the server's body memory (the
 /// declared length is reserved first, or `max_body` for a body of unknown length; a body that
@@ -242,136 +215,6 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, 
     }
 }
 
-/// A request made ready for a worker.
-struct Prepared {
-    request: Request,
-    prompt: Vec<u32>,
-    in_thinking: bool,
-}
-
-/// Parses, checks and tokenizes a request (CPU work: runs on a blocking thread).
-fn prepare(app: &App, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
-    let object = request::parse_object(body)?;
-    let defaults = app.engine.model.defaults.as_ref();
-    let request = match kind {
-        Kind::Chat => request::chat(&object, defaults)?,
-        Kind::Completion => request::completion(&object, defaults)?,
-    };
-    if !app.names.contains(&request.model) {
-        return Err(unknown_model(app, &request.model));
-    }
-    let model = &app.engine.model;
-    let tokenizer = &model.tokenizer;
-    let ctx = app.engine.ctx;
-    let max_bytes = ctx.saturating_mul(app.prompt_bytes_per_token);
-    let fits = |bytes: usize, param: &str| {
-        if bytes <= max_bytes {
-            return Ok(());
-        }
-        Err(ApiError {
-            param: Some(param.into()),
-            ..ApiError::bad_request(
-                "context_length_exceeded",
-                format!(
-                    "the prompt has {bytes} bytes, more than the context of {ctx} tokens can hold \
-                     ({max_bytes} bytes at {} per token); it was not tokenized",
-                    app.prompt_bytes_per_token
-                ),
-            )
-        })
-    };
-    let mut in_thinking = false;
-    let (prompt, param) = match &request.prompt {
-        PromptInput::Chat {
-            messages,
-            template_kwargs,
-        } => {
-            let template = model.template.as_ref().ok_or_else(|| {
-                ApiError::bad_request(
-                    "no_chat_template",
-                    "this model has no chat template; use /v1/completions with a raw prompt",
-                )
-            })?;
-            let content: usize = messages
-                .iter()
-                .map(|m| m["content"].as_str().map_or(0, str::len))
-                .sum();
-            fits(content, "messages")?;
-            let mut messages = messages.clone();
-            if request.json_object {
-                add_json_instruction(&mut messages);
-            }
-            let mut kwargs = template_kwargs.clone();
-            app.engine
-                .control
-                .mark_conversation(&mut messages, &mut kwargs);
-            let text = template
-                .render_json(&Value::Array(messages), true, &kwargs)
-                .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
-            fits(text.len(), "messages")?;
-            in_thinking = text.trim_end().ends_with("<think>");
-            let ids = prompt::encode_rendered(tokenizer, &text).map_err(tokenizer_error)?;
-            (ids, "messages")
-        }
-        // A raw prompt is the client's whole text, template included: its control-token
-        // spellings are meant as control tokens.
-        PromptInput::Text(text) => {
-            fits(text.len(), "prompt")?;
-            (encode(tokenizer, text)?, "prompt")
-        }
-        PromptInput::Tokens(ids) => {
-            let vocab = model.model.config.vocab;
-            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    format!("token id {bad} is outside the vocabulary ({vocab})"),
-                ));
-            }
-            (ids.clone(), "prompt")
-        }
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(param, "the prompt is empty"));
-    }
-    if prompt.len() >= ctx {
-        return Err(ApiError {
-            param: Some(param.into()),
-            ..ApiError::bad_request(
-                "context_length_exceeded",
-                format!(
-                    "the prompt has {} tokens, but the context holds {ctx} (prompt and answer together)",
-                    prompt.len()
-                ),
-            )
-        });
-    }
-    Ok(Prepared {
-        request,
-        prompt,
-        in_thinking,
-    })
-}
-
-fn encode(tokenizer: &kasoku::tokenizer::Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
-    tokenizer
-        .encode_with_bos(text, true)
-        .map_err(tokenizer_error)
-}
-
-fn tokenizer_error(e: kasoku::tokenizer::TokenizerError) -> ApiError {
-    ApiError::bad_request("tokenizer_error", format!("tokenizing: {e}"))
-}
-
-fn add_json_instruction(messages: &mut Vec<Value>) {
-    match messages.first_mut() {
-        Some(first) if first["role"] == "system" => {
-            let content = first["content"].as_str().unwrap_or_default();
-            first["content"] = Value::String(format!("{content}\n\n{JSON_INSTRUCTION}"));
-        }
-        _ => messages.insert(0, json!({"role": "system", "content": JSON_INSTRUCTION})),
-    }
-}
-
 async fn generate(
     app: Arc<App>,
     headers: HeaderMap,
@@ -383,7 +226,7 @@ async fn generate(
     let body = read_body(&app, &headers, body).await?;
     let prepared = {
         let app = Arc::clone(&app);
-        tokio::task::spawn_blocking(move || prepare(&app, &body, kind))
+        tokio::task::spawn_blocking(move || prepare(&app.engine, &body, kind))
             .await
             .map_err(|_| ApiError::internal("preparing the request failed"))??
     };
