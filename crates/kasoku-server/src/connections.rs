@@ -31,7 +31,7 @@ pub struct Connections {
 
 impl Connections {
     pub fn new(max: usize) -> Connections {
-        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        let max = max.clamp(1, u32::MAX as usize);
         Connections {
             slots: Arc::new(Semaphore::new(max)),
             max,

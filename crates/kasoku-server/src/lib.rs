@@ -111,6 +111,12 @@ impl Server {
                 "the context must hold at least 2 tokens (got {ctx})"
             )));
         }
+        if config.body_memory_bytes < config.max_body_bytes {
+            return Err(ServerError::Config(format!(
+                "the body memory ({} bytes) must hold at least one largest body ({} bytes)",
+                config.body_memory_bytes, config.max_body_bytes
+            )));
+        }
         let stem = model
             .path
             .file_stem()

@@ -48,6 +48,17 @@ fn a_configuration_that_cannot_work_is_refused_at_new() {
         .expect("refused");
     assert!(matches!(err, ServerError::Config(_)), "{err}");
     assert!(err.to_string().contains("context"), "{err}");
+    let model =
+        kasoku::engine::LoadedModel::load(common::fixture("llama/tiny/model-f32.gguf")).unwrap();
+    let config = ServerConfig {
+        max_body_bytes: 8 << 20,
+        body_memory_bytes: 4 << 20,
+        ..ServerConfig::default()
+    };
+    let err = kasoku_server::Server::new(model, config)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("body memory"), "{err}");
 }
 
 /// Request bodies mutated at random from valid ones (bytes flipped, cut, repeated, spliced)
