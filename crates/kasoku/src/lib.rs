@@ -19,4 +19,6 @@ pub mod kernels;
 pub mod model;
 pub mod quant;
 pub mod spec;
+#[cfg(test)]
+mod test_util;
 pub mod tokenizer;

@@ -1,7 +1,11 @@
 //! CPU compute kernels. Each kernel has a portable path and, where it pays, SIMD paths picked
 //! from the instruction set detected once at startup ([`simd::Isa`]); the paths compute the
-//! same function and are tested against each other. Tasks on the worker pool ([`threads`])
-//! write their outputs through [`threads::parts`], so kernels hold no raw pointers; every
+//! same function and are tested against each other. Each op is a folder: `mod.rs` (its API
+//! and portable code), its SIMD files (`avx2.rs`, `vnni.rs`) and `tests.rs`; the matrix
+//! products have one folder per format family, each implementing `matmul::Format`.
+//!
+//! Tasks on the worker pool ([`threads`]) write their outputs through [`threads::parts`], so
+//! kernels hold no raw pointers; work memory is reused from call to call (`scratch`). Every
 //! `unsafe` block says why it is sound (enforced below).
 
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -32,12 +32,19 @@ pub(crate) fn with<T, R>(
 }
 
 /// The first `len` values of `buf`, which grows (with `T::default()`) if it is shorter;
-/// values already there are left as they are.
+/// values already there are left as they are (for buffers whose length does not matter).
 pub(crate) fn grow<T: Clone + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
     if buf.len() < len {
         buf.resize(len, T::default());
     }
     &mut buf[..len]
+}
+
+/// `buf` resized to `len` values (new ones `T::default()`, the others as they were), within
+/// its capacity when that suffices (for buffers whose length is checked).
+pub(crate) fn sized<T: Clone + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    buf.resize(len, T::default());
+    buf
 }
 
 #[cfg(test)]
@@ -60,6 +67,14 @@ mod tests {
             assert_eq!(b.as_ptr() as usize, first, "the same memory");
             assert_eq!(grow(b, 4), &[7, 7, 7, 7]);
             assert_eq!(grow(b, 12)[10..], [0, 0]);
+            let at = b.as_ptr() as usize;
+            assert_eq!(sized(b, 3).len(), 3);
+            assert_eq!(sized(b, 12)[3..], [0; 9]);
+            assert_eq!(
+                b.as_ptr() as usize,
+                at,
+                "shrinking and growing back keeps the memory"
+            );
         });
     }
 }

@@ -59,23 +59,7 @@ impl TensorSource for MemSource {
     }
 }
 
-/// Deterministic values uniform in [-scale, scale).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
-    }
-    pub fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
+pub use crate::test_util::Rng;
 
 /// A tiny config of `arch` with only attention layers (Qwen35 here exercises the gated
 /// attention, partial RoPE and (1 + w) norms without Gated DeltaNet).

@@ -277,22 +277,7 @@ pub fn vec_dot(dtype: crate::quant::DType, w: &[u8], x: &[BlockQ8K]) -> f32 {
 mod tests {
     use super::*;
 
-    /// Small deterministic generator for test data.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn byte(&mut self) -> u8 {
-            (self.next() >> 32) as u8
-        }
-        fn f32(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
-    }
+    use crate::test_util::Rng;
 
     fn put_f16(b: &mut [u8], at: usize, v: f32) {
         b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
@@ -483,7 +468,7 @@ mod tests {
             (Q5K_BLOCK, dequantize_q5_k),
             (Q6K_BLOCK, dequantize_q6_k),
         ] {
-            let mut bytes: Vec<u8> = (0..3 * block).map(|_| rng.byte()).collect();
+            let mut bytes = rng.bytes(3 * block);
             // Keep f16 scales finite.
             for c in bytes.chunks_exact_mut(block) {
                 if block == Q6K_BLOCK {

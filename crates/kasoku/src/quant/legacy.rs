@@ -212,23 +212,7 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
 pub(crate) mod tests {
     use super::*;
 
-    /// A small deterministic generator for test data (xorshift64*).
-    pub struct Rng(pub u64);
-    impl Rng {
-        pub fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        /// Uniform in [-1, 1).
-        pub fn f32(&mut self) -> f32 {
-            (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-        pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next_u64() as u8).collect()
-        }
-    }
+    pub use crate::test_util::Rng;
 
     /// `blocks` random blocks of a legacy format with finite scales of moderate size.
     pub fn random_blocks(rng: &mut Rng, block_bytes: usize, blocks: usize) -> Vec<u8> {

@@ -165,7 +165,7 @@ fn step(
         return;
     }
     let _ = (isa, sq);
-    super::portable_step(s, dk, dv, (q, k, v), alpha, beta, kv, o, delta)
+    super::recurrent::portable_step(s, dk, dv, (q, k, v), alpha, beta, kv, o, delta)
 }
 
 /// `S = α·S + k ⊗ δ` for one head, as the recurrent kernels do it.
@@ -178,116 +178,5 @@ fn update(isa: Isa, d: &GdnDims, s: &mut [f32], alpha: f32, k: &[f32], delta: &[
         return;
     }
     let _ = isa;
-    super::portable_update(s, dk, dv, alpha, k, delta)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::recurrent_with;
-    use super::*;
-
-    fn rand(seed: &mut u64, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-
-    fn paths() -> Vec<Isa> {
-        Isa::available().collect()
-    }
-
-    /// Every node's output equals single-token decoding of its path from the same state, bit
-    /// for bit; replaying a path's deltas gives decoding's final state bit for bit.
-    #[test]
-    fn nodes_and_commits_equal_decoding_their_paths() {
-        let dims = GdnDims {
-            nk: 2,
-            nv: 4,
-            dk: 16,
-            dv: 24,
-            map: super::super::HeadMap::Grouped,
-        };
-        //   0 → {1 → {2, 3 → 4}, 5}, and 6 a leaf under 0
-        let parents = [usize::MAX, 0, 1, 1, 3, 0, 0];
-        let n = parents.len();
-        let mut seed = 7u64;
-        let (kd, vd) = (dims.nk * dims.dk, dims.nv * dims.dv);
-        let mut q = rand(&mut seed, n * kd, 0.3);
-        let mut k = rand(&mut seed, n * kd, 1.0);
-        crate::kernels::gated_delta::l2norm_heads(&mut q, dims.dk, 0.25);
-        crate::kernels::gated_delta::l2norm_heads(&mut k, dims.dk, 1.0);
-        let v = rand(&mut seed, n * vd, 1.0);
-        let g: Vec<f32> = rand(&mut seed, n * dims.nv, 1.0)
-            .iter()
-            .map(|x| -x.abs())
-            .collect();
-        let beta: Vec<f32> = rand(&mut seed, n * dims.nv, 1.0)
-            .iter()
-            .map(|x| 0.5 + 0.4 * x)
-            .collect();
-        let s0 = rand(&mut seed, dims.state_len(), 0.5);
-        let inp = GdnInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-        };
-        for path in paths() {
-            let mut out = vec![0f32; n * vd];
-            let mut deltas = vec![0f32; n * vd];
-            tree_recurrent_with(path, &dims, &inp, &parents, &s0, &mut out, &mut deltas);
-            for leaf in 0..n {
-                let mut chain = vec![leaf];
-                while parents[*chain.last().unwrap()] != usize::MAX {
-                    chain.push(parents[*chain.last().unwrap()]);
-                }
-                chain.reverse();
-                // Decode the path one token at a time.
-                let mut s = s0.clone();
-                let mut replayed = s0.clone();
-                for &t in &chain {
-                    let pick = |x: &[f32], w: usize| x[t * w..(t + 1) * w].to_vec();
-                    let (qt, kt, vt) = (pick(&q, kd), pick(&k, kd), pick(&v, vd));
-                    let (gt, bt) = (pick(&g, dims.nv), pick(&beta, dims.nv));
-                    let one = GdnInputs {
-                        q: &qt,
-                        k: &kt,
-                        v: &vt,
-                        g: &gt,
-                        beta: &bt,
-                    };
-                    let mut o = vec![0f32; vd];
-                    recurrent_with(path, &dims, &one, 1, &mut s, &mut o);
-                    if t == leaf {
-                        assert!(
-                            o.iter()
-                                .zip(&out[t * vd..])
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{path:?}: node {t}"
-                        );
-                    }
-                    replay_with(
-                        path,
-                        &dims,
-                        &mut replayed,
-                        &kt,
-                        &gt,
-                        &deltas[t * vd..][..vd],
-                    );
-                }
-                assert!(
-                    s.iter()
-                        .zip(&replayed)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{path:?}: state after the path to {leaf}"
-                );
-            }
-        }
-    }
+    super::recurrent::portable_update(s, dk, dv, alpha, k, delta)
 }

@@ -385,6 +385,7 @@ struct ActsOut {
 // SAFETY: used only to write disjoint entries from the pool's tasks (see `Int8Acts::new`),
 // while the arrays it points into are alive and not otherwise borrowed.
 unsafe impl Send for ActsOut {}
+// SAFETY: as above.
 unsafe impl Sync for ActsOut {}
 
 /// The rows of a tile and the column chunk they start at.
@@ -504,6 +505,7 @@ fn split_rows(rows: usize, threads: usize) -> Vec<Range<usize>> {
 struct SharedOut(*mut f32);
 // SAFETY: used only to write disjoint ranges from the pool's tasks, within the borrow of ys.
 unsafe impl Send for SharedOut {}
+// SAFETY: as above.
 unsafe impl Sync for SharedOut {}
 impl SharedOut {
     fn get(self) -> *mut f32 {

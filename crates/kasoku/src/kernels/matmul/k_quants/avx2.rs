@@ -1,10 +1,10 @@
 //! AVX2 kernels for the K-quant formats: one packed 8-row group times up to 4 activation rows
 //! (adding to the tile's running sums),
-//! the same arithmetic as the portable kernel in `k_quants.rs` (see its documentation for the
+//! the same arithmetic as the portable kernel in `mod.rs` (see its documentation for the
 //! layouts). Each code register is unpacked once and multiplied (`maddubs`) with every
 //! activation row of the tile; 16-bit partial sums are widened and scaled with one `madd`
 //! per sub-block before they could overflow. The helpers here are shared with the VNNI
-//! kernels (`k_quants_vnni.rs`).
+//! kernels (`vnni.rs`).
 
 // Tile loops index several per-row register arrays at once.
 #![allow(clippy::needless_range_loop)]
@@ -444,7 +444,7 @@ unsafe fn q6k<const R: usize>(
 }
 
 /// Quantizes 256 activations to a Q8_K activation block (`d`, codes, `bsums`, `bsums32`; see
-/// `k_quants.rs`) with the arithmetic of [`crate::quant::k_quants::quantize_block_q8_k`]:
+/// `mod.rs`) with the arithmetic of [`crate::quant::k_quants::quantize_block_q8_k`]:
 /// the same `iscale = −127/max`, products rounded half to even by the same `±1.5·2^23`
 /// addition, saturated to i8. Returns false, writing nothing, when a value is not finite
 /// (the caller then uses the scalar quantizer, which defines those cases).

@@ -1,13 +1,11 @@
 //! AVX2/FMA kernel for float weights: column `c` of eight packed rows is one vector (F16 via
 //! F16C `vcvtph2ps`, BF16 by widening and shifting), multiplied by the broadcast activation and
-//! accumulated per column parity, exactly as `floats.rs`'s portable kernel does.
-
-#![cfg(target_arch = "x86_64")]
+//! accumulated per column parity, exactly as the portable kernel (`mod.rs`) does.
 
 use std::arch::x86_64::*;
 
-use super::floats::{ACC, GROUP};
-use super::legacy_avx2::PREFETCH;
+use super::{ACC, GROUP};
+use crate::kernels::matmul::legacy::avx2::PREFETCH;
 use crate::quant::DType;
 
 /// See `floats::kernel`.

@@ -1,5 +1,5 @@
 //! AVX2 kernels for the legacy formats: activation quantization and the 8-row tile kernel.
-//! They compute exactly what `legacy.rs`'s portable code computes (same integer dot products,
+//! They compute exactly what the portable (`mod.rs`) code computes (same integer dot products,
 //! same float operations in the same order); see that file for the packed layout.
 //!
 //! Per packed block: one `vcvtph2ps` gives the eight rows' scales; each of the eight group
@@ -9,11 +9,9 @@
 //! Q5 in two halves of four; Q8_0 (signed × signed) uses the sign trick and widens each
 //! product with `madd`.
 
-#![cfg(target_arch = "x86_64")]
-
 use std::arch::x86_64::*;
 
-use super::legacy::{offsets, XTile, GROUP};
+use super::{offsets, XTile, GROUP};
 use crate::quant::legacy::QK;
 use crate::quant::DType;
 

@@ -1,7 +1,7 @@
 //! Products on the K-quant formats (Q4_K, Q5_K, Q6_K): load-time repacking, Q8_K activations,
-//! and the portable tile kernel. `k_quants_avx2.rs` holds the AVX2 kernels (4 activation rows
-//! per tile) and `k_quants_vnni.rs` the AVX512-VNNI ones (8 rows per tile, used for `Isa::Avx2`
-//! when the CPU has them); all three compute the same function bit for bit.
+//! and the portable tile kernel. `avx2.rs` holds the AVX2 kernels (4 activation rows per tile)
+//! and `vnni.rs` the AVX512-VNNI ones (8 rows per tile); all three compute the same function
+//! bit for bit.
 //!
 //! **Packed layout.** Weight rows are taken in groups of [`GROUP`] = 8 (the last group padded
 //! with zero rows, whose scales 0 make them contribute nothing). For each group and each
@@ -51,17 +51,44 @@ use std::ops::Range;
 
 use half::f16;
 
-use super::{MatMulWeight, PackedBytes, Prepared};
+use super::{Acts, Format, MatMulWeight, PackedBytes, Tile};
+use crate::kernels::scratch;
 use crate::kernels::simd::Isa;
 use crate::quant::k_quants::{self as kq, QK_K};
 use crate::quant::DType;
 
 #[cfg(target_arch = "x86_64")]
-#[path = "k_quants_avx2.rs"]
 mod avx2;
+#[cfg(test)]
+mod tests;
 #[cfg(target_arch = "x86_64")]
-#[path = "k_quants_vnni.rs"]
 mod vnni;
+
+/// The K-quant formats' kernels.
+pub(crate) struct KQuants;
+
+impl Format for KQuants {
+    fn pack(&self, dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> PackedBytes {
+        pack(dtype, rows, cols, bytes)
+    }
+
+    fn first_rows(&self, w: &MatMulWeight, n: usize) -> PackedBytes {
+        first_groups(w, n.div_ceil(GROUP))
+    }
+
+    fn prepare(&self, w: &MatMulWeight, x: &[f32], n: usize, isa: Isa, acts: &mut Acts) {
+        prepare(w, x, n, isa, &mut acts.q8k);
+    }
+
+    fn work_len(&self, _w: &MatMulWeight, n: usize, rows: usize) -> usize {
+        sums_len(n, rows)
+    }
+
+    fn compute_tile(&self, t: &Tile, tile: &mut [f32], work: &mut [f32]) {
+        let acts = &t.acts.q8k[..t.n * (t.w.cols / QK_K) * ACT_BLOCK];
+        compute_tile(t.w, acts, t.n, t.rows.clone(), tile, work, t.isa);
+    }
+}
 
 /// Weight rows packed together.
 pub(crate) const GROUP: usize = 8;
@@ -209,12 +236,13 @@ fn pack_q6(blk: &[u8], i: usize, sb: &mut [u8]) {
     }
 }
 
-/// Quantizes `n` activation rows to Q8_K blocks (see the module documentation).
-pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize, isa: Isa) -> Prepared {
+/// Quantizes `n` activation rows to Q8_K blocks (see the module documentation) into the first
+/// `n · cols / 256` blocks of `buf` (which grows if it is shorter).
+fn prepare(w: &MatMulWeight, x: &[f32], n: usize, isa: Isa, buf: &mut Vec<u8>) {
     let nb = w.cols / QK_K;
-    let mut out = vec![0u8; n * nb * ACT_BLOCK];
+    let out = scratch::grow(buf, n * nb * ACT_BLOCK);
     if nb == 0 {
-        return Prepared::Bytes(out);
+        return;
     }
     for (r, xr) in x.chunks_exact(w.cols).enumerate() {
         for (s, xs) in xr.chunks_exact(QK_K).enumerate() {
@@ -222,7 +250,6 @@ pub(crate) fn prepare(w: &MatMulWeight, x: &[f32], n: usize, isa: Isa) -> Prepar
             quantize_act_block(isa, xs, &mut out[at..at + ACT_BLOCK]);
         }
     }
-    Prepared::Bytes(out)
 }
 
 /// Quantizes 256 activations into one activation block, on AVX2 where `isa` has it (which
@@ -264,19 +291,33 @@ fn tile_rows(isa: Isa) -> usize {
     4
 }
 
+/// The work memory of a tile of `n` activation rows and at most `rows` weight rows (starting
+/// anywhere): the running sums of every (row group, activation row) of a block of [`XB`]
+/// activation rows.
+fn sums_len(n: usize, rows: usize) -> usize {
+    (rows / GROUP + 2) * n.min(XB) * GROUP
+}
+
+/// The running sums `[f32; GROUP]` in `work`.
+fn as_groups(work: &mut [f32]) -> &mut [[f32; GROUP]] {
+    let len = work.len() / GROUP;
+    // SAFETY: `[f32; GROUP]` has the alignment of `f32` and the size of `GROUP` of them, and
+    // the `len` groups lie inside `work`, which is borrowed mutably for the result's life.
+    unsafe { std::slice::from_raw_parts_mut(work.as_mut_ptr().cast::<[f32; GROUP]>(), len) }
+}
+
 /// Computes `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for `r < n`, `j ∈ rows`, on the
-/// kernel for `isa`.
-pub(crate) fn compute_tile(
+/// kernel for `isa`, from the activation blocks `acts` of [`prepare`], with `work` of at least
+/// [`sums_len`] values.
+fn compute_tile(
     w: &MatMulWeight,
-    act: &Prepared,
+    acts: &[u8],
     n: usize,
     rows: Range<usize>,
     tile: &mut [f32],
+    work: &mut [f32],
     isa: Isa,
 ) {
-    let Prepared::Bytes(acts) = act else {
-        unreachable!("K-quant formats prepare Q8_K activations")
-    };
     let nb = w.cols / QK_K;
     let pbb = packed_block_bytes(w.dtype);
     let len = rows.len();
@@ -294,47 +335,40 @@ pub(crate) fn compute_tile(
     let groups = w.rows.div_ceil(GROUP);
     let (g0, g1) = (rows.start / GROUP, rows.end.div_ceil(GROUP));
     let xt = tile_rows(isa);
-    SUMS.with(|cell| {
-        let mut sums = cell.borrow_mut();
-        for x0 in (0..n).step_by(XB) {
-            let x1 = (x0 + XB).min(n);
-            let xn = x1 - x0;
-            // The running sums of every (row group, activation row), group-major.
-            sums.clear();
-            sums.resize((g1 - g0) * xn, [0.0; GROUP]);
-            for (s0, width) in panels(nb) {
-                for g in g0..g1 {
-                    let at = block_offset(groups, nb, pbb, g, s0);
-                    let wg = &w.packed[at..at + width * pbb];
-                    let mut r = x0;
-                    while r < x1 {
-                        let xr = (x1 - r).min(xt);
-                        let a = &acts[s0 * stride + r * ACT_BLOCK
-                            ..(s0 + width - 1) * stride + (r + xr) * ACT_BLOCK];
-                        let out = &mut sums[(g - g0) * xn + r - x0..][..xr];
-                        kernel(isa, w.dtype, wg, a, stride, out);
-                        r += xr;
-                    }
-                }
-            }
+    let sums = as_groups(work);
+    for x0 in (0..n).step_by(XB) {
+        let x1 = (x0 + XB).min(n);
+        let xn = x1 - x0;
+        // The running sums of every (row group, activation row), group-major.
+        let sums = &mut sums[..(g1 - g0) * xn];
+        sums.fill([0.0; GROUP]);
+        for (s0, width) in panels(nb) {
             for g in g0..g1 {
-                let (j0, j1) = (
-                    (g * GROUP).max(rows.start),
-                    (g * GROUP + GROUP).min(rows.end),
-                );
-                for (k, res) in sums[(g - g0) * xn..][..xn].iter().enumerate() {
-                    let dst = &mut tile[(x0 + k) * len..(x0 + k + 1) * len];
-                    dst[j0 - rows.start..j1 - rows.start]
-                        .copy_from_slice(&res[j0 - g * GROUP..j1 - g * GROUP]);
+                let at = block_offset(groups, nb, pbb, g, s0);
+                let wg = &w.packed[at..at + width * pbb];
+                let mut r = x0;
+                while r < x1 {
+                    let xr = (x1 - r).min(xt);
+                    let a = &acts[s0 * stride + r * ACT_BLOCK
+                        ..(s0 + width - 1) * stride + (r + xr) * ACT_BLOCK];
+                    let out = &mut sums[(g - g0) * xn + r - x0..][..xr];
+                    kernel(isa, w.dtype, wg, a, stride, out);
+                    r += xr;
                 }
             }
         }
-    });
-}
-
-thread_local! {
-    /// Per-thread running sums of a tile, reused across calls.
-    static SUMS: std::cell::RefCell<Vec<[f32; GROUP]>> = const { std::cell::RefCell::new(Vec::new()) };
+        for g in g0..g1 {
+            let (j0, j1) = (
+                (g * GROUP).max(rows.start),
+                (g * GROUP + GROUP).min(rows.end),
+            );
+            for (k, res) in sums[(g - g0) * xn..][..xn].iter().enumerate() {
+                let dst = &mut tile[(x0 + k) * len..(x0 + k + 1) * len];
+                dst[j0 - rows.start..j1 - rows.start]
+                    .copy_from_slice(&res[j0 - g * GROUP..j1 - g * GROUP]);
+            }
+        }
+    }
 }
 
 /// One packed row group's run of super-blocks (`wg`) times `out.len()` ≤ `tile_rows(isa)`
@@ -440,286 +474,5 @@ fn portable_q6(sb: &[u8], ab: &[u8], acc: &mut [f32; GROUP]) {
         }
         let d = f16_at(sb, 2 * i);
         *acc += (d * da) * sumi as f32;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernels::matmul::matmul;
-    use crate::quant::k_quants::{quantize_row_q8_k, vec_dot, BlockQ8K};
-
-    const DTYPES: [DType; 3] = [DType::Q4K, DType::Q5K, DType::Q6K];
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn f32(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
-    }
-
-    /// Random GGUF rows of `dtype`: random bytes, with finite random f16 scales.
-    fn random_rows(dtype: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
-        let mut b: Vec<u8> = (0..rows * dtype.bytes_for(cols).unwrap())
-            .map(|_| rng.next() as u8)
-            .collect();
-        for blk in b.chunks_exact_mut(dtype.block_bytes()) {
-            let at: &[usize] = if dtype == DType::Q6K { &[208] } else { &[0, 2] };
-            for &o in at {
-                let v = f16::from_f32(rng.f32() * 0.05);
-                blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        b
-    }
-
-    fn random_x(len: usize, rng: &mut Rng) -> Vec<f32> {
-        (0..len).map(|_| rng.f32() * 2.0).collect()
-    }
-
-    /// GGML's dot of every (activation row, weight row) pair: `n × rows`.
-    fn reference(
-        dtype: DType,
-        w: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-        n: usize,
-    ) -> Vec<f32> {
-        let rb = dtype.bytes_for(cols).unwrap();
-        let q: Vec<Vec<BlockQ8K>> = x.chunks_exact(cols).map(quantize_row_q8_k).collect();
-        let mut y = vec![0f32; n * rows];
-        for r in 0..n {
-            for j in 0..rows {
-                y[r * rows + j] = vec_dot(dtype, &w[j * rb..(j + 1) * rb], &q[r]);
-            }
-        }
-        y
-    }
-
-    #[test]
-    fn tiles_match_ggml_dot_bit_for_bit_on_every_path() {
-        let mut rng = Rng(0x5eed);
-        // A partial row group; one panel, and three (the last partial).
-        for (rows, cols, dtype) in DTYPES
-            .iter()
-            .flat_map(|&d| [(21, 768, d), (21, (2 * PANEL + 3) * QK_K, d)])
-        {
-            let wb = random_rows(dtype, rows, cols, &mut rng);
-            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-            for n in [1, 2, 3, 4, 5, 7, 8, 9, 13] {
-                let x = random_x(n * cols, &mut rng);
-                let expect = reference(dtype, &wb, rows, cols, &x, n);
-                let act = prepare(&w, &x, n, Isa::detect());
-                for path in Isa::available() {
-                    // Whole range, and a range that starts and ends inside row groups.
-                    for range in [0..rows, 3..19, 8..16, 20..21] {
-                        let len = range.len();
-                        let mut tile = vec![f32::NAN; n * len];
-                        compute_tile(&w, &act, n, range.clone(), &mut tile, path);
-                        for r in 0..n {
-                            for (k, j) in range.clone().enumerate() {
-                                assert_eq!(
-                                    tile[r * len + k].to_bits(),
-                                    expect[r * rows + j].to_bits(),
-                                    "{dtype} {path:?} n={n} r={r} j={j}"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_layout_places_every_block_once() {
-        for nb in [1, PANEL - 1, PANEL, PANEL + 1, 3 * PANEL + 5] {
-            let (groups, pbb) = (3, 7);
-            let mut seen = vec![false; groups * nb];
-            for g in 0..groups {
-                for s in 0..nb {
-                    let at = block_offset(groups, nb, pbb, g, s);
-                    assert_eq!(at % pbb, 0);
-                    assert!(!std::mem::replace(&mut seen[at / pbb], true), "nb={nb}");
-                }
-            }
-            assert!(seen.iter().all(|&b| b), "nb={nb}");
-        }
-    }
-
-    /// Real weights: the first 20 rows of the first Q4_K, Q5_K and Q6_K matrices of the cached
-    /// Qwen2.5-Coder-0.5B Q4_K_M file, when it is there (`shared/models/fetch.sh`).
-    #[test]
-    fn real_gguf_rows_match_ggml_dot() {
-        let Some(home) = std::env::var_os("HOME") else {
-            return;
-        };
-        let path = std::path::Path::new(&home)
-            .join(".cache/kasoku/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-        let Ok(file) = crate::format::gguf::GgufFile::open(&path) else {
-            return;
-        };
-        let mut rng = Rng(11);
-        let mut seen = Vec::new();
-        for info in file.tensor_infos() {
-            if !DTYPES.contains(&info.dtype) || info.shape.len() != 2 || seen.contains(&info.dtype)
-            {
-                continue;
-            }
-            seen.push(info.dtype);
-            let t = file.tensor(&info.name).unwrap();
-            let (rows, cols) = (20.min(info.shape[0]), info.shape[1]);
-            let wb = &t.data.as_slice()[..rows * info.dtype.bytes_for(cols).unwrap()];
-            let w = MatMulWeight::new(info.dtype, rows, cols, wb).unwrap();
-            let n = 3;
-            let x = random_x(n * cols, &mut rng);
-            let mut y = vec![0f32; n * rows];
-            matmul(&w, &x, n, &mut y);
-            assert_eq!(
-                y,
-                reference(info.dtype, wb, rows, cols, &x, n),
-                "{}",
-                info.name
-            );
-        }
-        assert!(
-            seen.contains(&DType::Q4K) && seen.contains(&DType::Q6K),
-            "{seen:?}"
-        );
-    }
-
-    #[test]
-    fn simd_activation_quantizer_matches_the_scalar_one() {
-        let mut rng = Rng(0xac7);
-        let mut blocks: Vec<Vec<f32>> = Vec::new();
-        for scale in [1e-30f32, 1e-3, 1.0, 3e4, 1e30] {
-            blocks.push((0..QK_K).map(|_| rng.f32() * scale).collect());
-        }
-        // Ties: max 127 makes iscale −1, so the halves round to even.
-        blocks.push(
-            (0..QK_K)
-                .map(|i| (i % 255) as f32 - 127.0 + 0.5 * (i % 2) as f32)
-                .collect(),
-        );
-        blocks.push(
-            (0..QK_K)
-                .map(|i| if i == 77 { -3.0 } else { 0.0 })
-                .collect(),
-        );
-        blocks.push(
-            (0..QK_K)
-                .map(|i| if i % 9 == 0 { 2.5 } else { -2.5 })
-                .collect(),
-        );
-        blocks.push(vec![0.0; QK_K]);
-        blocks.push(vec![-0.0; QK_K]);
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            let mut b: Vec<f32> = (0..QK_K).map(|_| rng.f32()).collect();
-            b[100] = bad;
-            blocks.push(b);
-        }
-        for (k, xs) in blocks.iter().enumerate() {
-            let mut expect = vec![0u8; ACT_BLOCK];
-            write_act_block(&kq::quantize_block_q8_k(xs), &mut expect);
-            for isa in Isa::available() {
-                let mut got = vec![0xA5u8; ACT_BLOCK];
-                quantize_act_block(isa, xs, &mut got);
-                assert_eq!(got, expect, "block {k} {isa:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn zero_columns_give_zeros() {
-        for dtype in DTYPES {
-            let w = MatMulWeight::new(dtype, 5, 0, &[]).unwrap();
-            let mut y = vec![1f32; 2 * 5];
-            matmul(&w, &[], 2, &mut y);
-            assert!(y.iter().all(|&v| v == 0.0));
-        }
-    }
-
-    #[test]
-    fn extreme_codes_and_scales_do_not_overflow() {
-        // Every code and scale at its maximum, activations all at ±127: the 16-bit partial sums
-        // are at their largest.
-        let (rows, cols) = (8, 512);
-        for dtype in DTYPES {
-            for fill in [0xFFu8, 0x80, 0x7F] {
-                let mut wb = vec![fill; rows * dtype.bytes_for(cols).unwrap()];
-                for blk in wb.chunks_exact_mut(dtype.block_bytes()) {
-                    let at: &[usize] = if dtype == DType::Q6K { &[208] } else { &[0, 2] };
-                    for &o in at {
-                        blk[o..o + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-                    }
-                }
-                let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-                for xv in [1.0f32, -1.0] {
-                    let x = vec![xv; 3 * cols];
-                    let expect = reference(dtype, &wb, rows, cols, &x, 3);
-                    let act = prepare(&w, &x, 3, Isa::detect());
-                    for path in Isa::available() {
-                        let mut y = vec![0f32; 3 * rows];
-                        compute_tile(&w, &act, 3, 0..rows, &mut y, path);
-                        assert_eq!(y, expect, "{dtype} fill={fill:#x} x={xv} {path:?}");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn matmul_matches_dequantized_product() {
-        let mut rng = Rng(42);
-        let (rows, cols) = (37, 512);
-        for dtype in DTYPES {
-            let wb = random_rows(dtype, rows, cols, &mut rng);
-            let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-            let rb = dtype.bytes_for(cols).unwrap();
-            let mut wf = vec![0f32; rows * cols];
-            for j in 0..rows {
-                crate::quant::dequantize(
-                    dtype,
-                    &wb[j * rb..(j + 1) * rb],
-                    &mut wf[j * cols..(j + 1) * cols],
-                );
-            }
-            for n in [1, 2, 3, 4, 8, 16, 64, 100] {
-                let x = random_x(n * cols, &mut rng);
-                let mut y = vec![0f32; n * rows];
-                matmul(&w, &x, n, &mut y);
-                let exact = reference(dtype, &wb, rows, cols, &x, n);
-                assert_eq!(y, exact, "{dtype} n={n}: not GGML's dot");
-                for r in 0..n {
-                    let xr = &x[r * cols..(r + 1) * cols];
-                    let q = quantize_row_q8_k(xr);
-                    for j in 0..rows {
-                        let wr = &wf[j * cols..(j + 1) * cols];
-                        let f: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        // Q8_K rounds each activation by at most |d|/2 of its block.
-                        let bound: f64 = wr
-                            .chunks_exact(QK_K)
-                            .zip(&q)
-                            .map(|(wb, qb)| {
-                                wb.iter().map(|v| v.abs() as f64).sum::<f64>() * qb.d.abs() as f64
-                                    / 2.0
-                            })
-                            .sum();
-                        let err = (y[r * rows + j] as f64 - f).abs();
-                        assert!(
-                            err <= bound * 1.01 + 1e-4,
-                            "{dtype} n={n} r={r} j={j}: err {err} bound {bound}"
-                        );
-                    }
-                }
-            }
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! AVX512-VNNI kernels (on 256-bit vectors) for the legacy formats: `vpdpbusd` multiplies the
 //! four unsigned weight codes of each lane with the four broadcast activation bytes and adds the
 //! sum to 32-bit lanes in one instruction, replacing the AVX2 path's `maddubs` + add (+ `madd`).
-//! Same integer dot products and the same float epilogue as `legacy.rs`'s portable kernel, so
+//! Same integer dot products and the same float epilogue as the portable (`mod.rs`) kernel, so
 //! the results are identical; see that file for the packed layout.
 //!
 //! Since `vpdpbusd` cannot saturate, Q8_0 weights are made unsigned by flipping their sign bit
@@ -9,16 +9,14 @@
 //! integer accumulators start at minus that correction; with fewer than four activation rows
 //! each row uses two accumulators (even and odd code registers) to halve the dependency chain.
 
-#![cfg(target_arch = "x86_64")]
-
 use std::arch::x86_64::*;
 
-use super::legacy::{offsets, XTile, GROUP};
+use super::{offsets, XTile, GROUP};
 use crate::quant::legacy::QK;
 use crate::quant::DType;
 
 /// Accumulates `kn` packed blocks of one weight group into `acc[r][i]` for `xr` (1..=8)
-/// activation rows (AVX-512VL gives 32 vector registers); see `legacy_avx2::kernel`.
+/// activation rows (AVX-512VL gives 32 vector registers); see `avx2::kernel`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C and AVX-512 F/VL/VNNI (`Isa::vnni`); `w` must hold `kn` packed blocks of `dtype` and `x` cover `xr`
@@ -87,7 +85,7 @@ pub(crate) unsafe fn kernel(
     }
 }
 
-use super::legacy_avx2::prefetch;
+use super::avx2::prefetch;
 
 /// Broadcasts the four activation bytes at `p` to every 32-bit lane.
 #[inline(always)]
@@ -95,7 +93,7 @@ unsafe fn bcast4(p: *const i8) -> __m256i {
     _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
 }
 
-/// As `legacy_avx2::high_bits`.
+/// As `avx2::high_bits`.
 #[inline(always)]
 unsafe fn high_bits(h: __m256i, k: usize) -> __m256i {
     match k {

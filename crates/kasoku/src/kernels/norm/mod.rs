@@ -1,0 +1,65 @@
+//! RMSNorm: `y = w · x / sqrt(mean(x²) + eps)`, row by row, in f32.
+//!
+//! The "(1 + w)" form of Qwen3.5 checkpoints is handled by the caller adding 1 to the weight
+//! once at load (as GGUF converters do), so there is one kernel. The sum of squares is taken
+//! in f64 (as ggml does), the scale and products in f32. Portable path plus an AVX2/FMA path
+//! chosen at run time; both compute the same function (they differ only in f64 summation
+//! order).
+
+use super::simd::Isa;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(test)]
+mod tests;
+
+/// Normalises each row of `x` (rows of `weight.len()` values) into `out`.
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    assert!(
+        d > 0 && x.len().is_multiple_of(d),
+        "rmsnorm: x is not a whole number of rows"
+    );
+    assert_eq!(x.len(), out.len(), "rmsnorm: out has the wrong length");
+    let isa = Isa::detect();
+    for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        row(isa, xr, weight, eps, yr);
+    }
+}
+
+/// Normalises each row of `x` in place.
+pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    assert!(
+        d > 0 && x.len().is_multiple_of(d),
+        "rmsnorm: x is not a whole number of rows"
+    );
+    let isa = Isa::detect();
+    let mut tmp = vec![0f32; d];
+    for xr in x.chunks_exact_mut(d) {
+        row(isa, xr, weight, eps, &mut tmp);
+        xr.copy_from_slice(&tmp);
+    }
+}
+
+fn row(isa: Isa, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
+        // (`kernels::simd`).
+        unsafe { avx2::row(x, w, eps, y) };
+        return;
+    }
+    let _ = isa;
+    portable::row(x, w, eps, y);
+}
+
+mod portable {
+    pub fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+        let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+        for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
