@@ -5,8 +5,10 @@
 //! products have one folder per format family, each implementing `matmul::Format`.
 //!
 //! Tasks on the worker pool ([`threads`]) write their outputs through [`threads::parts`], so
-//! kernels hold no raw pointers; work memory is reused from call to call (`scratch`). Every
-//! `unsafe` block says why it is sound (enforced below).
+//! kernels hold no raw pointers; memory is reused from call to call (`scratch`, and work areas
+//! that the caller lends the pool's threads), so a call whose shapes were seen before
+//! allocates nothing, on any thread (`tests/kernels_no_alloc.rs`). Every `unsafe` block says
+//! why it is sound (enforced below).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 

@@ -14,7 +14,10 @@
 //! projections around it, so there is one portable path, written so that the compiler
 //! vectorises the tap loop; no hand-written SIMD.
 
+use std::cell::Cell;
+
 use super::activation::silu;
+use super::scratch;
 
 #[cfg(test)]
 mod tests;
@@ -101,45 +104,52 @@ pub fn causal_conv1d_silu(taps: &ConvTaps, state: &mut [f32], x: &[f32], n: usiz
             *o = silu(*o);
         }
     }
-    // New state: the last `hist` rows of [state | x].
-    if hist > 0 {
-        let total = hist + n;
-        let mut next = vec![0f32; hist * ch];
-        for r in 0..hist {
-            next[r * ch..(r + 1) * ch].copy_from_slice(row(total - hist + r));
-        }
-        state.copy_from_slice(&next);
+    // New state: the last `hist` rows of [state | x] (the state's own rows moved up first).
+    if n >= hist {
+        state.copy_from_slice(&x[(n - hist) * ch..]);
+    } else {
+        state.copy_within(n * ch.., 0);
+        state[(hist - n) * ch..].copy_from_slice(x);
     }
 }
 
-/// The inputs a tree node's convolution window reads, oldest first: its `K-1` predecessors
-/// along parent pointers (`parents[i] < i`, `usize::MAX` for a root), continuing into the
-/// committed `state` above the root, then the node itself.
-fn tree_window<'a>(
-    state: &'a [f32],
-    x: &'a [f32],
-    parents: &[usize],
-    ch: usize,
-    k: usize,
-    node: usize,
-) -> Vec<&'a [f32]> {
+/// The rows a tree node's convolution window reads, oldest first, into `rows`: its `K-1`
+/// predecessors along parent pointers (`parents[i] < i`, `usize::MAX` for a root), continuing
+/// into the committed state above the root, then the node itself. A row is named by its place
+/// in the virtual sequence [state rows | x rows]: state row `r` is `r`, node `i` is
+/// `K - 1 + i`.
+fn tree_window(parents: &[usize], k: usize, node: usize, rows: &mut Vec<usize>) {
     let hist = k - 1;
-    let mut rows: Vec<&[f32]> = Vec::with_capacity(k);
+    rows.clear();
     let mut at = node;
     let mut in_state = hist; // rows of the state still unread, from the newest
-    rows.push(&x[at * ch..(at + 1) * ch]);
+    rows.push(hist + at);
     while rows.len() < k {
         if at != usize::MAX && parents[at] != usize::MAX {
             at = parents[at];
-            rows.push(&x[at * ch..(at + 1) * ch]);
+            rows.push(hist + at);
         } else {
             at = usize::MAX;
             in_state -= 1;
-            rows.push(&state[in_state * ch..(in_state + 1) * ch]);
+            rows.push(in_state);
         }
     }
     rows.reverse();
-    rows
+}
+
+/// Row `v` of the virtual sequence [state rows | x rows] (see [`tree_window`]).
+fn window_row<'a>(state: &'a [f32], x: &'a [f32], ch: usize, hist: usize, v: usize) -> &'a [f32] {
+    if v < hist {
+        &state[v * ch..(v + 1) * ch]
+    } else {
+        &x[(v - hist) * ch..(v - hist + 1) * ch]
+    }
+}
+
+thread_local! {
+    /// The calling thread's window rows, and the state being committed.
+    static WINDOW: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
+    static NEXT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// [`causal_conv1d_silu`] for the nodes of a token tree (`x`: `n × channels`, `parents` as
@@ -159,21 +169,25 @@ pub fn tree_conv1d_silu(
         x.len() == n * ch && y.len() == n * ch,
         "conv1d: tree lengths"
     );
-    for i in 0..n {
-        let rows = tree_window(state, x, parents, ch, k, i);
-        let out = &mut y[i * ch..(i + 1) * ch];
-        for ((o, a), w) in out.iter_mut().zip(rows[0]).zip(taps.tap(0)) {
-            *o = a * w;
-        }
-        for (j, row) in rows.iter().enumerate().skip(1) {
-            for ((o, a), w) in out.iter_mut().zip(*row).zip(taps.tap(j)) {
-                *o += a * w;
+    let hist = k - 1;
+    scratch::with(&WINDOW, |rows| {
+        for i in 0..n {
+            tree_window(parents, k, i, rows);
+            let row = |j: usize| window_row(state, x, ch, hist, rows[j]);
+            let out = &mut y[i * ch..(i + 1) * ch];
+            for ((o, a), w) in out.iter_mut().zip(row(0)).zip(taps.tap(0)) {
+                *o = a * w;
+            }
+            for j in 1..k {
+                for ((o, a), w) in out.iter_mut().zip(row(j)).zip(taps.tap(j)) {
+                    *o += a * w;
+                }
+            }
+            for o in out.iter_mut() {
+                *o = silu(*o);
             }
         }
-        for o in out.iter_mut() {
-            *o = silu(*o);
-        }
-    }
+    });
 }
 
 /// The conv state after committing the tree path that ends at `node`: the last `K-1` inputs
@@ -186,8 +200,16 @@ pub fn tree_conv_commit(
     node: usize,
 ) {
     let (ch, k) = (taps.channels, taps.kernel);
-    assert_eq!(state.len(), (k - 1) * ch, "conv1d: state length");
-    let rows = tree_window(state, x, parents, ch, k, node);
-    let next: Vec<f32> = rows[1..].concat();
-    state.copy_from_slice(&next);
+    let hist = k - 1;
+    assert_eq!(state.len(), hist * ch, "conv1d: state length");
+    scratch::with(&WINDOW, |rows| {
+        scratch::with(&NEXT, |next| {
+            tree_window(parents, k, node, rows);
+            let next = scratch::grow(next, hist * ch);
+            for (dst, &v) in next.chunks_exact_mut(ch).zip(&rows[1..]) {
+                dst.copy_from_slice(window_row(state, x, ch, hist, v));
+            }
+            state.copy_from_slice(next);
+        })
+    });
 }

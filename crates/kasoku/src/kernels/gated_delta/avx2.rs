@@ -9,16 +9,24 @@ use std::arch::x86_64::*;
 /// The recurrent form with one pass over the state per token: the update of token t is
 /// fused with the projections `Sᵀk`, `Sᵀq` that token t+1 needs.
 ///
+/// `kv`, `sq` and `delta` are work vectors of `dv` values.
+///
 /// # Safety
 /// Requires AVX2 and FMA, `dv % 8 == 0`, `s.len() == dk·dv`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn recurrent_head(io: &HeadIo, n: usize, s: &mut [f32], out: &mut BlockMut<f32>) {
+pub unsafe fn recurrent_head(
+    io: &HeadIo,
+    n: usize,
+    s: &mut [f32],
+    out: &mut BlockMut<f32>,
+    kv: &mut [f32],
+    sq: &mut [f32],
+    delta: &mut [f32],
+) {
     let (dk, dv) = (io.dims.dk, io.dims.dv);
-    debug_assert!(dv % 8 == 0 && s.len() == dk * dv);
-    let mut kv = vec![0f32; dv];
-    let mut sq = vec![0f32; dv];
-    let mut delta = vec![0f32; dv];
-    project(s, dk, dv, io.k(0), io.q(0), &mut kv, &mut sq);
+    assert!(dv % 8 == 0 && s.len() == dk * dv);
+    assert!(kv.len() == dv && sq.len() == dv && delta.len() == dv);
+    project(s, dk, dv, io.k(0), io.q(0), kv, sq);
     for t in 0..n {
         let (q, k, v) = (io.q(t), io.k(t), io.v(t));
         let alpha = io.g(t).exp();
@@ -30,20 +38,9 @@ pub unsafe fn recurrent_head(io: &HeadIo, n: usize, s: &mut [f32], out: &mut Blo
             o[j] = alpha * sq[j] + qk * delta[j];
         }
         if t + 1 < n {
-            update_project(
-                s,
-                dk,
-                dv,
-                alpha,
-                k,
-                &delta,
-                io.k(t + 1),
-                io.q(t + 1),
-                &mut kv,
-                &mut sq,
-            );
+            update_project(s, dk, dv, alpha, k, delta, io.k(t + 1), io.q(t + 1), kv, sq);
         } else {
-            update(s, dk, dv, alpha, k, &delta);
+            update(s, dk, dv, alpha, k, delta);
         }
     }
 }

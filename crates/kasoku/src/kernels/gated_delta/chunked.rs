@@ -33,14 +33,15 @@ pub(crate) fn chunked_with(
         return;
     }
     let d = *dims;
-    for_each_head(dims, n, state, out, |h, s, o| {
+    let work_len = ChunkScratch::len(chunk, d.dk, d.dv);
+    for_each_head(dims, n, state, out, work_len, |h, s, o, work| {
         let io = HeadIo {
             inp,
             dims: d,
             h,
             kh: d.key_head(h),
         };
-        let mut scratch = ChunkScratch::new(chunk, d.dk, d.dv);
+        let mut scratch = ChunkScratch::carve(work, chunk, d.dk, d.dv);
         let mut t0 = 0;
         while t0 < n {
             let c = chunk.min(n - t0);
@@ -50,36 +51,55 @@ pub(crate) fn chunked_with(
     });
 }
 
-/// Work buffers of one head's chunk (sized for the longest chunk).
-pub(super) struct ChunkScratch {
+/// Work buffers of one head's chunk (sized for the longest chunk), carved from its work
+/// memory.
+pub(super) struct ChunkScratch<'w> {
     /// `[K; Q]`: `2c × dk`.
-    kq: Vec<f32>,
+    kq: &'w mut [f32],
     /// `Kᵀ`: `dk × c` (columns later scaled for the state update).
-    kt: Vec<f32>,
+    kt: &'w mut [f32],
     /// `v`, then the right-hand side, then the solution `u`: `c × dv`.
-    u: Vec<f32>,
+    u: &'w mut [f32],
     /// `[K S0; Q S0]`: `2c × dv`.
-    ks: Vec<f32>,
+    ks: &'w mut [f32],
     /// `[K Kᵀ; Q Kᵀ]`: `2c × c`, turned in place into the masked, decayed `A` and `P`.
-    gram: Vec<f32>,
+    gram: &'w mut [f32],
     /// Outputs: `c × dv`.
-    o: Vec<f32>,
-    /// Running log-decay `G` and `β`.
-    gcum: Vec<f32>,
-    beta: Vec<f32>,
+    o: &'w mut [f32],
+    /// Running log-decay `G`, `β`, and the decays `e^{G_c − G_j}` of the state update.
+    gcum: &'w mut [f32],
+    beta: &'w mut [f32],
+    fac: &'w mut [f32],
 }
 
-impl ChunkScratch {
-    pub(super) fn new(chunk: usize, dk: usize, dv: usize) -> Self {
+impl<'w> ChunkScratch<'w> {
+    /// The values [`ChunkScratch::carve`] takes.
+    pub(super) fn len(chunk: usize, dk: usize, dv: usize) -> usize {
+        3 * chunk * dk + 4 * chunk * dv + 2 * chunk * chunk + 3 * chunk
+    }
+
+    /// The buffers for chunks of up to `chunk` tokens, from `work` (at least
+    /// [`ChunkScratch::len`] values).
+    pub(super) fn carve(work: &'w mut [f32], chunk: usize, dk: usize, dv: usize) -> Self {
+        let (kq, rest) = work.split_at_mut(2 * chunk * dk);
+        let (kt, rest) = rest.split_at_mut(dk * chunk);
+        let (u, rest) = rest.split_at_mut(chunk * dv);
+        let (ks, rest) = rest.split_at_mut(2 * chunk * dv);
+        let (gram, rest) = rest.split_at_mut(2 * chunk * chunk);
+        let (o, rest) = rest.split_at_mut(chunk * dv);
+        let (gcum, rest) = rest.split_at_mut(chunk);
+        let (beta, rest) = rest.split_at_mut(chunk);
+        let fac = &mut rest[..chunk];
         ChunkScratch {
-            kq: vec![0.0; 2 * chunk * dk],
-            kt: vec![0.0; dk * chunk],
-            u: vec![0.0; chunk * dv],
-            ks: vec![0.0; 2 * chunk * dv],
-            gram: vec![0.0; 2 * chunk * chunk],
-            o: vec![0.0; chunk * dv],
-            gcum: vec![0.0; chunk],
-            beta: vec![0.0; chunk],
+            kq,
+            kt,
+            u,
+            ks,
+            gram,
+            o,
+            gcum,
+            beta,
+            fac,
         }
     }
 }
@@ -91,7 +111,7 @@ pub(super) fn chunk_head(
     t0: usize,
     c: usize,
     s: &mut [f32],
-    w: &mut ChunkScratch,
+    w: &mut ChunkScratch<'_>,
     out: &mut BlockMut<f32>,
 ) {
     let (dk, dv) = (io.dims.dk, io.dims.dv);
@@ -186,9 +206,12 @@ pub(super) fn chunk_head(
     for x in s.iter_mut() {
         *x *= decay;
     }
-    let fac: Vec<f32> = gc.iter().map(|&g| (glast - g).exp()).collect();
+    let fac = &mut w.fac[..c];
+    for (f, &g) in fac.iter_mut().zip(gc) {
+        *f = (glast - g).exp();
+    }
     for row in kt.chunks_exact_mut(c) {
-        for (x, f) in row.iter_mut().zip(&fac) {
+        for (x, f) in row.iter_mut().zip(&*fac) {
             *x *= f;
         }
     }

@@ -29,7 +29,10 @@
 //! Files: the recurrent form (`recurrent.rs`), the chunked form (`chunked.rs`), the tree form
 //! and its commit (`tree.rs`); inputs, gates and the dispatch are here.
 
+use std::cell::Cell;
+
 use super::activation::sigmoid;
+use super::scratch;
 use super::simd::Isa;
 use super::threads::{self, parts::BlockMut, Blocks, Work};
 
@@ -216,18 +219,28 @@ impl HeadIo<'_> {
 /// Runs `f(head, its state, its output)` for every value head in parallel: head `h` owns
 /// `state[h·dk·dv..][..dk·dv]` and columns `h·dv..(h + 1)·dv` of each of the `n` token rows of
 /// `out`.
+/// Each head gets `work_len` values of work memory (the calling thread's, reused across calls).
 fn for_each_head(
     dims: &GdnDims,
     n: usize,
     state: &mut [f32],
     out: &mut [f32],
-    f: impl Fn(usize, &mut [f32], &mut BlockMut<f32>) + Sync,
+    work_len: usize,
+    f: impl Fn(usize, &mut [f32], &mut BlockMut<f32>, &mut [f32]) + Sync,
 ) {
     let parts = (
         Blocks::chunks(state, dims.dk * dims.dv),
         Blocks::new(out, n, dims.dv),
     );
-    threads::for_each(dims.nv, parts, Work::none(), |h, (s, mut o), _| {
-        f(h, s.into_slice(), &mut o)
+    scratch::with(&WORK, |buf| {
+        let work = Work::new(buf, work_len);
+        threads::for_each(dims.nv, parts, work, |h, (s, mut o), work| {
+            f(h, s.into_slice(), &mut o, work)
+        });
     });
+}
+
+thread_local! {
+    /// The calling thread's work memory for its head tasks.
+    static WORK: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }

@@ -24,64 +24,61 @@ pub(crate) fn recurrent_with(
         return;
     }
     let d = *dims;
-    for_each_head(dims, n, state, out, |h, s, o| {
+    for_each_head(dims, n, state, out, 3 * d.dv, |h, s, o, work| {
         let io = HeadIo {
             inp,
             dims: d,
             h,
             kh: d.key_head(h),
         };
-        recurrent_head(isa, &io, n, s, o);
+        recurrent_head(isa, &io, n, s, o, work);
     });
 }
 
-/// One head's recurrent form on the best path `isa` allows.
+/// One head's recurrent form on the best path `isa` allows, with `work` of at least `3·dv`
+/// values.
 pub(super) fn recurrent_head(
     isa: Isa,
     io: &HeadIo,
     n: usize,
     s: &mut [f32],
     out: &mut BlockMut<f32>,
+    work: &mut [f32],
 ) {
+    let dv = io.dims.dv;
+    let (kv, rest) = work.split_at_mut(dv);
+    let (sq, rest) = rest.split_at_mut(dv);
+    let delta = &mut rest[..dv];
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && io.dims.dv.is_multiple_of(8) {
+    if isa.avx2() && dv.is_multiple_of(8) {
         // SAFETY: an `Isa` with AVX2 exists only on CPUs with AVX2, FMA and F16C
-        // (`kernels::simd`); `dv % 8 == 0` and `s` is one head's state (`check`).
-        unsafe { super::avx2::recurrent_head(io, n, s, out) };
+        // (`kernels::simd`); `dv % 8 == 0`, `s` is one head's state (`check`) and the work
+        // vectors have `dv` values.
+        unsafe { super::avx2::recurrent_head(io, n, s, out, kv, sq, delta) };
         return;
     }
-    let _ = isa;
-    recurrent_head_portable(io, n, s, out);
+    let _ = (isa, sq);
+    recurrent_head_portable(io, n, s, out, kv, delta);
 }
 
 /// Per token: `kv = Sᵀk`, `sq = Sᵀq` from the old state, then with `α = e^g`:
 /// `δ = β(v − α·kv)`, `o = α·sq + (q·k)·δ` (= the updated state read with q) and
 /// `S = α·S + k ⊗ δ`.
-pub(super) fn recurrent_head_portable(
+fn recurrent_head_portable(
     io: &HeadIo,
     n: usize,
     s: &mut [f32],
     out: &mut BlockMut<f32>,
+    kv: &mut [f32],
+    delta: &mut [f32],
 ) {
     let (dk, dv) = (io.dims.dk, io.dims.dv);
-    let mut kv = vec![0f32; dv];
-    let mut delta = vec![0f32; dv];
     for t in 0..n {
         let (q, k, v) = (io.q(t), io.k(t), io.v(t));
         let alpha = io.g(t).exp();
         let o = out.row(t);
-        portable_step(
-            s,
-            dk,
-            dv,
-            (q, k, v),
-            alpha,
-            io.beta(t),
-            &mut kv,
-            o,
-            &mut delta,
-        );
-        portable_update(s, dk, dv, alpha, k, &delta);
+        portable_step(s, dk, dv, (q, k, v), alpha, io.beta(t), kv, o, delta);
+        portable_update(s, dk, dv, alpha, k, delta);
     }
 }
 

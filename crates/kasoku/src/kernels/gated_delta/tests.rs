@@ -382,11 +382,13 @@ fn bench_crossover() {
         };
         let mut line = format!("n={n:4} ns/token/head:");
         for path in paths() {
-            let r = time(&mut |s| recurrent_head(path, &io, n, s, &mut out));
+            let mut work = vec![0f32; 3 * d.dv];
+            let r = time(&mut |s| recurrent_head(path, &io, n, s, &mut out, &mut work));
             line += &format!("  {path:?} recurrent {r:6.0}");
             for chunk in [16, 32, 64] {
                 if chunk <= n.max(16) {
-                    let mut w = ChunkScratch::new(chunk, d.dk, d.dv);
+                    let mut buf = vec![0f32; ChunkScratch::len(chunk, d.dk, d.dv)];
+                    let mut w = ChunkScratch::carve(&mut buf, chunk, d.dk, d.dv);
                     let c = time(&mut |s| {
                         let mut t0 = 0;
                         while t0 < n {

@@ -13,7 +13,10 @@
 //! `S ← e^{g}·S + k ⊗ δ` for one accepted node, which is exactly decoding's state update, so
 //! the committed state equals plain decoding's bit for bit.
 
+use std::cell::Cell;
+
 use super::{GdnDims, GdnInputs, HeadIo};
+use crate::kernels::scratch;
 use crate::kernels::simd::Isa;
 use crate::kernels::threads::{self, Blocks, Work};
 
@@ -48,8 +51,39 @@ pub(crate) fn tree_recurrent_with(
     if n == 0 {
         return;
     }
-    let mut depth = vec![0usize; n];
-    let mut has_child = vec![false; n];
+    scratch::with(&DEPTHS, |depth| {
+        scratch::with(&HAS_CHILD, |has_child| {
+            tree_nodes(
+                isa, dims, inp, parents, state, out, deltas, depth, has_child,
+            )
+        })
+    })
+}
+
+thread_local! {
+    /// The calling thread's node depths and has-children flags.
+    static DEPTHS: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
+    static HAS_CHILD: Cell<Vec<bool>> = const { Cell::new(Vec::new()) };
+}
+
+/// [`tree_recurrent_with`] with memory for the nodes' depths and has-children flags.
+#[allow(clippy::too_many_arguments)]
+fn tree_nodes(
+    isa: Isa,
+    dims: &GdnDims,
+    inp: &GdnInputs,
+    parents: &[usize],
+    state: &[f32],
+    out: &mut [f32],
+    deltas: &mut [f32],
+    depth: &mut Vec<usize>,
+    has_child: &mut Vec<bool>,
+) {
+    let n = parents.len();
+    depth.clear();
+    depth.resize(n, 0);
+    has_child.clear();
+    has_child.resize(n, false);
     for (i, &p) in parents.iter().enumerate() {
         if p != usize::MAX {
             assert!(
@@ -63,35 +97,42 @@ pub(crate) fn tree_recurrent_with(
     let max_depth = depth.iter().copied().max().unwrap_or(0);
     let d = *dims;
     let per_head = d.dk * d.dv;
+    let (depth, has_child) = (&*depth, &*has_child);
     let parts = (Blocks::new(out, n, d.dv), Blocks::new(deltas, n, d.dv));
-    threads::for_each(d.nv, parts, Work::none(), |h, (mut out, mut deltas), _| {
-        let io = HeadIo {
-            inp,
-            dims: d,
-            h,
-            kh: d.key_head(h),
-        };
-        let s0 = &state[h * per_head..(h + 1) * per_head];
-        // Slot `l` holds the state after the last node seen at depth `l` that has children.
-        let mut slots = vec![0f32; max_depth * per_head];
-        let mut kv = vec![0f32; d.dv];
-        let mut sq = vec![0f32; d.dv];
-        for i in 0..n {
-            let (o, delta) = (out.row(i), deltas.row(i));
-            let (before, after) = slots.split_at_mut(depth[i] * per_head);
-            let s_in: &[f32] = if parents[i] == usize::MAX {
-                s0
-            } else {
-                &before[(depth[i] - 1) * per_head..]
+    // Per head: a state per depth, and two vectors of the step.
+    let work_len = max_depth * per_head + 2 * d.dv;
+    scratch::with(&super::WORK, |buf| {
+        let work = Work::new(buf, work_len);
+        threads::for_each(d.nv, parts, work, |h, (mut out, mut deltas), work| {
+            let io = HeadIo {
+                inp,
+                dims: d,
+                h,
+                kh: d.key_head(h),
             };
-            let alpha = io.g(i).exp();
-            step(isa, &io, i, alpha, s_in, &mut kv, &mut sq, o, delta);
-            if has_child[i] {
-                let s_out = &mut after[..per_head];
-                s_out.copy_from_slice(s_in);
-                update(isa, &d, s_out, alpha, io.k(i), delta);
+            let s0 = &state[h * per_head..(h + 1) * per_head];
+            // Slot `l` holds the state after the last node seen at depth `l` that has
+            // children (written before any child reads it).
+            let (slots, rest) = work.split_at_mut(max_depth * per_head);
+            let (kv, rest) = rest.split_at_mut(d.dv);
+            let sq = &mut rest[..d.dv];
+            for i in 0..n {
+                let (o, delta) = (out.row(i), deltas.row(i));
+                let (before, after) = slots.split_at_mut(depth[i] * per_head);
+                let s_in: &[f32] = if parents[i] == usize::MAX {
+                    s0
+                } else {
+                    &before[(depth[i] - 1) * per_head..]
+                };
+                let alpha = io.g(i).exp();
+                step(isa, &io, i, alpha, s_in, kv, sq, o, delta);
+                if has_child[i] {
+                    let s_out = &mut after[..per_head];
+                    s_out.copy_from_slice(s_in);
+                    update(isa, &d, s_out, alpha, io.k(i), delta);
+                }
             }
-        }
+        });
     });
 }
 

@@ -6,6 +6,9 @@
 //! chosen at run time; both compute the same function (they differ only in f64 summation
 //! order).
 
+use std::cell::Cell;
+
+use super::scratch;
 use super::simd::Isa;
 
 #[cfg(target_arch = "x86_64")]
@@ -35,11 +38,18 @@ pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
         "rmsnorm: x is not a whole number of rows"
     );
     let isa = Isa::detect();
-    let mut tmp = vec![0f32; d];
-    for xr in x.chunks_exact_mut(d) {
-        row(isa, xr, weight, eps, &mut tmp);
-        xr.copy_from_slice(&tmp);
-    }
+    scratch::with(&ROW, |buf| {
+        let tmp = scratch::grow(buf, d);
+        for xr in x.chunks_exact_mut(d) {
+            row(isa, xr, weight, eps, tmp);
+            xr.copy_from_slice(tmp);
+        }
+    });
+}
+
+thread_local! {
+    /// The calling thread's normalised row.
+    static ROW: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 fn row(isa: Isa, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {

@@ -7,8 +7,17 @@
 //! `(x[2i], x[2i + 1])` in the [`RopeLayout::Interleaved`] layout (GPT-J; llama.cpp's GGUF
 //! conversion of Llama permutes Q/K rows into it). Dims `rot_dim..head_dim` pass through.
 
+use std::cell::Cell;
+
+use super::scratch;
+
 #[cfg(test)]
 mod tests;
+
+thread_local! {
+    /// The calling thread's cosines and sines of one position.
+    static COS_SIN: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
 
 /// Which dims of a head form a rotated pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,8 +132,22 @@ impl Rope {
             "rope: x does not match positions"
         );
         let half = self.rot_dim / 2;
-        let mut cos = vec![0f32; half];
-        let mut sin = vec![0f32; half];
+        scratch::with(&COS_SIN, |buf| {
+            let (cos, sin) = scratch::grow(buf, 2 * half).split_at_mut(half);
+            self.rotate(x, row, positions, cos, sin)
+        })
+    }
+
+    /// [`Rope::apply`] with memory for one position's cosines and sines.
+    fn rotate(
+        &self,
+        x: &mut [f32],
+        row: usize,
+        positions: &[usize],
+        cos: &mut [f32],
+        sin: &mut [f32],
+    ) {
+        let half = self.rot_dim / 2;
         for (xr, &p) in x.chunks_exact_mut(row).zip(positions) {
             for i in 0..half {
                 // The angle is rounded to f32 first, as Hugging Face computes it.

@@ -118,7 +118,8 @@ pub fn parallel_for(tasks: usize, f: impl Fn(usize) + Sync + Send) {
 /// run at the same time.
 pub(crate) fn parallel_for_slots(tasks: usize, slots: usize, f: impl Fn(usize, usize) + Sync) {
     let p = pool();
-    let threads = p.threads.load(Ordering::Relaxed).min(slots);
+    let all = p.threads.load(Ordering::Relaxed);
+    let threads = all.min(slots);
     if tasks <= 1
         || threads <= 1
         || p.busy
@@ -128,7 +129,9 @@ pub(crate) fn parallel_for_slots(tasks: usize, slots: usize, f: impl Fn(usize, u
         (0..tasks).for_each(|t| f(t, 0));
         return;
     }
-    p.ensure_workers(threads - 1);
+    // Every worker the pool may use, so that a later job with more tasks does not spawn one
+    // (and allocate) after the first.
+    p.ensure_workers(all - 1);
     let f_ref: &(dyn Fn(usize, usize) + Sync) = &f;
     // SAFETY: erases the closure's lifetime; `run` does not return before every worker that
     // entered the job has left it, and none can enter after it is closed.
