@@ -6,6 +6,7 @@
 //! - [`tokenizer`]: tokenizers from GGUF metadata or tokenizer.json, chat templates.
 //! - [`kernels`]: CPU compute (quantized matmul, norms, RoPE, attention, Gated DeltaNet, conv1d).
 //! - [`model`]: architectures assembled from parts, per-layer state, tree verification.
+//! - [`constraint`]: the hook of constrained decoding (which tokens may come next).
 //! - [`spec`]: speculative decoding's drafters, acceptance rule and budget policy (its
 //!   acceptance walk calls the engine's pure sampler).
 //! - [`engine`]: sessions, sampling, the decode loop, statistics.
@@ -13,6 +14,7 @@
 //! Fetching models by name lives in the `kasoku-fetch` crate, serving them over HTTP in
 //! `kasoku-server`.
 
+pub mod constraint;
 pub mod engine;
 pub mod format;
 pub mod kernels;

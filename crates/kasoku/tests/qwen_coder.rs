@@ -29,6 +29,7 @@ fn greedy_fibonacci_is_valid_python() {
         sampling: SamplingParams::default(),
         max_tokens: 160,
         stop_tokens: engine::stop_tokens(&model),
+        constraint: None,
     };
     let mut session = Session::new(Arc::clone(&model.model), 512);
     // The model closes its code with a Markdown fence and then explains it: stop there.

@@ -26,6 +26,7 @@ fn options(temperature: f32, seed: u64, max_tokens: usize) -> GenerateOptions {
         },
         max_tokens,
         stop_tokens: Vec::new(),
+        constraint: None,
     }
 }
 

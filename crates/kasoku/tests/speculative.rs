@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
+use kasoku::constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
 use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator};
 use kasoku::model::{Model, TokenTree};
 use kasoku::quant::DType;
@@ -50,6 +51,7 @@ fn generate(
         sampling: sampling.clone(),
         max_tokens: TOKENS,
         stop_tokens: Vec::new(),
+        constraint: None,
     };
     let g = session
         .generate(prompt, &options, &mut |_| Flow::Continue)
@@ -232,6 +234,7 @@ fn drafters_receive_the_targets_features_of_committed_tokens() {
             sampling: SamplingParams::default(),
             max_tokens: 60,
             stop_tokens: Vec::new(),
+            constraint: None,
         };
         session
             .generate(&prompt, &options, &mut |_| Flow::Continue)
@@ -250,4 +253,84 @@ fn drafters_receive_the_targets_features_of_committed_tokens() {
         assert_eq!(bits(&rec.hidden), bits(&hidden), "{rel}: hidden states");
         assert_eq!(bits(&rec.taps), bits(&taps), "{rel}: layer outputs");
     }
+}
+
+/// A toy grammar over a four-token alphabet: never the same token twice in a row, and a
+/// token ≥ 32 only after token 7.
+#[derive(Clone)]
+struct NoRepeat {
+    vocab: usize,
+    last: Option<u32>,
+}
+
+impl NoRepeat {
+    const ALPHABET: [u32; 4] = [7, 11, 40, 53];
+}
+
+impl TokenConstraint for NoRepeat {
+    fn mask(&mut self) -> Result<TokenMask, ConstraintError> {
+        let mut m = TokenMask::none(self.vocab);
+        for t in Self::ALPHABET {
+            if Some(t) != self.last && (t < 32 || self.last == Some(7)) {
+                m.allow(t);
+            }
+        }
+        Ok(m)
+    }
+    fn advance(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if !self.mask()?.is_allowed(token) {
+            return Err(ConstraintError(format!("{token} not allowed")));
+        }
+        self.last = Some(token);
+        Ok(())
+    }
+    fn fork(&self) -> Box<dyn TokenConstraint> {
+        Box::new(self.clone())
+    }
+}
+
+/// Under a constraint, speculative decoding still gives plain decoding's tokens (the
+/// acceptance walk samples every node from the masked distribution), greedy and sampled, with
+/// a drafter that knows nothing of the constraint; and every token obeys it.
+#[test]
+fn constrained_speculation_equals_constrained_plain_decoding() {
+    let mut accepted = 0;
+    for rel in ["llama/tiny/model-f32.gguf", "qwen3_5/tiny/model-f32.gguf"] {
+        let target = load(rel);
+        let vocab = target.config.vocab;
+        let constraint = Constraint::new(NoRepeat { vocab, last: None });
+        let prompt: Vec<u32> = vec![1, 7, 11, 7, 40, 11, 53, 7];
+        for (name, sampling) in samplings() {
+            let options = GenerateOptions {
+                sampling: sampling.clone(),
+                max_tokens: 120,
+                stop_tokens: Vec::new(),
+                constraint: Some(constraint.clone()),
+            };
+            let run = |session: &mut Session| {
+                let g = session
+                    .generate(&prompt, &options, &mut |_| Flow::Continue)
+                    .unwrap();
+                (g.tokens, g.stats.spec)
+            };
+            let (plain, _) = run(&mut Session::new(target.clone(), 512));
+            assert_eq!(plain.len(), 120);
+            let mut check = NoRepeat { vocab, last: None };
+            for &t in &plain {
+                check.advance(t).unwrap();
+            }
+            for policy in policies() {
+                let mut session = Session::new(target.clone(), 512);
+                let drafter = Box::new(NgramDrafter::default());
+                session.set_speculator(Some(Speculator::new(drafter, policy)));
+                let (spec, stats) = run(&mut session);
+                assert_eq!(spec, plain, "{rel} {name} {policy:?}");
+                accepted += stats.unwrap().accepted_tokens();
+            }
+        }
+    }
+    assert!(
+        accepted > 0,
+        "no draft token was accepted under the constraint"
+    );
 }

@@ -479,6 +479,7 @@ mod tests {
             sampling: SamplingParams::default(),
             max_tokens,
             stop_tokens: Vec::new(),
+            constraint: None,
         }
     }
 

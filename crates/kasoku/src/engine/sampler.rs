@@ -7,6 +7,8 @@
 
 use std::collections::HashMap;
 
+use crate::constraint::TokenMask;
+
 /// Sampling parameters. `Default` is greedy with no penalties.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -97,14 +99,30 @@ impl SamplingParams {
 /// Picks the next token from `logits` for absolute `position`, given the context so far
 /// (`history`: every token before `position`, prompt included). A pure function of its inputs.
 pub fn sample(params: &SamplingParams, logits: &[f32], history: &[u32], position: usize) -> u32 {
+    sample_masked(params, logits, history, position, None)
+}
+
+/// [`sample`] over the tokens `mask` allows only (constrained decoding): the others get no
+/// probability, and the chain runs on what remains. `mask` must allow at least one token.
+pub fn sample_masked(
+    params: &SamplingParams,
+    logits: &[f32],
+    history: &[u32],
+    position: usize,
+    mask: Option<&TokenMask>,
+) -> u32 {
     let mut logits = logits.to_vec();
     apply_penalties(params, &mut logits, history);
+    if let Some(mask) = mask {
+        mask.apply(&mut logits);
+    }
     if params.is_greedy() {
         return argmax(&logits);
     }
     let mut candidates: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
+        .filter(|&(i, _)| mask.is_none_or(|m| m.is_allowed(i as u32)))
         .map(|(i, &l)| (i as u32, l))
         .collect();
     // Sort by logit, descending; ties broken by id for determinism.

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::sampler::{self, ParamError, SamplingParams};
 use super::speculative::Speculator;
 use super::stats::GenerationStats;
+use crate::constraint::{Constraint, ConstraintError, TokenConstraint};
 use crate::model::{Logits, Model, ModelError, ModelState, Outputs};
 
 /// What to generate.
@@ -17,6 +18,8 @@ pub struct GenerateOptions {
     pub max_tokens: usize,
     /// Tokens that end the answer (the model's end-of-generation tokens); not emitted.
     pub stop_tokens: Vec<u32>,
+    /// Constrained decoding: every sampled token is drawn from what this allows.
+    pub constraint: Option<Constraint>,
 }
 
 /// Why generation ended.
@@ -68,6 +71,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("{0}")]
     Draft(String),
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
 }
 
 /// A conversation's state. Cheap to create; the weights are shared.
@@ -170,11 +175,12 @@ impl Session {
             history: prompt.to_vec(),
             first_token_at: None,
             stats,
+            constraint: options.constraint.as_ref().map(Constraint::start),
         };
         let finish = if options.max_tokens == 0 {
             FinishReason::Length
         } else {
-            let first = sampler::sample(&options.sampling, &logits, &run.history, prompt.len());
+            let first = run.sample(&logits)?;
             match self.spec.take() {
                 Some(mut spec) => {
                     let r = spec.decode(self, &mut run, first, prompt, features.as_ref());
@@ -201,7 +207,7 @@ impl Session {
     fn decode_plain(&mut self, run: &mut Run, first: u32) -> Result<FinishReason, EngineError> {
         let mut token = first;
         loop {
-            if let Some(finish) = run.take(token) {
+            if let Some(finish) = run.take(token)? {
                 return Ok(finish);
             }
             if self.state.len() + 1 >= self.ctx_size() {
@@ -209,12 +215,7 @@ impl Session {
             }
             let logits = self.feed(&[token])?;
             run.stats.decode_passes += 1;
-            token = sampler::sample(
-                &run.options.sampling,
-                &logits,
-                &run.history,
-                run.history.len(),
-            );
+            token = run.sample(&logits)?;
             run.stats.decode_tokens += 1;
         }
     }
@@ -259,27 +260,45 @@ pub(super) struct Run<'a> {
     pub(super) history: Vec<u32>,
     pub(super) first_token_at: Option<Instant>,
     pub(super) stats: GenerationStats,
+    /// The constraint's state after the emitted tokens.
+    pub(super) constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl Run<'_> {
+    /// Samples the token after `history` from `logits`, under the constraint if any.
+    pub(super) fn sample(&mut self, logits: &[f32]) -> Result<u32, EngineError> {
+        let mask = self.constraint.as_mut().map(|c| c.mask()).transpose()?;
+        let position = self.history.len();
+        Ok(sampler::sample_masked(
+            &self.options.sampling,
+            logits,
+            &self.history,
+            position,
+            mask.as_ref(),
+        ))
+    }
+
     /// Takes the next sampled token: emits it, or ends the answer (a stop token is not
     /// emitted). Returns why generation ends, if it does.
-    pub(super) fn take(&mut self, token: u32) -> Option<FinishReason> {
+    pub(super) fn take(&mut self, token: u32) -> Result<Option<FinishReason>, EngineError> {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
             self.stats.time_to_first_token = self.start.elapsed();
         }
         if self.options.stop_tokens.contains(&token) {
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            c.advance(token)?;
         }
         self.generated.push(token);
         self.history.push(token);
         if (self.on_token)(token) == Flow::Stop {
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         }
         if self.generated.len() >= self.options.max_tokens {
-            return Some(FinishReason::Length);
+            return Ok(Some(FinishReason::Length));
         }
-        None
+        Ok(None)
     }
 }

@@ -9,8 +9,8 @@ use std::time::Instant;
 use super::session::{EngineError, FinishReason, Run, Session};
 use crate::model::{Outputs, TokenTree};
 use crate::spec::{
-    accept_path, Accepted, DraftError, DraftRequest, Drafter, Features, Policy, PolicyConfig,
-    SpecStats,
+    accept_path_constrained, Accepted, DraftError, DraftRequest, Drafter, Features, Policy,
+    PolicyConfig, SpecStats,
 };
 
 impl From<DraftError> for EngineError {
@@ -71,7 +71,7 @@ impl Speculator {
         };
         self.drafter.start(prompt, prompt_features)?;
         let mut token = first;
-        if let Some(finish) = run.take(token) {
+        if let Some(finish) = run.take(token)? {
             return Ok(finish);
         }
         loop {
@@ -109,13 +109,14 @@ impl Speculator {
 
             let t = Instant::now();
             let verified = model.verify_with_head(&mut session.state, &tree, None, &want)?;
-            let acceptance = accept_path(
+            let acceptance = accept_path_constrained(
                 &tree,
                 &verified.logits,
                 model.config.vocab,
                 &run.options.sampling,
                 &run.history,
-            );
+                run.constraint.as_deref(),
+            )?;
             let verify_time = t.elapsed();
             run.stats.decode_passes += 1;
             if tree.len() > 1 {
@@ -135,7 +136,7 @@ impl Speculator {
             let mut fed = acceptance.path.len();
             for (j, &y) in acceptance.tokens.iter().enumerate() {
                 run.stats.decode_tokens += 1;
-                if let Some(f) = run.take(y) {
+                if let Some(f) = run.take(y)? {
                     finish = Some(f);
                     fed = j + 1;
                     break;

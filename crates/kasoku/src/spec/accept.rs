@@ -4,6 +4,7 @@
 //! descends, otherwise the picked token is the pass's new root. The emitted tokens are thus
 //! a sample of plain decoding, whatever the drafter proposed (the "sample, then match" rule).
 
+use crate::constraint::{ConstraintError, TokenConstraint};
 use crate::engine::sampler::{self, SamplingParams};
 use crate::model::TokenTree;
 
@@ -33,6 +34,22 @@ pub fn accept_path(
     params: &SamplingParams,
     history: &[u32],
 ) -> Acceptance {
+    accept_path_constrained(tree, logits, vocab, params, history, None)
+        .expect("an unconstrained walk cannot fail")
+}
+
+/// [`accept_path`] under a constraint in the state after `history`: a fork of it walks down
+/// with the path, and each node is sampled from the tokens it allows there, as plain
+/// decoding under the constraint samples them. `constraint` itself is not advanced.
+pub fn accept_path_constrained(
+    tree: &TokenTree,
+    logits: &[f32],
+    vocab: usize,
+    params: &SamplingParams,
+    history: &[u32],
+    constraint: Option<&dyn TokenConstraint>,
+) -> Result<Acceptance, ConstraintError> {
+    let mut walker = constraint.map(TokenConstraint::fork);
     assert_eq!(
         logits.len(),
         tree.len() * vocab,
@@ -44,10 +61,14 @@ pub fn accept_path(
     let mut tokens = Vec::new();
     loop {
         let row = &logits[node * vocab..(node + 1) * vocab];
-        let token = sampler::sample(params, row, &hist, hist.len());
+        let mask = walker.as_mut().map(|w| w.mask()).transpose()?;
+        let token = sampler::sample_masked(params, row, &hist, hist.len(), mask.as_ref());
         tokens.push(token);
         match tree.child_with(node, token) {
             Some(child) => {
+                if let Some(w) = walker.as_mut() {
+                    w.advance(token)?;
+                }
                 node = child;
                 path.push(child);
                 hist.push(token);
@@ -55,7 +76,7 @@ pub fn accept_path(
             None => break,
         }
     }
-    Acceptance { path, tokens }
+    Ok(Acceptance { path, tokens })
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub mod ngram;
 pub mod policy;
 pub mod stats;
 
-pub use accept::{accept_path, Acceptance};
+pub use accept::{accept_path, accept_path_constrained, Acceptance};
 pub use draft_model::DraftModelDrafter;
 pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 pub use merged::MergedDrafter;
