@@ -109,6 +109,7 @@ fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptio
         sampling,
         max_tokens: args.max_tokens,
         stop_tokens,
+        constraint: None,
     })
 }
 

@@ -244,6 +244,7 @@ async fn generate(
         } else {
             app.engine.stop_tokens.clone()
         },
+        constraint: None,
     };
     let (tx, mut rx) = unbounded_channel();
     let job = Job {

@@ -48,6 +48,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         sampling: SamplingParams::default(),
         max_tokens: args.gen_tokens,
         stop_tokens: engine::stop_tokens(&model),
+        constraint: None,
     };
     let encode = |p: &str| -> Result<Vec<u32>> { Ok(model.tokenizer.encode_with_bos(p, true)?) };
 
