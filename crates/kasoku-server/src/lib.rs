@@ -29,6 +29,8 @@
 #![warn(missing_docs)]
 
 mod access;
+mod answer;
+mod anthropic;
 pub mod config;
 mod connections;
 mod error;
@@ -38,10 +40,11 @@ mod pool;
 mod prepare;
 mod prompt;
 mod request;
+mod responses;
 mod routes;
-// Wired into the routes next; tested on its own until then.
-#[allow(dead_code)]
+mod sse;
 mod tool_calls;
+mod tools;
 
 use std::sync::{Arc, Mutex};
 
@@ -148,6 +151,7 @@ impl Server {
             ctx,
             cache,
             metrics: Default::default(),
+            grammars: Default::default(),
             model,
         });
         Ok(Server {

@@ -1,25 +1,39 @@
 //! Generated tokens to answer text for one request: streaming detokenization, thinking
-//! (`<think>…</think>`) split off as `reasoning_content`, stop strings on the answer, and for
-//! `response_format: json_object` the answer cut to its first top-level JSON object.
+//! (`<think>…</think>`) split off as `reasoning_content`, stop strings on the answer, and
+//! tool calls parsed out of it (when the request has tools).
 
 use kasoku::engine::stop::StopMatcher;
 use kasoku::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Text released by one step.
+use crate::tool_calls::{ToolCall, ToolCallParser, ToolEvent, ToolSyntax};
+
+/// What one step released.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Delta {
     pub content: String,
     pub reasoning: String,
+    /// Tool call starts and argument pieces (never [`ToolEvent::Content`]).
+    pub tool_calls: Vec<ToolEvent>,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.content.is_empty() && self.reasoning.is_empty()
+        self.content.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty()
     }
 
     fn append(&mut self, other: Delta) {
         self.content.push_str(&other.content);
         self.reasoning.push_str(&other.reasoning);
+        self.tool_calls.extend(other.tool_calls);
+    }
+
+    fn take_events(&mut self, events: Vec<ToolEvent>) {
+        for e in events {
+            match e {
+                ToolEvent::Content(t) => self.content.push_str(&t),
+                other => self.tool_calls.push(other),
+            }
+        }
     }
 }
 
@@ -47,17 +61,18 @@ pub struct Output {
     reasoning: bool,
     /// After `</think>`: drop the whitespace that separates thinking from the answer.
     trim_start: bool,
-    json: Option<JsonCut>,
+    tools: Option<ToolCallParser>,
 }
 
 impl Output {
-    /// `in_thinking`: the prompt ends inside an open `<think>` block.
+    /// `in_thinking`: the prompt ends inside an open `<think>` block; `tools`: parse tool
+    /// calls in this syntax, their ids starting with `call_id_prefix`.
     pub fn new(
         tokenizer: &Tokenizer,
         think: Option<ThinkTokens>,
         in_thinking: bool,
         stops: &[String],
-        json_object: bool,
+        tools: Option<(ToolSyntax, &str)>,
     ) -> Output {
         Output {
             decoder: tokenizer.stream_decoder().skip_special(true),
@@ -65,7 +80,7 @@ impl Output {
             think,
             reasoning: in_thinking && think.is_some(),
             trim_start: false,
-            json: json_object.then(JsonCut::default),
+            tools: tools.map(|(syntax, prefix)| ToolCallParser::new(syntax, prefix)),
         }
     }
 
@@ -90,9 +105,19 @@ impl Output {
         self.route(text)
     }
 
-    /// Whether the answer is complete (a stop string, or the JSON object closed).
+    /// Whether a stop string ended the answer.
     pub fn done(&self) -> bool {
-        self.stops.stopped() || self.json.as_ref().is_some_and(|j| j.closed)
+        self.stops.stopped()
+    }
+
+    /// The stop string that ended the answer, if one did.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.stops.matched()
+    }
+
+    /// The tool calls parsed so far.
+    pub fn calls(&self) -> &[ToolCall] {
+        self.tools.as_ref().map_or(&[], |t| t.calls())
     }
 
     /// Ends the stream: releases held text.
@@ -100,7 +125,21 @@ impl Output {
         let text = self.decoder.flush();
         let mut d = self.route(text);
         if !self.done() {
-            d.content.push_str(&self.stops.flush());
+            let held = self.stops.flush();
+            d.append(self.answer(held));
+        }
+        if let Some(t) = &mut self.tools {
+            d.take_events(t.finish());
+        }
+        d
+    }
+
+    /// Answer text (past the stop strings) to content and tool calls.
+    fn answer(&mut self, text: String) -> Delta {
+        let mut d = Delta::default();
+        match &mut self.tools {
+            Some(t) => d.take_events(t.push(&text)),
+            None => d.content = text,
         }
         d
     }
@@ -122,65 +161,9 @@ impl Output {
             }
             self.trim_start = false;
         }
-        let text = match &mut self.json {
-            Some(j) => j.push(text),
-            None => text.to_string(),
-        };
-        d.append(Delta {
-            content: self.stops.push(&text),
-            reasoning: String::new(),
-        });
+        let text = self.stops.push(text);
+        d.append(self.answer(text));
         d
-    }
-}
-
-/// Keeps the first top-level JSON object of a text stream: drops what comes before its `{`
-/// and everything after its closing `}`.
-#[derive(Debug, Default)]
-struct JsonCut {
-    started: bool,
-    closed: bool,
-    depth: usize,
-    in_string: bool,
-    escaped: bool,
-}
-
-impl JsonCut {
-    fn push(&mut self, text: &str) -> String {
-        let mut out = String::new();
-        for c in text.chars() {
-            if self.closed {
-                break;
-            }
-            if !self.started {
-                if c != '{' {
-                    continue;
-                }
-                self.started = true;
-            }
-            out.push(c);
-            if self.in_string {
-                match (self.escaped, c) {
-                    (true, _) => self.escaped = false,
-                    (false, '\\') => self.escaped = true,
-                    (false, '"') => self.in_string = false,
-                    _ => {}
-                }
-                continue;
-            }
-            match c {
-                '"' => self.in_string = true,
-                '{' | '[' => self.depth += 1,
-                '}' | ']' => {
-                    self.depth = self.depth.saturating_sub(1);
-                    if self.depth == 0 {
-                        self.closed = true;
-                    }
-                }
-                _ => {}
-            }
-        }
-        out
     }
 }
 
@@ -214,7 +197,7 @@ mod tests {
             .encode("<think>\nLet me see.\n</think>\n\nThe answer is 4.", true)
             .unwrap();
         assert!(ids.contains(&think.open) && ids.contains(&think.close));
-        let d = run(&mut Output::new(&tok, Some(think), false, &[], false), &ids);
+        let d = run(&mut Output::new(&tok, Some(think), false, &[], None), &ids);
         assert_eq!(d.reasoning, "\nLet me see.\n");
         assert_eq!(d.content, "The answer is 4.");
         // The prompt opened it (thinking on); a stop string applies to the answer only.
@@ -222,25 +205,36 @@ mod tests {
             .encode("Hmm, 2+2. END</think>\n\n4 END 5", true)
             .unwrap();
         let stops = ["END".to_string()];
-        let mut out = Output::new(&tok, Some(think), true, &stops, false);
+        let mut out = Output::new(&tok, Some(think), true, &stops, None);
         let d = run(&mut out, &ids);
         assert_eq!(d.reasoning, "Hmm, 2+2. END");
         assert_eq!(d.content, "4 ");
         assert!(out.done());
         // Without thinking tokens, everything is content.
-        let d = run(&mut Output::new(&tok, None, true, &[], false), &ids[..3]);
+        let d = run(&mut Output::new(&tok, None, true, &[], None), &ids[..3]);
         assert!(d.reasoning.is_empty() && !d.content.is_empty());
     }
 
     #[test]
-    fn json_cut_keeps_the_first_object() {
-        let mut j = JsonCut::default();
-        let mut out = j.push("Sure! {\"a\": \"}{\\\"\", ");
-        assert!(!j.closed);
-        out.push_str(&j.push("\"b\": [1, {\"c\": 2}]} trailing {"));
-        assert!(j.closed);
-        assert_eq!(out, "{\"a\": \"}{\\\"\", \"b\": [1, {\"c\": 2}]}");
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(v["b"][1]["c"], 2);
+    fn tool_calls_leave_the_content() {
+        let tok = qwen35_tokenizer();
+        let ids = tok
+            .encode(
+                "Checking.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>",
+                true,
+            )
+            .unwrap();
+        let mut out = Output::new(
+            &tok,
+            None,
+            false,
+            &[],
+            Some((ToolSyntax::hermes(), "call_")),
+        );
+        let d = run(&mut out, &ids);
+        assert_eq!(d.content, "Checking.");
+        assert_eq!(out.calls().len(), 1);
+        assert_eq!(out.calls()[0].arguments, "{\"x\": 1}");
+        assert!(matches!(&d.tool_calls[0], ToolEvent::Start { name, .. } if name == "f"));
     }
 }

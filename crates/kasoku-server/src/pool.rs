@@ -7,12 +7,13 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kasoku::engine::{
     EngineError, Flow, GenerateOptions, GenerationStats, LoadedModel, PrefixCache, Session,
 };
+use kasoku_grammar::{GrammarError, Grammars};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::Speculation;
@@ -20,6 +21,7 @@ use crate::error::ApiError;
 use crate::metrics::{add, Metrics};
 use crate::output::{Delta, Output, ThinkTokens};
 use crate::prompt::ControlText;
+use crate::tool_calls::ToolSyntax;
 
 /// Everything the requests share: weights, tokenizer, cache, counters.
 pub struct Engine {
@@ -40,6 +42,24 @@ pub struct Engine {
     pub names: Vec<String>,
     /// Prompt bytes per context token beyond which a prompt is refused untokenized.
     pub prompt_bytes_per_token: usize,
+    /// Constrained decoding over the model's vocabulary, prepared on first use.
+    pub grammars: OnceLock<Result<Grammars, GrammarError>>,
+}
+
+impl Engine {
+    /// The grammar compiler (built on the first request that needs one).
+    pub fn grammars(&self) -> Result<&Grammars, ApiError> {
+        self.grammars
+            .get_or_init(|| {
+                Grammars::new(
+                    &self.model.tokenizer,
+                    self.model.model.config.vocab,
+                    &self.stop_tokens,
+                )
+            })
+            .as_ref()
+            .map_err(|e| ApiError::bad_request("grammar_unavailable", e.to_string()))
+    }
 }
 
 /// The one place sessions are made: each gets its own speculator (drafter state and budget
@@ -60,7 +80,10 @@ pub struct Job {
     pub stop: Vec<String>,
     /// The prompt ends inside an open `<think>` block.
     pub in_thinking: bool,
-    pub json_object: bool,
+    /// Parse tool calls out of the answer, in this syntax.
+    pub tools: Option<ToolSyntax>,
+    /// Makes the ids of this answer's tool calls.
+    pub call_id_prefix: String,
     /// Reuse and store prefixes in the prefix cache (when the server has one).
     pub use_cache: bool,
     pub events: UnboundedSender<Event>,
@@ -78,7 +101,10 @@ pub enum Event {
 /// The end of a generation.
 #[derive(Debug)]
 pub struct Done {
+    /// `stop`, `length` or `tool_calls`.
     pub finish: &'static str,
+    /// The stop string that ended the answer, if one did.
+    pub stop_sequence: Option<String>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub stats: GenerationStats,
@@ -247,7 +273,7 @@ fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool
         engine.think,
         job.in_thinking,
         &job.stop,
-        job.json_object,
+        job.tools.clone().map(|s| (s, job.call_id_prefix.as_str())),
     );
     let mut cancelled = false;
     let was_cut = std::cell::Cell::new(false);
@@ -305,7 +331,9 @@ fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool
     m.time_to_first_token
         .observe(queue_time + stats.time_to_first_token);
     m.request_duration.observe(job.arrived.elapsed());
-    let finish = if output.done() {
+    let finish = if !output.calls().is_empty() {
+        "tool_calls"
+    } else if output.done() {
         "stop"
     } else if was_cut.get() {
         // Cut short by the server stopping: as if max_tokens had been reached.
@@ -315,6 +343,7 @@ fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool
     };
     let _ = tx.send(Event::Done(Box::new(Done {
         finish,
+        stop_sequence: output.stop_sequence().map(str::to_string),
         prompt_tokens: job.prompt.len(),
         completion_tokens: generation.tokens.len(),
         stats,

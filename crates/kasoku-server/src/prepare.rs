@@ -1,17 +1,27 @@
 //! A request body made ready for a session: parsed and checked field by field (`request`),
-//! its model name checked, its prompt bounded in bytes and tokenized (`prompt` keeps client
-//! text that spells control tokens as text), and checked against the context. CPU work: the
-//! routes run it on a blocking thread.
+//! its model name checked, its tools shown to the template (`tools`), its prompt bounded in
+//! bytes and tokenized (`prompt` keeps client text that spells control tokens as text), checked
+//! against the context, and what it asks of the answer's form (forced tool calls, JSON)
+//! compiled into a grammar constraint. CPU work: the routes run it on a blocking thread.
 
-use serde_json::{json, Value};
+use serde_json::{Map, Value};
+
+use kasoku::constraint::Constraint;
+use kasoku_grammar::GrammarSpec;
 
 use crate::error::ApiError;
 use crate::pool::Engine;
 use crate::prompt;
-use crate::request::{self, PromptInput, Request};
+use crate::request::{self, PromptInput, Request, ResponseFormat};
+use crate::tool_calls::ToolSyntax;
+use crate::tools::{self, TemplateTools, ToolPlan};
 
-/// The instruction added to chats that ask for `response_format: json_object`.
+/// The instruction added to chats that ask for `response_format: json_object` (the grammar
+/// enforces it; the words help a small model write what it means).
 const JSON_INSTRUCTION: &str = "Respond with one valid JSON object only.";
+/// The same for `json_schema`, followed by the schema.
+const JSON_SCHEMA_INSTRUCTION: &str =
+    "Respond with one valid JSON object only, matching this JSON Schema:";
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,15 +48,28 @@ pub struct Prepared {
     pub request: Request,
     pub prompt: Vec<u32>,
     pub in_thinking: bool,
+    /// Parse tool calls in this syntax.
+    pub tools: Option<ToolSyntax>,
+    /// What the answer is held to.
+    pub constraint: Option<Constraint>,
 }
 
 /// Parses, checks and tokenizes a request (CPU work: runs on a blocking thread).
 pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
     let object = request::parse_object(body)?;
+    prepare_object(engine, &object, kind)
+}
+
+/// [`prepare`] for a body already parsed (or translated from another API).
+pub fn prepare_object(
+    engine: &Engine,
+    object: &Map<String, Value>,
+    kind: Kind,
+) -> Result<Prepared, ApiError> {
     let defaults = engine.model.defaults.as_ref();
     let request = match kind {
-        Kind::Chat => request::chat(&object, defaults)?,
-        Kind::Completion => request::completion(&object, defaults)?,
+        Kind::Chat => request::chat(object, defaults)?,
+        Kind::Completion => request::completion(object, defaults)?,
     };
     if !engine.names.contains(&request.model) {
         return Err(unknown_model(engine, &request.model));
@@ -72,6 +95,7 @@ pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, Api
         })
     };
     let mut in_thinking = false;
+    let mut plan = ToolPlan::default();
     let (prompt, param) = match &request.prompt {
         PromptInput::Chat {
             messages,
@@ -89,11 +113,26 @@ pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, Api
                 .sum();
             fits(content, "messages")?;
             let mut messages = messages.clone();
-            if request.json_object {
-                add_json_instruction(&mut messages);
-            }
             let mut kwargs = template_kwargs.clone();
+            // Client text (tools included) keeps its control-token spellings as text; what
+            // kasoku adds below is its own.
+            plan = tools::plan(
+                TemplateTools::of(template.source()),
+                &request.tools,
+                &request.tool_choice,
+                request.parallel_tool_calls,
+                &mut messages,
+                &mut kwargs,
+            );
             engine.control.mark_conversation(&mut messages, &mut kwargs);
+            match &request.response_format {
+                ResponseFormat::Text => {}
+                ResponseFormat::JsonObject => tools::add_system(&mut messages, JSON_INSTRUCTION),
+                ResponseFormat::JsonSchema { schema, .. } => tools::add_system(
+                    &mut messages,
+                    &format!("{JSON_SCHEMA_INSTRUCTION}\n{schema}"),
+                ),
+            }
             let text = template
                 .render_json(&Value::Array(messages), true, &kwargs)
                 .map_err(|e| ApiError::invalid("messages", format!("chat template: {e}")))?;
@@ -105,8 +144,12 @@ pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, Api
         // A raw prompt is the client's whole text, template included: its control-token
         // spellings are meant as control tokens.
         PromptInput::Text(text) => {
-            fits(text.len(), "prompt")?;
-            (encode(tokenizer, text)?, "prompt")
+            let suffix = request.suffix.as_deref();
+            fits(text.len() + suffix.map_or(0, str::len), "prompt")?;
+            match suffix {
+                Some(suffix) => (fill_in_the_middle(tokenizer, text, suffix)?, "prompt"),
+                None => (encode(tokenizer, text)?, "prompt"),
+            }
         }
         PromptInput::Tokens(ids) => {
             let vocab = model.model.config.vocab;
@@ -134,10 +177,45 @@ pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, Api
             )
         });
     }
+    // What the answer is held to: the tool calls `required` asks for, else the format.
+    let (grammar, grammar_param) = match plan.grammar.take() {
+        Some(g) => (Some(g), "tool_choice"),
+        None => (
+            match &request.response_format {
+                ResponseFormat::Text => None,
+                ResponseFormat::JsonObject => Some(GrammarSpec::JsonObject),
+                ResponseFormat::JsonSchema { schema, strict } => Some(GrammarSpec::JsonSchema {
+                    schema: schema.clone(),
+                    strict: *strict,
+                }),
+            },
+            "response_format",
+        ),
+    };
+    let constraint = match grammar {
+        None => None,
+        Some(spec) => Some(engine.grammars()?.compile(&spec).map_err(|e| {
+            ApiError::invalid(
+                grammar_param,
+                format!("{grammar_param} cannot be enforced: {e}"),
+            )
+        })?),
+    };
+    if constraint.is_some() && in_thinking {
+        return Err(ApiError::invalid(
+            grammar_param,
+            format!(
+                "{grammar_param} cannot be enforced while the model thinks first; \
+                 turn thinking off (reasoning_effort: none, or chat_template_kwargs.enable_thinking: false)"
+            ),
+        ));
+    }
     Ok(Prepared {
         request,
         prompt,
         in_thinking,
+        tools: plan.syntax,
+        constraint,
     })
 }
 
@@ -151,12 +229,39 @@ fn tokenizer_error(e: kasoku::tokenizer::TokenizerError) -> ApiError {
     ApiError::bad_request("tokenizer_error", format!("tokenizing: {e}"))
 }
 
-fn add_json_instruction(messages: &mut Vec<Value>) {
-    match messages.first_mut() {
-        Some(first) if first["role"] == "system" => {
-            let content = first["content"].as_str().unwrap_or_default();
-            first["content"] = Value::String(format!("{content}\n\n{JSON_INSTRUCTION}"));
-        }
-        _ => messages.insert(0, json!({"role": "system", "content": JSON_INSTRUCTION})),
+/// A fill-in-the-middle prompt, `<|fim_prefix|>prefix<|fim_suffix|>suffix<|fim_middle|>`, for
+/// vocabularies that have those tokens (Qwen2.5-Coder; StarCoder's `<fim_*>` spelling too).
+fn fill_in_the_middle(
+    tokenizer: &kasoku::tokenizer::Tokenizer,
+    prefix: &str,
+    suffix: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let spellings = [
+        ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+        ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+    ];
+    let ids = spellings.iter().find_map(|names| {
+        Some([
+            tokenizer.piece_to_id(names[0])?,
+            tokenizer.piece_to_id(names[1])?,
+            tokenizer.piece_to_id(names[2])?,
+        ])
+    });
+    let Some([pre, suf, mid]) = ids else {
+        return Err(ApiError::invalid(
+            "suffix",
+            "this model's vocabulary has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>)",
+        ));
+    };
+    let plain = |t: &str| tokenizer.encode(t, false).map_err(tokenizer_error);
+    let mut prompt = Vec::new();
+    if let (true, Some(bos)) = (tokenizer.add_bos(), tokenizer.bos()) {
+        prompt.push(bos);
     }
+    prompt.push(pre);
+    prompt.extend(plain(prefix)?);
+    prompt.push(suf);
+    prompt.extend(plain(suffix)?);
+    prompt.push(mid);
+    Ok(prompt)
 }

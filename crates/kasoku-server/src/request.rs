@@ -69,8 +69,13 @@ const FIELDS: &[(&str, On, Rule)] = &[
     ("response_format", On::Chat, Rule::Read),
     ("chat_template_kwargs", On::Chat, Rule::Read),
     ("enable_thinking", On::Chat, Rule::Read),
+    ("tools", On::Chat, Rule::Read),
+    ("tool_choice", On::Chat, Rule::Read),
+    ("parallel_tool_calls", On::Chat, Rule::Read),
+    // Thinking on or off, where the template has the switch.
+    ("reasoning_effort", On::Chat, Rule::Read),
     ("prompt", On::Completion, Rule::Read),
-    // Only best_of = 1, echo = false, no suffix.
+    // Only best_of = 1 and echo = false; suffix is fill-in-the-middle.
     ("best_of", On::Completion, Rule::Read),
     ("echo", On::Completion, Rule::Read),
     ("suffix", On::Completion, Rule::Read),
@@ -88,21 +93,6 @@ const FIELDS: &[(&str, On, Rule)] = &[
         "logit_bias",
         On::Both,
         Rule::Refused("logit_bias is not supported"),
-    ),
-    (
-        "tools",
-        On::Chat,
-        Rule::Refused("tool calling is not supported"),
-    ),
-    (
-        "tool_choice",
-        On::Chat,
-        Rule::Refused("tool calling is not supported"),
-    ),
-    (
-        "parallel_tool_calls",
-        On::Chat,
-        Rule::Refused("tool calling is not supported"),
     ),
     (
         "functions",
@@ -124,13 +114,6 @@ const FIELDS: &[(&str, On, Rule)] = &[
         "prediction",
         On::Chat,
         Rule::Refused("predicted outputs are not supported"),
-    ),
-    (
-        "reasoning_effort",
-        On::Chat,
-        Rule::Refused(
-            "reasoning effort is not supported (use chat_template_kwargs.enable_thinking)",
-        ),
     ),
     (
         "web_search_options",
@@ -162,11 +145,8 @@ const MESSAGE_FIELDS: &[(&str, Rule)] = &[
     ("reasoning_content", Rule::Read),
     ("name", Rule::Refused("participant names are not supported")),
     ("refusal", Rule::Refused("refusals are not supported")),
-    ("tool_calls", Rule::Refused("tool calling is not supported")),
-    (
-        "tool_call_id",
-        Rule::Refused("tool calling is not supported"),
-    ),
+    ("tool_calls", Rule::Read),
+    ("tool_call_id", Rule::Read),
     (
         "function_call",
         Rule::Refused("function calling is not supported"),
@@ -237,6 +217,53 @@ pub enum PromptInput {
     Tokens(Vec<u32>),
 }
 
+/// Which tools the model may (or must) call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Answer or call, as the model decides.
+    Auto,
+    /// No calls: the tools are not shown to the model.
+    None,
+    /// At least one call (enforced by the grammar).
+    Required,
+    /// A call of this function (enforced by the grammar).
+    Named(String),
+}
+
+/// The shape the answer must have.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { schema: Value, strict: bool },
+}
+
+/// One function the model may call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+}
+
+impl Tool {
+    /// The tool in OpenAI's shape, as chat templates take it.
+    pub fn to_openai(&self) -> Value {
+        let mut function = Map::new();
+        function.insert("name".into(), self.name.clone().into());
+        if let Some(d) = &self.description {
+            function.insert("description".into(), d.clone().into());
+        }
+        function.insert(
+            "parameters".into(),
+            self.parameters
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+        );
+        serde_json::json!({"type": "function", "function": function})
+    }
+}
+
 /// A checked request.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -247,7 +274,12 @@ pub struct Request {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
-    pub json_object: bool,
+    pub response_format: ResponseFormat,
+    pub tools: Vec<Tool>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+    /// Fill-in-the-middle: the text after the completion (`/v1/completions`).
+    pub suffix: Option<String>,
     /// llama.cpp's extension: keep generating past end-of-text tokens.
     pub ignore_eos: bool,
     /// llama.cpp's `cache_prompt`: false = compute the whole prompt (no prefix reuse).
@@ -352,6 +384,9 @@ pub fn chat(
             ))
         }
     };
+    let tools = tools(&f)?;
+    let tool_choice = tool_choice(&f, &tools)?;
+    let parallel_tool_calls = f.bool("parallel_tool_calls")?.unwrap_or(true);
     let mut template_kwargs = f
         .object("chat_template_kwargs")?
         .cloned()
@@ -362,25 +397,26 @@ pub fn chat(
             .entry("enable_thinking")
             .or_insert(Value::Bool(think));
     }
-    let json_object = match f.object("response_format")? {
-        None => false,
-        Some(rf) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => false,
-            Some("json_object") => true,
-            Some(other) => {
+    // reasoning_effort: thinking off for "none"/"minimal", on otherwise (templates without a
+    // thinking switch ignore it).
+    if let Some(effort) = f.string("reasoning_effort")? {
+        let think = match effort {
+            "none" | "minimal" => false,
+            "low" | "medium" | "high" => true,
+            other => {
                 return Err(ApiError::invalid(
-                    "response_format",
-                    format!("response_format type '{other}' is not supported (text, json_object)"),
+                    "reasoning_effort",
+                    format!(
+                        "reasoning_effort '{other}' is not one of none, minimal, low, medium, high"
+                    ),
                 ))
             }
-            None => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "response_format needs a type",
-                ))
-            }
-        },
-    };
+        };
+        template_kwargs
+            .entry("enable_thinking")
+            .or_insert(Value::Bool(think));
+    }
+    let response_format = response_format(&f)?;
     let max_tokens = match f.uint("max_completion_tokens")? {
         Some(n) => Some(n),
         None => f.uint("max_tokens")?,
@@ -391,7 +427,10 @@ pub fn chat(
         template_kwargs,
     };
     request.max_tokens = positive(max_tokens, "max_tokens")?;
-    request.json_object = json_object;
+    request.response_format = response_format;
+    request.tools = tools;
+    request.tool_choice = tool_choice;
+    request.parallel_tool_calls = parallel_tool_calls;
     Ok(request)
 }
 
@@ -435,11 +474,16 @@ pub fn completion(
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
-    if f.get("suffix").is_some() {
-        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    let suffix = f.string("suffix")?.map(str::to_string);
+    if suffix.is_some() && !matches!(prompt, PromptInput::Text(_)) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "suffix needs the prompt as text (fill-in-the-middle)",
+        ));
     }
     let mut request = common(&f, defaults)?;
     request.prompt = prompt;
+    request.suffix = suffix;
     request.max_tokens = positive(f.uint("max_tokens")?.or(Some(16)), "max_tokens")?;
     Ok(request)
 }
@@ -572,11 +616,17 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
         stop,
         stream,
         include_usage,
-        json_object: false,
+        response_format: ResponseFormat::Text,
+        tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
+        parallel_tool_calls: true,
+        suffix: None,
     })
 }
 
-/// One chat message, normalized to `{role, content: string}`.
+/// One chat message, normalized for the template: `{role, content: string}`, plus an
+/// assistant's `tool_calls` (arguments as JSON objects) and `reasoning_content`, or a tool
+/// message's `tool_call_id`.
 fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let param = format!("messages[{i}]");
     let bad = |msg: &str| ApiError::invalid(&param, format!("{param}: {msg}"));
@@ -590,47 +640,221 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
         Some("developer") | Some("system") => "system",
         Some("user") => "user",
         Some("assistant") => "assistant",
+        Some("tool") => "tool",
         Some(other) => {
             return Err(bad(&format!(
-                "role '{other}' is not supported (system, developer, user, assistant)"
+                "role '{other}' is not supported (system, developer, user, assistant, tool)"
             )))
         }
         None => return Err(bad("needs a role")),
     };
     let content = match obj.get("content") {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for part in parts {
-                match (
-                    part.get("type").and_then(Value::as_str),
-                    part.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some(kind), _) if kind != "text" => {
-                        return Err(bad(&format!(
-                            "content part type '{kind}' is not supported (text only)"
-                        )))
-                    }
-                    _ => {
-                        return Err(bad(
-                            "content parts must be {\"type\": \"text\", \"text\": ...}",
-                        ))
-                    }
-                }
-            }
-            text
-        }
+        Some(Value::Array(parts)) => text_parts(parts).map_err(|e| bad(&e))?,
         Some(Value::Null) | None if role == "assistant" => String::new(),
         _ => return Err(bad("content must be a string or a list of text parts")),
     };
-    let mut normalized = serde_json::json!({ "role": role, "content": content });
-    match obj.get("reasoning_content") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(r)) => normalized["reasoning_content"] = r.clone().into(),
-        Some(_) => return Err(bad("reasoning_content must be a string")),
+    let mut out = Map::new();
+    out.insert("role".into(), role.into());
+    out.insert("content".into(), content.into());
+    match role {
+        "assistant" => {
+            if let Some(calls) = obj.get("tool_calls").filter(|v| !v.is_null()) {
+                let calls = calls
+                    .as_array()
+                    .ok_or_else(|| bad("tool_calls must be an array"))?;
+                let calls = calls
+                    .iter()
+                    .map(|c| history_call(c).map_err(|e| bad(&e)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                out.insert("tool_calls".into(), Value::Array(calls));
+            }
+            match obj.get("reasoning_content") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(r)) => {
+                    out.insert("reasoning_content".into(), r.clone().into());
+                }
+                Some(_) => return Err(bad("reasoning_content must be a string")),
+            }
+        }
+        "tool" => {
+            let id = obj
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            out.insert("tool_call_id".into(), id.into());
+        }
+        _ => {}
     }
-    Ok(normalized)
+    Ok(Value::Object(out))
+}
+
+/// The text of a content given as parts (text only).
+fn text_parts(parts: &[Value]) -> Result<String, String> {
+    let mut text = String::new();
+    for part in parts {
+        match (
+            part.get("type").and_then(Value::as_str),
+            part.get("text").and_then(Value::as_str),
+        ) {
+            (Some("text" | "input_text" | "output_text"), Some(t)) => text.push_str(t),
+            (Some(kind), _) if !matches!(kind, "text" | "input_text" | "output_text") => {
+                return Err(format!(
+                    "content part type '{kind}' is not supported (text only)"
+                ))
+            }
+            _ => return Err("content parts must be {\"type\": \"text\", \"text\": ...}".into()),
+        }
+    }
+    Ok(text)
+}
+
+/// An assistant's earlier tool call, with its arguments parsed (templates print them with
+/// `tojson`); arguments that are not a JSON object stay as written.
+fn history_call(call: &Value) -> Result<Value, String> {
+    let f = call
+        .get("function")
+        .ok_or("each tool call needs a function")?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("each tool call's function needs a name")?;
+    let arguments = match f.get("arguments") {
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => Value::String(s.clone()),
+        },
+        Some(v @ Value::Object(_)) => v.clone(),
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(_) => return Err("tool call arguments must be a JSON string".into()),
+    };
+    let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+    Ok(serde_json::json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }))
+}
+
+/// `tools`: function tools only.
+fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
+    let Some(list) = f.get("tools") else {
+        return Ok(Vec::new());
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| ApiError::invalid("tools", "tools must be an array"))?;
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let bad = |msg: &str| ApiError::invalid(&param, format!("{param}: {msg}"));
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") | None => {}
+            Some(other) => {
+                return Err(bad(&format!(
+                    "tool type '{other}' is not supported (function)"
+                )))
+            }
+        }
+        let function = t
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad("needs a function object"))?;
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad("the function needs a name"))?;
+        let parameters = match function.get("parameters") {
+            None | Some(Value::Null) => None,
+            Some(p @ Value::Object(_)) => Some(p.clone()),
+            Some(_) => {
+                return Err(bad(
+                    "the function's parameters must be a JSON Schema object",
+                ))
+            }
+        };
+        if tools.iter().any(|t: &Tool| t.name == name) {
+            return Err(bad(&format!("two tools are named '{name}'")));
+        }
+        tools.push(Tool {
+            name: name.to_string(),
+            description: function
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            parameters,
+        });
+    }
+    Ok(tools)
+}
+
+fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+    let bad = |msg: String| ApiError::invalid("tool_choice", msg);
+    let choice = match f.get("tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" | "any" => ToolChoice::Required,
+            other => {
+                return Err(bad(format!(
+                    "tool_choice '{other}' is not one of auto, none, required"
+                )))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("tool_choice must name a function".into()))?;
+            ToolChoice::Named(name.to_string())
+        }
+        Some(_) => return Err(bad("tool_choice must be a string or an object".into())),
+    };
+    match &choice {
+        ToolChoice::Required if tools.is_empty() => {
+            Err(bad("tool_choice 'required' needs tools".into()))
+        }
+        ToolChoice::Named(name) if !tools.iter().any(|t| &t.name == name) => Err(bad(format!(
+            "tool_choice names '{name}', which is not among the tools"
+        ))),
+        _ => Ok(choice),
+    }
+}
+
+fn response_format(f: &Fields) -> Result<ResponseFormat, ApiError> {
+    let bad = |msg: String| ApiError::invalid("response_format", msg);
+    let Some(rf) = f.object("response_format")? else {
+        return Ok(ResponseFormat::Text);
+    };
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => {
+            let js = rf
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    bad("response_format json_schema needs a json_schema object".into())
+                })?;
+            let schema = match js.get("schema") {
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                None | Some(Value::Null) => serde_json::json!({}),
+                Some(_) => {
+                    return Err(bad("json_schema.schema must be a JSON Schema object".into()))
+                }
+            };
+            let strict = js.get("strict").and_then(Value::as_bool).unwrap_or(false);
+            Ok(ResponseFormat::JsonSchema { schema, strict })
+        }
+        Some(other) => Err(bad(format!(
+            "response_format type '{other}' is not supported (text, json_object, json_schema)"
+        ))),
+        None => Err(bad("response_format needs a type".into())),
+    }
 }
 
 /// A seed for requests that give none: different per request.
@@ -679,7 +903,8 @@ mod tests {
         assert_eq!(r.sampling.seed, 7);
         assert_eq!(r.max_tokens, Some(9));
         assert_eq!(r.stop, vec!["\n\n".to_string(), "END".to_string()]);
-        assert!(r.stream && r.include_usage && r.json_object);
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.response_format, ResponseFormat::JsonObject);
         let PromptInput::Chat {
             messages,
             template_kwargs,
@@ -769,9 +994,6 @@ mod tests {
                 "functions",
             ),
             (with("function_call", json!("auto")), "function_call"),
-            (with("tools", json!([{"type": "function"}])), "tools"),
-            (with("tool_choice", json!("required")), "tool_choice"),
-            (with("reasoning_effort", json!("high")), "reasoning_effort"),
             (with("frobnicate", json!(1)), "frobnicate"),
             (
                 with(
@@ -859,5 +1081,93 @@ mod tests {
         let a = completion(&obj(json!({"model": "m", "prompt": "x"})), None).unwrap();
         let b = completion(&obj(json!({"model": "m", "prompt": "x"})), None).unwrap();
         assert_ne!(a.sampling.seed, b.sampling.seed);
+    }
+
+    #[test]
+    fn tools_tool_history_and_schemas() {
+        let weather = json!({"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+        let r = chat(
+            &obj(json!({
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "sunny"}]}
+                ],
+                "tools": [weather],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": false,
+                "reasoning_effort": "none",
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}
+            })),
+            None,
+        )
+        .unwrap();
+        assert_eq!(r.tools.len(), 1);
+        assert_eq!(r.tools[0].to_openai(), weather);
+        assert_eq!(r.tool_choice, ToolChoice::Named("get_weather".into()));
+        assert!(!r.parallel_tool_calls);
+        assert_eq!(
+            r.response_format,
+            ResponseFormat::JsonSchema {
+                schema: json!({"type": "object"}),
+                strict: true
+            }
+        );
+        let PromptInput::Chat {
+            messages,
+            template_kwargs,
+        } = r.prompt
+        else {
+            panic!("not chat")
+        };
+        assert_eq!(template_kwargs["enable_thinking"], false);
+        // Arguments become an object for the template; the tool result is text.
+        assert_eq!(
+            messages[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"city": "Paris"})
+        );
+        assert_eq!(messages[1]["content"], "");
+        assert_eq!(
+            messages[2],
+            json!({"role": "tool", "content": "sunny", "tool_call_id": "call_1"})
+        );
+        let base = |extra: Value| {
+            let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            chat(&obj(b), None)
+        };
+        for (extra, param) in [
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "other"}}}),
+                "tool_choice",
+            ),
+            (json!({"tools": [{"type": "retrieval"}]}), "tools[0]"),
+            (
+                json!({"tools": [{"type": "function", "function": {}}]}),
+                "tools[0]",
+            ),
+            (json!({"tools": [weather, weather]}), "tools[1]"),
+            (json!({"reasoning_effort": "max"}), "reasoning_effort"),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format",
+            ),
+        ] {
+            let e = base(extra.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}");
+        }
+        let c = completion(
+            &obj(json!({"model": "m", "prompt": "def f(", "suffix": "\n    return x"})),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.suffix.as_deref(), Some("\n    return x"));
     }
 }

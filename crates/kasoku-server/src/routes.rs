@@ -1,5 +1,6 @@
-//! HTTP routes: /v1/chat/completions and /v1/completions (JSON or Server-Sent Events),
-//! /v1/models, /health, /metrics; who may call (Host, Origin: `access`) before any route,
+//! HTTP routes: /v1/chat/completions and /v1/completions (JSON or Server-Sent Events; tool
+//! calls as `tool_calls` and their deltas), /v1/messages and /v1/responses (through
+//! `anthropic` and `responses`), /tokenize and /detokenize, /v1/models, /health, /metrics; who may call (Host, Origin: `access`) before any route,
 //! API-key checks, body limits (size, time, memory of all bodies together), prompt limits, and
 //! OpenAI-shaped errors for unknown routes and methods.
 
@@ -22,10 +23,17 @@ use tokio::sync::Semaphore;
 use kasoku::engine::GenerateOptions;
 
 use crate::access::Access;
+use crate::answer;
+use crate::anthropic;
 use crate::error::ApiError;
 use crate::metrics::{add, Gauges};
+use crate::output::Delta;
 use crate::pool::{Done, Engine, Event, Job, Pool};
-use crate::prepare::{prepare, unknown_model, Kind, Prepared};
+pub(crate) use crate::prepare::Kind;
+use crate::prepare::{prepare_object, unknown_model, Prepared};
+use crate::request::{self, Request};
+use crate::responses;
+use crate::tool_calls::ToolEvent;
 
 /// What the handlers share.
 pub struct App {
@@ -46,6 +54,11 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/health", get(health))
@@ -84,6 +97,94 @@ async fn not_found() -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
+}
+
+/// `POST /tokenize`: `content` (or `prompt`) as text, or `messages` rendered by the chat
+/// template; `add_special` (default true) adds BOS where the model wants it, `with_pieces`
+/// gives each id with its text.
+async fn tokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let run = async {
+        let object = read_object(&app, &headers, body).await?;
+        let app = Arc::clone(&app);
+        tokio::task::spawn_blocking(move || tokenize_object(&app, &object))
+            .await
+            .map_err(|_| ApiError::internal("tokenizing failed"))?
+    };
+    match run.await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn tokenize_object(app: &App, object: &Map<String, Value>) -> Result<Value, ApiError> {
+    let tokenizer = &app.engine.model.tokenizer;
+    let add_special = object
+        .get("add_special")
+        .or(object.get("add_special_tokens"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let ids = if let Some(text) = object.get("content").or(object.get("prompt")) {
+        let text = text
+            .as_str()
+            .ok_or_else(|| ApiError::invalid("content", "content must be a string"))?;
+        let encoded = if add_special {
+            tokenizer.encode_with_bos(text, true)
+        } else {
+            tokenizer.encode(text, true)
+        };
+        encoded.map_err(|e| ApiError::bad_request("tokenizer_error", format!("tokenizing: {e}")))?
+    } else if object.contains_key("messages") {
+        let mut chat = object.clone();
+        chat.entry("model")
+            .or_insert_with(|| app.engine.id.clone().into());
+        prepare_object(&app.engine, &chat, Kind::Chat)?.prompt
+    } else {
+        return Err(ApiError::invalid(
+            "content",
+            "missing required parameter: content (or messages)",
+        ));
+    };
+    let with_pieces = object.get("with_pieces").and_then(Value::as_bool) == Some(true);
+    let tokens: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            if with_pieces {
+                json!({"id": id, "piece": tokenizer.decode(&[id])})
+            } else {
+                json!(id)
+            }
+        })
+        .collect();
+    Ok(json!({"tokens": tokens, "count": ids.len(), "max_model_len": app.engine.ctx}))
+}
+
+/// `POST /detokenize`: `tokens` (ids) back to text.
+async fn detokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let run = async {
+        let object = read_object(&app, &headers, body).await?;
+        let bad = || ApiError::invalid("tokens", "tokens must be a list of token ids");
+        let list = object
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(bad)?;
+        let vocab = app.engine.model.tokenizer.token_count();
+        let ids = list
+            .iter()
+            .map(|v| match v.as_u64() {
+                Some(id) if (id as usize) < vocab => Ok(id as u32),
+                Some(id) => Err(ApiError::invalid(
+                    "tokens",
+                    format!("token id {id} is outside the vocabulary ({vocab})"),
+                )),
+                None => Err(bad()),
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        Ok::<_, ApiError>(json!({"content": app.engine.model.tokenizer.decode(&ids)}))
+    };
+    match run.await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn health() -> Response {
@@ -157,7 +258,7 @@ async fn completion(State(app): State<Arc<App>>, headers: HeaderMap, body: Body)
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -170,15 +271,17 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &app.api_key else {
         return Ok(());
     };
+    // OpenAI clients send `Authorization: Bearer`, Anthropic's `x-api-key`.
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
         Some(g) if g.trim() == key => Ok(()),
         Some(_) => Err(ApiError::unauthorized("incorrect API key provided")),
         None => Err(ApiError::unauthorized(
-            "missing API key: send Authorization: Bearer <key>",
+            "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)",
         )),
     }
 }
@@ -215,18 +318,38 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, 
     }
 }
 
-async fn generate(
-    app: Arc<App>,
-    headers: HeaderMap,
+/// A request on its way: the checked request and its answer's events.
+pub(crate) struct Started {
+    pub request: Request,
+    /// The first event (never an error: that is returned instead).
+    pub first: Event,
+    pub rx: UnboundedReceiver<Event>,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
+}
+
+/// Checks the key and reads the body as a JSON object.
+pub(crate) async fn read_object(
+    app: &App,
+    headers: &HeaderMap,
     body: Body,
+) -> Result<Map<String, Value>, ApiError> {
+    authorize(app, headers)?;
+    let body = read_body(app, headers, body).await?;
+    request::parse_object(&body)
+}
+
+/// Queues a request (a chat or completion body, possibly translated from another API) and
+/// waits for its first event, so that a failure before any output is an HTTP error.
+pub(crate) async fn start(
+    app: &Arc<App>,
+    object: Map<String, Value>,
     kind: Kind,
-) -> Result<Response, ApiError> {
+) -> Result<Started, ApiError> {
     let arrived = Instant::now();
-    authorize(&app, &headers)?;
-    let body = read_body(&app, &headers, body).await?;
     let prepared = {
-        let app = Arc::clone(&app);
-        tokio::task::spawn_blocking(move || prepare(&app.engine, &body, kind))
+        let app = Arc::clone(app);
+        tokio::task::spawn_blocking(move || prepare_object(&app.engine, &object, kind))
             .await
             .map_err(|_| ApiError::internal("preparing the request failed"))??
     };
@@ -234,7 +357,10 @@ async fn generate(
         request,
         prompt,
         in_thinking,
+        tools,
+        constraint,
     } = prepared;
+    let prompt_tokens = prompt.len();
     let room = app.engine.ctx - prompt.len();
     let options = GenerateOptions {
         sampling: request.sampling.clone(),
@@ -244,15 +370,17 @@ async fn generate(
         } else {
             app.engine.stop_tokens.clone()
         },
-        constraint: None,
+        constraint,
     };
+    let call_id_prefix = format!("{}_", unique_id("call"));
     let (tx, mut rx) = unbounded_channel();
     let job = Job {
         prompt,
         options,
         stop: request.stop.clone(),
         in_thinking,
-        json_object: request.json_object,
+        tools,
+        call_id_prefix,
         use_cache: request.cache_prompt,
         events: tx,
         arrived,
@@ -261,7 +389,6 @@ async fn generate(
         add(&app.engine.metrics.requests_rejected, 1);
         return Err(e);
     }
-    // Wait for the first event, so that a failure before any output is an HTTP error.
     let first = rx
         .recv()
         .await
@@ -269,6 +396,24 @@ async fn generate(
     if let Event::Error(e) = first {
         return Err(e);
     }
+    Ok(Started {
+        request,
+        first,
+        rx,
+        prompt_tokens,
+    })
+}
+
+async fn generate(
+    app: Arc<App>,
+    headers: HeaderMap,
+    body: Body,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let object = read_object(&app, &headers, body).await?;
+    let Started {
+        request, first, rx, ..
+    } = start(&app, object, kind).await?;
     let reply = Reply {
         id: new_id(kind),
         kind,
@@ -316,12 +461,7 @@ impl Reply {
     }
 
     /// A streamed chunk carrying `delta` (chat) or text (completion), or the finish reason.
-    fn chunk(
-        &self,
-        delta: Option<&crate::output::Delta>,
-        finish: Option<&str>,
-        role: bool,
-    ) -> String {
+    fn chunk(&self, delta: Option<&Delta>, finish: Option<&str>, role: bool) -> String {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut d = Map::new();
@@ -334,6 +474,9 @@ impl Reply {
                     }
                     if !delta.content.is_empty() || role {
                         d.insert("content".into(), delta.content.clone().into());
+                    }
+                    if !delta.tool_calls.is_empty() {
+                        d.insert("tool_calls".into(), tool_call_deltas(&delta.tool_calls));
                     }
                 }
                 json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
@@ -351,6 +494,25 @@ impl Reply {
         }
         sse(&Value::Object(m))
     }
+}
+
+/// Tool call events as OpenAI's `delta.tool_calls`: a start carries the id, type, name and
+/// empty arguments; argument pieces carry only the index and the piece.
+fn tool_call_deltas(events: &[ToolEvent]) -> Value {
+    let list = events
+        .iter()
+        .filter_map(|e| match e {
+            ToolEvent::Start { index, id, name } => Some(json!({
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""},
+            })),
+            ToolEvent::Arguments { index, delta } => {
+                Some(json!({"index": index, "function": {"arguments": delta}}))
+            }
+            ToolEvent::Content(_) => None,
+        })
+        .collect();
+    Value::Array(list)
 }
 
 fn sse(v: &Value) -> String {
@@ -383,35 +545,35 @@ async fn collect(
     first: Event,
     mut rx: UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
-    let (mut content, mut reasoning) = (String::new(), String::new());
-    let mut event = Some(first);
-    let done = loop {
-        let next = match event.take() {
-            Some(e) => Some(e),
-            None => rx.recv().await,
-        };
-        match next {
-            Some(Event::Delta(d)) => {
-                content.push_str(&d.content);
-                reasoning.push_str(&d.reasoning);
-            }
-            Some(Event::Done(done)) => break done,
-            Some(Event::Error(e)) => return Err(e),
-            None => return Err(ApiError::internal("generation ended without a result")),
-        }
-    };
+    let (answer, done) = answer::collect(first, &mut rx).await?;
     let choice = match reply.kind {
         Kind::Chat => {
             let mut message = Map::new();
             message.insert("role".into(), "assistant".into());
-            message.insert("content".into(), content.into());
-            if !reasoning.is_empty() {
-                message.insert("reasoning_content".into(), reasoning.into());
+            let content = if answer.calls.is_empty() || !answer.content.trim().is_empty() {
+                Value::String(answer.content)
+            } else {
+                Value::Null
+            };
+            message.insert("content".into(), content);
+            if !answer.reasoning.is_empty() {
+                message.insert("reasoning_content".into(), answer.reasoning.into());
+            }
+            if !answer.calls.is_empty() {
+                let calls: Vec<Value> = answer
+                    .calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}})
+                    })
+                    .collect();
+                message.insert("tool_calls".into(), Value::Array(calls));
             }
             json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.finish})
         }
         Kind::Completion => {
-            json!({"index": 0, "text": content, "logprobs": null, "finish_reason": done.finish})
+            json!({"index": 0, "text": answer.content, "logprobs": null, "finish_reason": done.finish})
         }
     };
     let mut m = reply.envelope(false, json!([choice]));
@@ -484,13 +646,21 @@ fn stream(reply: Reply, first: Event, rx: UnboundedReceiver<Event>) -> Response 
 }
 
 fn new_id(kind: Kind) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",
     };
-    format!("{prefix}-{:x}{n:06}", unix_now())
+    unique_id(prefix)
+}
+
+/// `{prefix}-{time}{counter}`: unique within this server's life.
+pub(crate) fn unique_id(prefix: &str) -> String {
+    format!("{prefix}-{:x}{:06}", unix_now(), next_number())
+}
+
+fn next_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 pub fn unix_now() -> u64 {

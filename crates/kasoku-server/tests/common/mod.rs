@@ -43,7 +43,12 @@ impl Running {
     }
 
     pub fn start(model: &str, config: ServerConfig) -> Running {
-        let model = LoadedModel::load(fixture(model)).expect("load the fixture model");
+        Running::start_path(&fixture(model), config)
+    }
+
+    /// [`Running::start`] on a model anywhere (a real one from the cache).
+    pub fn start_path(model: &std::path::Path, config: ServerConfig) -> Running {
+        let model = LoadedModel::load(model).expect("load the model");
         let server = Server::new(model, config).expect("build the server");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();

@@ -7,6 +7,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
     stopped: bool,
+    /// The stop string that ended the answer.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -24,13 +26,14 @@ impl StopMatcher {
             return String::new();
         }
         self.pending.push_str(text);
-        if let Some(at) = self
+        if let Some((at, stop)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
+            .filter_map(|s| Some((self.pending.find(s.as_str())?, s)))
+            .min_by_key(|&(at, _)| at)
         {
             self.stopped = true;
+            self.matched = Some(stop.clone());
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return out;
@@ -62,6 +65,11 @@ impl StopMatcher {
     pub fn stopped(&self) -> bool {
         self.stopped
     }
+
+    /// The stop string that ended the answer, once `stopped()`.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
+    }
 }
 
 #[cfg(test)]
@@ -76,6 +84,11 @@ mod tests {
         assert_eq!(m.push("\nUs"), "");
         assert_eq!(m.push("er: hi"), "");
         assert!(m.stopped());
+        assert_eq!(m.matched(), Some("\n\nUser:"));
+        // The earliest of several stops is the one that matched.
+        let mut m = StopMatcher::new(&["b".to_string(), "a".to_string()]);
+        assert_eq!(m.push("xab"), "x");
+        assert_eq!(m.matched(), Some("a"));
     }
 
     #[test]
