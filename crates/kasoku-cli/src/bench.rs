@@ -98,10 +98,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let verify = verify_curve(model, &context, &verify_sizes, ctx)?;
 
     let profile = if args.profile {
-        let gdn = gdn_weight_bytes(&path, model);
         let steps = PROFILE_STEPS;
         let pctx = ctx.max(CONTEXT + steps + 1);
-        Some(profile::decode_profile(model, &context, pctx, steps, &gdn)?)
+        Some(profile::decode_profile(model, &context, pctx, steps)?)
     } else {
         None
     };
@@ -404,34 +403,6 @@ fn report(r: Report) -> Value {
         },
         "profile": r.profile.map(profile::to_json),
     })
-}
-
-/// Per layer, the GGUF bytes of its Gated DeltaNet tensors (`blk.N.*` except the MLP and the
-/// norms); 0 for attention layers; empty when the checkpoint is not a GGUF file.
-fn gdn_weight_bytes(path: &Path, model: &Model) -> Vec<u64> {
-    let Ok(file) = GgufFile::open(path) else {
-        return Vec::new();
-    };
-    let mut out = vec![0u64; model.layers.len()];
-    for t in file.tensor_infos() {
-        let Some(rest) = t.name.strip_prefix("blk.") else {
-            continue;
-        };
-        let Some((idx, part)) = rest.split_once('.') else {
-            continue;
-        };
-        let Ok(i) = idx.parse::<usize>() else {
-            continue;
-        };
-        let gdn = matches!(
-            model.layers.get(i).map(|l| &l.mixer),
-            Some(Mixer::GatedDeltaNet(_))
-        );
-        if gdn && !part.starts_with("ffn_") && !part.contains("norm") {
-            out[i] += t.nbytes as u64;
-        }
-    }
-    out
 }
 
 /// Sum of the packed matrices' sizes (attention, MLP, head); `false` when some layer kind's

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use super::session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 use super::stats::GenerationStats;
-use crate::model::{GdnState, LayerState, ModelState};
+use crate::model::{Batch, GdnState, LayerState, Logits, ModelState};
 
 /// Default checkpoint spacing for recurrent states, in prompt tokens.
 pub const DEFAULT_BLOCK: usize = 256;
@@ -383,8 +383,8 @@ impl Session {
                 });
             }
             let next = ((pos / block + 1) * block).min(limit);
-            self.model
-                .forward_hidden(&mut self.state, &prompt[pos..next])?;
+            let batch = Batch::chain(&prompt[pos..next]).logits(Logits::None);
+            self.model.run(&mut self.state, &batch, &mut self.out)?;
             self.tokens.extend_from_slice(&prompt[pos..next]);
             pos = next;
             if checkpointing {

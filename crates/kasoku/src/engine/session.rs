@@ -9,7 +9,7 @@ use super::sampler::{self, ParamError, SamplingParams};
 use super::speculative::Speculator;
 use super::stats::GenerationStats;
 use crate::constraint::{Constraint, ConstraintError, TokenConstraint};
-use crate::model::{Logits, Model, ModelError, ModelState, Outputs};
+use crate::model::{Batch, Logits, Model, ModelError, ModelState, Output};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -83,6 +83,8 @@ pub struct Session {
     pub(super) tokens: Vec<u32>,
     /// Speculative decoding, when enabled.
     pub(super) spec: Option<Speculator>,
+    /// What the last pass returned (its buffers reused from pass to pass).
+    pub(super) out: Output,
 }
 
 impl Session {
@@ -93,6 +95,7 @@ impl Session {
             state,
             tokens: Vec::new(),
             spec: None,
+            out: Output::default(),
         }
     }
 
@@ -150,21 +153,13 @@ impl Session {
         stats.cached_tokens = reused;
         stats.prompt_tokens = prompt.len() - reused;
         // What the drafter reads of the target (hidden states, layer outputs), if anything.
-        let want = self.spec.as_ref().map(|s| Outputs {
-            hidden: s.drafter.wants_hidden(),
-            taps: s.drafter.tap_layers(),
+        let (hidden, taps) = self.spec.as_ref().map_or((false, Vec::new()), |s| {
+            (s.drafter.wants_hidden(), s.drafter.tap_layers())
         });
-        let (logits, features) = match want {
-            Some(w) if w.hidden || !w.taps.is_empty() => {
-                let new = &prompt[reused..];
-                let (hidden, taps) = self.model.forward_taps(&mut self.state, new, &w.taps)?;
-                self.tokens.extend_from_slice(new);
-                let h = self.model.config.hidden;
-                let logits = self.model.head_logits(&hidden[hidden.len() - h..]);
-                (logits, Some((hidden, taps)))
-            }
-            _ => (self.feed(&prompt[reused..])?, None),
-        };
+        let new = &prompt[reused..];
+        let batch = Batch::chain(new).hidden(hidden).taps(&taps);
+        self.model.run(&mut self.state, &batch, &mut self.out)?;
+        self.tokens.extend_from_slice(new);
         stats.prefill_time = start.elapsed();
 
         let mut run = Run {
@@ -180,10 +175,10 @@ impl Session {
         let finish = if options.max_tokens == 0 {
             FinishReason::Length
         } else {
-            let first = run.sample(&logits)?;
+            let first = run.sample(&self.out.logits)?;
             match self.spec.take() {
                 Some(mut spec) => {
-                    let r = spec.decode(self, &mut run, first, prompt, features.as_ref());
+                    let r = spec.decode(self, &mut run, first, prompt);
                     run.stats.spec = Some(spec.take_stats());
                     self.spec = Some(spec);
                     r?
@@ -213,9 +208,9 @@ impl Session {
             if self.state.len() + 1 >= self.ctx_size() {
                 return Ok(FinishReason::ContextFull);
             }
-            let logits = self.feed(&[token])?;
+            self.feed(&[token])?;
             run.stats.decode_passes += 1;
-            token = run.sample(&logits)?;
+            token = run.sample(&self.out.logits)?;
             run.stats.decode_tokens += 1;
         }
     }
@@ -242,11 +237,13 @@ impl Session {
         0
     }
 
-    /// Runs `tokens` through the model, appending them to the cache; returns the last logits.
-    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let logits = self.model.forward(&mut self.state, tokens, Logits::Last)?;
+    /// Runs `tokens` through the model, appending them to the cache; leaves the last
+    /// token's logits in `self.out`.
+    fn feed(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        let batch = Batch::chain(tokens).logits(Logits::Last);
+        self.model.run(&mut self.state, &batch, &mut self.out)?;
         self.tokens.extend_from_slice(tokens);
-        Ok(logits)
+        Ok(())
     }
 }
 

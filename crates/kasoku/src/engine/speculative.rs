@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::session::{EngineError, FinishReason, Run, Session};
-use crate::model::{Outputs, TokenTree};
+use crate::model::{Batch, Output, TokenTree};
 use crate::spec::{
     accept_path_constrained, Accepted, DraftError, DraftRequest, Drafter, Features, Policy,
     PolicyConfig, SpecStats,
@@ -25,6 +25,8 @@ pub struct Speculator {
     pub drafter: Box<dyn Drafter>,
     pub policy: Policy,
     stats: SpecStats,
+    /// What the last verification returned (its buffers reused from pass to pass).
+    out: Output,
 }
 
 impl Speculator {
@@ -37,6 +39,7 @@ impl Speculator {
             drafter,
             policy: Policy::new(config),
             stats,
+            out: Output::default(),
         }
     }
 
@@ -50,24 +53,21 @@ impl Speculator {
     }
 
     /// Decodes from the first sampled token `first` until the answer ends. `prompt` is in
-    /// the session's state; `features` holds the target's hidden states and layer outputs
-    /// of its newly computed part when the drafter wants them.
+    /// the session's state; `session.out` holds the target's hidden states and layer
+    /// outputs of its newly computed part when the drafter wants them.
     pub(super) fn decode(
         &mut self,
         session: &mut Session,
         run: &mut Run,
         first: u32,
         prompt: &[u32],
-        features: Option<&(Vec<f32>, Vec<f32>)>,
     ) -> Result<FinishReason, EngineError> {
         let model = session.model.clone();
-        let want = Outputs {
-            hidden: self.drafter.wants_hidden(),
-            taps: self.drafter.tap_layers(),
-        };
+        let want_hidden = self.drafter.wants_hidden();
+        let taps = self.drafter.tap_layers();
         let prompt_features = Features {
-            hidden: features.filter(|_| want.hidden).map(|f| &f.0[..]),
-            taps: features.filter(|_| !want.taps.is_empty()).map(|f| &f.1[..]),
+            hidden: want_hidden.then_some(&session.out.hidden[..]),
+            taps: (!taps.is_empty()).then_some(&session.out.taps[..]),
         };
         self.drafter.start(prompt, prompt_features)?;
         let mut token = first;
@@ -108,7 +108,9 @@ impl Speculator {
             };
 
             let t = Instant::now();
-            let verified = model.verify_with_head(&mut session.state, &tree, None, &want)?;
+            let batch = Batch::tree(&tree).hidden(want_hidden).taps(&taps);
+            model.run(&mut session.state, &batch, &mut self.out)?;
+            let verified = &self.out;
             let acceptance = accept_path_constrained(
                 &tree,
                 &verified.logits,
@@ -153,9 +155,8 @@ impl Speculator {
                     .flat_map(|&i| src[i * width..(i + 1) * width].iter().copied())
                     .collect()
             };
-            let hidden_rows = want.hidden.then(|| gather(&verified.hidden, h));
-            let tap_rows =
-                (!want.taps.is_empty()).then(|| gather(&verified.taps, want.taps.len() * h));
+            let hidden_rows = want_hidden.then(|| gather(&verified.hidden, h));
+            let tap_rows = (!taps.is_empty()).then(|| gather(&verified.taps, taps.len() * h));
             self.drafter.accept(&Accepted {
                 tokens: &committed,
                 committed_len: session.state.len(),

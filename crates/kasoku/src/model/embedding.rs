@@ -44,6 +44,11 @@ impl Embedding {
         &self.tensor
     }
 
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
     pub fn dtype(&self) -> DType {
         self.tensor.dtype
     }

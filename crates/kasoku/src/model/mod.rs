@@ -2,7 +2,12 @@
 //! state.
 //!
 //! - [`config`]: `ModelConfig` from GGUF metadata or HF config.json.
-//! - [`transformer`]: `Model` (load, forward) and `Layer`.
+//! - [`transformer`]: `Model` (load) and `Layer`.
+//! - [`batch`]: `Batch`, what one pass computes (a chain, a tree, more nodes of a tree; the
+//!   outputs wanted), and `Output`, what comes back to the host.
+//! - [`run`]: `Model::run`, the forward pass: the one layer loop.
+//! - [`verify`]: tree verification and `Model::commit` of an accepted path.
+//! - [`trace`]: the hook that sees every named step of a pass (the profiler's).
 //! - [`mixer`]: attention (+ KV cache) and Gated DeltaNet (+ recurrent state).
 //! - [`mlp`], [`norm`], [`embedding`]: the other parts; [`weights`]: claiming tensors.
 //! - [`mtp`]: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
@@ -10,6 +15,7 @@
 //!
 //! Tensors are addressed by GGUF names (`blk.N.attn_q.weight`, ...) whatever the source.
 
+pub mod batch;
 pub mod config;
 pub mod embedding;
 pub mod error;
@@ -17,7 +23,9 @@ pub mod mixer;
 pub mod mlp;
 pub mod mtp;
 pub mod norm;
+pub mod run;
 pub mod state;
+pub mod trace;
 pub mod transformer;
 pub mod tree;
 pub mod verify;
@@ -28,12 +36,14 @@ pub(crate) mod golden;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use batch::{Batch, Logits, Output, Shape};
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
 pub use error::ModelError;
 pub use mixer::{Attention, GatedDeltaNet, GdnState, KvCache, Mixer};
 pub use mtp::MtpHead;
 pub use norm::RmsNorm;
+pub use run::CHUNK;
 pub use state::{LayerState, ModelState};
-pub use transformer::{Layer, Logits, Model};
+pub use trace::{NoTrace, Op, Trace};
+pub use transformer::{Layer, Model};
 pub use tree::{TokenTree, TreeBuilder};
-pub use verify::{Outputs, Verified};

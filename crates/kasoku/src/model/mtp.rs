@@ -29,10 +29,14 @@ use crate::format::{Claims, RawTensor, SourceOrigin, TensorSource};
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::rope::Rope;
 
+use super::batch::{Output, Pass};
 use super::config::{Arch, ModelConfig};
-use super::mixer::{Attention, KvCache};
+use super::mixer::{Attention, Mixer};
 use super::mlp::Mlp;
-use super::transformer::{residual_and_mlp, Model, CHUNK};
+use super::run::{head_logits, run_layers, Taps, CHUNK};
+use super::state::{LayerState, ModelState};
+use super::trace::{NoTrace, Op, Trace};
+use super::transformer::{Layer, Model};
 use super::{weights, ModelError, RmsNorm};
 
 /// The weights of the MTP block (one layer).
@@ -43,14 +47,14 @@ pub struct MtpHead {
     pub enorm: RmsNorm,
     /// `nextn.hnorm` (HF `mtp.pre_fc_norm_hidden`).
     pub hnorm: RmsNorm,
-    pub attn_norm: RmsNorm,
-    pub attn: Attention,
-    /// `post_attention_norm` (HF `post_attention_layernorm`).
-    pub ffn_norm: RmsNorm,
-    pub mlp: Mlp,
+    /// A decoder block of the trunk's kind: gated attention (`attn_norm`, its own KV cache)
+    /// and the MLP (`post_attention_norm`, HF `post_attention_layernorm`).
+    pub layer: Layer,
     /// `nextn.shared_head_norm` (HF `mtp.norm`).
     pub out_norm: RmsNorm,
     hidden: usize,
+    /// The block's index, `blk.{n_layers}` (for traces).
+    index: usize,
 }
 
 impl MtpHead {
@@ -112,42 +116,59 @@ impl MtpHead {
             eh_proj: weights::matrix(&claims, &format!("blk.{n}.nextn.eh_proj.weight"), h, 2 * h)?,
             enorm: norm("nextn.enorm")?,
             hnorm: norm("nextn.hnorm")?,
-            attn_norm: norm("attn_norm")?,
-            attn: Attention::load(&claims, n, config, rope)?,
-            ffn_norm: norm("post_attention_norm")?,
-            mlp: Mlp::load(&claims, n, h, config.ffn)?,
+            layer: Layer {
+                attn_norm: norm("attn_norm")?,
+                mixer: Mixer::Attention(Attention::load(&claims, n, config, rope)?),
+                ffn_norm: norm("post_attention_norm")?,
+                mlp: Mlp::load(&claims, n, h, config.ffn)?,
+            },
             out_norm: norm("nextn.shared_head_norm")?,
             hidden: h,
+            index: n,
         };
         claims.finish()?;
         Ok(head)
     }
 
-    /// An empty cache for the MTP attention layer.
-    pub fn new_cache(&self) -> KvCache {
-        self.attn.new_cache()
+    /// An empty state (the MTP attention layer's KV cache) with room for `max_len` rows.
+    pub fn new_state(&self, max_len: usize) -> ModelState {
+        ModelState::new(std::slice::from_ref(&self.layer), max_len)
     }
 
     /// Runs `n = tokens.len()` rows. Row `i` pairs `tokens[i]` with `hidden` row `i` (`n × H`):
     /// the target's final-normed hidden state of the position before `tokens[i]`, or for a
-    /// chained step the MTP's own previous output hidden. The rows are appended to `cache` and
-    /// rotated at positions `pos0..pos0 + n`, where `pos0` must equal `cache.len()`: the position
-    /// of the hidden row (so `tokens[i]` sits at `pos0 + i + 1`). Returns `(m, logits)`: the
-    /// hidden rows to chain from (`n × H`, after the MTP's output norm) and the logits
-    /// (`n × vocab`, the trunk's head) for the token after each row's token.
+    /// chained step the MTP's own previous output hidden. The rows are appended to `state` and
+    /// rotated at positions `state.len()..`: the position of the hidden row (so `tokens[i]`
+    /// sits one further). Leaves in `out` the hidden rows to chain from (`out.hidden`,
+    /// `n × H`, after the MTP's output norm) and the logits (`out.logits`, `n × vocab`, the
+    /// trunk's head) for the token after each row's token.
     ///
-    /// Bad input (token out of range, wrong lengths, `pos0` not the cache length, a foreign
-    /// cache) is an error and leaves the cache untouched. `KvCache::truncate` drops rejected rows.
-    pub fn forward(
+    /// Bad input (token out of range, wrong lengths, no room, a foreign state) is an error and
+    /// leaves the state untouched. `ModelState::truncate` drops rejected rows.
+    pub fn run(
         &self,
         model: &Model,
-        cache: &mut KvCache,
+        state: &mut ModelState,
         tokens: &[u32],
         hidden: &[f32],
-        pos0: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        out: &mut Output,
+    ) -> Result<(), ModelError> {
+        self.run_traced(model, state, tokens, hidden, out, &mut NoTrace)
+    }
+
+    /// [`MtpHead::run`] with every step handed to `tr`.
+    pub fn run_traced<T: Trace>(
+        &self,
+        model: &Model,
+        state: &mut ModelState,
+        tokens: &[u32],
+        hidden: &[f32],
+        out: &mut Output,
+        tr: &mut T,
+    ) -> Result<(), ModelError> {
         let (h, n) = (self.hidden, tokens.len());
         let vocab = model.config.vocab;
+        out.clear();
         if model.config.hidden != h || model.embedding.dim != h {
             return Err(ModelError::StateMismatch(format!(
                 "MTP head of width {h} given a model of width {}",
@@ -163,69 +184,118 @@ impl MtpHead {
                 hidden.len()
             )));
         }
-        if cache.kv_dim() != self.attn.kv_dim() {
-            return Err(ModelError::StateMismatch(format!(
-                "MTP: cache rows of {} values, the layer needs {}",
-                cache.kv_dim(),
-                self.attn.kv_dim()
-            )));
+        let Mixer::Attention(attn) = &self.layer.mixer else {
+            unreachable!("the MTP block is an attention layer")
+        };
+        match &state.layers[..] {
+            [LayerState::Kv(c)] if c.kv_dim() == attn.kv_dim() && c.len() == state.len => {}
+            _ => {
+                return Err(ModelError::StateMismatch(format!(
+                    "MTP: cache rows of another layer (the layer needs {} values)",
+                    attn.kv_dim()
+                )))
+            }
         }
-        if pos0 != cache.len() {
+        if state.len.checked_add(n).is_none_or(|e| e > state.max_len) {
+            return Err(ModelError::ContextFull {
+                len: state.len,
+                new: n,
+                max_len: state.max_len,
+            });
+        }
+        state.discard_pending();
+        for (toks, hid) in tokens.chunks(CHUNK).zip(hidden.chunks(CHUNK * h)) {
+            let m = self.chunk(model, state, toks, hid, tr);
+            head_logits(&model.head, &m, toks.len(), &mut out.logits, tr);
+            out.hidden.extend_from_slice(&m);
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` like [`MtpHead::run`], checking that they start at position `pos0` (the
+    /// state's length), and returns `(hidden rows, logits)`.
+    pub fn forward(
+        &self,
+        model: &Model,
+        state: &mut ModelState,
+        tokens: &[u32],
+        hidden: &[f32],
+        pos0: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        if pos0 != state.len() {
             return Err(ModelError::StateMismatch(format!(
                 "MTP: rows start at position {pos0} but the cache holds {} positions",
-                cache.len()
+                state.len()
             )));
         }
-        let mut m_out = Vec::with_capacity(n * h);
-        let mut logits = Vec::with_capacity(n * vocab);
-        for (toks, hid) in tokens.chunks(CHUNK).zip(hidden.chunks(CHUNK * h)) {
-            let m = self.chunk(model, cache, toks, hid);
-            logits.extend(model.head_logits(&m));
-            m_out.extend(m);
-        }
-        Ok((m_out, logits))
+        let mut out = Output::default();
+        self.run(model, state, tokens, hidden, &mut out)?;
+        Ok((out.hidden, out.logits))
     }
 
     /// One chunk of rows: returns the normed output hidden rows.
-    fn chunk(
+    fn chunk<T: Trace>(
         &self,
         model: &Model,
-        cache: &mut KvCache,
+        state: &mut ModelState,
         tokens: &[u32],
         hidden: &[f32],
+        tr: &mut T,
     ) -> Vec<f32> {
         let (h, n) = (self.hidden, tokens.len());
+        let op = |name| Op::new(name, Some(self.index), n);
         let mut emb = vec![0f32; n * h];
-        model.embedding.lookup(tokens, &mut emb);
-        let mut e = vec![0f32; n * h];
-        self.enorm.forward(&emb, &mut e);
-        let mut hh = vec![0f32; n * h];
-        self.hnorm.forward(hidden, &mut hh);
+        let row_bytes = model.embedding.row_bytes();
+        tr.op(op("embed").reading(n * row_bytes), || {
+            model.embedding.lookup(tokens, &mut emb)
+        });
         let mut cat = vec![0f32; n * 2 * h];
-        for ((row, e), hh) in cat
-            .chunks_exact_mut(2 * h)
-            .zip(e.chunks_exact(h))
-            .zip(hh.chunks_exact(h))
-        {
-            row[..h].copy_from_slice(e);
-            row[h..].copy_from_slice(hh);
-        }
+        tr.op(op("mtp_norms"), || {
+            let mut e = vec![0f32; n * h];
+            self.enorm.forward(&emb, &mut e);
+            let mut hh = vec![0f32; n * h];
+            self.hnorm.forward(hidden, &mut hh);
+            for ((row, e), hh) in cat
+                .chunks_exact_mut(2 * h)
+                .zip(e.chunks_exact(h))
+                .zip(hh.chunks_exact(h))
+            {
+                row[..h].copy_from_slice(e);
+                row[h..].copy_from_slice(hh);
+            }
+        });
         let mut x = vec![0f32; n * h];
-        matmul(&self.eh_proj, &cat, n, &mut x);
+        let eh = op("eh_proj")
+            .matmul(self.eh_proj.dtype)
+            .reading(self.eh_proj.size_bytes());
+        tr.op(eh, || matmul(&self.eh_proj, &cat, n, &mut x));
 
-        let mut normed = vec![0f32; n * h];
-        let mut delta = vec![0f32; n * h];
-        self.attn_norm.forward(&x, &mut normed);
-        self.attn.forward(cache, &normed, n, &mut delta);
-        residual_and_mlp(
-            &mut x,
-            &mut delta,
-            &self.ffn_norm,
-            &self.mlp,
-            &mut normed,
+        let past = state.len;
+        let positions: Vec<usize> = (past..past + n).collect();
+        let pass = Pass {
             n,
+            past,
+            positions: &positions,
+            tree: None,
+        };
+        let taps = Taps {
+            layers: &[],
+            start: 0,
+            out: &mut [],
+        };
+        let layers = std::slice::from_ref(&self.layer);
+        run_layers(
+            layers,
+            &mut state.layers,
+            self.index,
+            &mut x,
+            &pass,
+            taps,
+            tr,
         );
-        self.out_norm.forward(&x, &mut normed);
+        state.len += n;
+        let mut normed = vec![0f32; n * h];
+        tr.op(op("output_norm"), || self.out_norm.forward(&x, &mut normed));
         normed
     }
 }
@@ -374,7 +444,7 @@ mod tests {
                 r.target_next
             );
 
-            let mut cache = mtp.new_cache();
+            let mut cache = mtp.new_state(1024);
             let (m, logits) = mtp
                 .forward(&model, &mut cache, &r.mtp_tokens[..t], &target, 0)
                 .unwrap();
@@ -420,7 +490,7 @@ mod tests {
         let n = r.mtp_tokens.len();
         let hid: Vec<f32> = r.hidden_in.iter().map(|&x| x as f32).collect();
 
-        let mut whole = mtp.new_cache();
+        let mut whole = mtp.new_state(1024);
         let (m_all, l_all) = mtp
             .forward(&model, &mut whole, &r.mtp_tokens, &hid, 0)
             .unwrap();
@@ -429,7 +499,7 @@ mod tests {
         assert!(rel_diff(&l_all, &r.logits) < TOL);
         assert!(rel_diff(&m_all, &r.hidden_out) < TOL);
 
-        let mut parts = mtp.new_cache();
+        let mut parts = mtp.new_state(1024);
         let (m1, l1) = mtp
             .forward(&model, &mut parts, &r.mtp_tokens[..5], &hid[..5 * h], 0)
             .unwrap();
@@ -467,7 +537,7 @@ mod tests {
         let model = load(&fixture_dir("qwen3_5/tiny_mtp"));
         let mtp = model.mtp.as_ref().unwrap();
         let h = model.config.hidden;
-        let mut cache = mtp.new_cache();
+        let mut cache = mtp.new_state(1024);
         mtp.forward(&model, &mut cache, &[1, 2], &vec![0.5; 2 * h], 0)
             .unwrap();
         let row = vec![0.5f32; h];
@@ -483,7 +553,7 @@ mod tests {
             ),
             (
                 "cache rows",
-                mtp.forward(&model, &mut KvCache::new(1, 3), &[1], &row, 0),
+                mtp.forward(&model, &mut model.new_state(8), &[1], &row, 0),
             ),
         ];
         for (what, res) in cases {

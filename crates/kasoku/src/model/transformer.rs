@@ -1,13 +1,9 @@
-//! `Model`: a decoder-only transformer assembled from parts, and its forward pass.
+//! `Model`: a decoder-only transformer assembled from parts (embedding, layers, output norm,
+//! LM head, Qwen3.5's MTP head), loaded from a GGUF file or a Hugging Face directory. Its
+//! forward pass is [`Model::run`] (`run.rs`); the methods here that return vectors are thin
+//! conveniences over it.
 //!
-//! ```text
-//! x = embed(tokens)
-//! for each layer:  x += mixer(attn_norm(x));  x += mlp(ffn_norm(x))
-//! logits = head(output_norm(x))
-//! ```
-//! The mixer is attention or Gated DeltaNet per `ModelConfig::layer_kinds`. A forward pass
-//! appends a batch of tokens to a `ModelState`; long batches run in chunks of `CHUNK` rows,
-//! each weight matrix multiplied once per chunk.
+//! The mixer of each layer is attention or Gated DeltaNet per `ModelConfig::layer_kinds`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,29 +11,20 @@ use std::sync::Arc;
 use crate::format::gguf::GgufFile;
 use crate::format::HfCheckpoint;
 use crate::format::{Claims, TensorSource};
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 use crate::quant::DType;
 
+use super::batch::{Batch, Logits, Output};
 use super::config::{Arch, LayerKind, ModelConfig};
 use super::embedding::Embedding;
 use super::mixer::{Attention, GatedDeltaNet, Mixer};
 use super::mlp::Mlp;
 use super::mtp::MtpHead;
+use super::run::head_logits;
 use super::state::ModelState;
+use super::trace::NoTrace;
 use super::{weights, ModelError, RmsNorm};
-
-/// Rows per forward chunk: bounds activation memory while keeping matmuls batched.
-pub const CHUNK: usize = 256;
-
-/// Which positions get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Every new position: `tokens.len() × vocab` values.
-    All,
-    /// Only the last new position: `vocab` values.
-    Last,
-}
 
 /// One decoder block.
 pub struct Layer {
@@ -46,22 +33,6 @@ pub struct Layer {
     /// The norm before the MLP (`ffn_norm`; Qwen3.5 calls it `post_attention_norm`).
     pub ffn_norm: RmsNorm,
     pub mlp: Mlp,
-}
-
-/// The rest of a decoder block once its mixer has written `mixed` (`n × hidden`): the
-/// residual add, then `x += mlp(ffn_norm(x))`. `normed` and `mixed` are scratch afterwards.
-pub(crate) fn residual_and_mlp(
-    x: &mut [f32],
-    mixed: &mut [f32],
-    ffn_norm: &RmsNorm,
-    mlp: &Mlp,
-    normed: &mut [f32],
-    n: usize,
-) {
-    x.iter_mut().zip(mixed.iter()).for_each(|(a, d)| *a += d);
-    ffn_norm.forward(x, normed);
-    mlp.forward(normed, n, mixed);
-    x.iter_mut().zip(mixed.iter()).for_each(|(a, d)| *a += d);
 }
 
 /// Immutable weights of a model; share it (`Arc`) between any number of `ModelState`s.
@@ -199,16 +170,12 @@ impl Model {
 
     /// An empty state that can hold up to `max_len` positions.
     pub fn new_state(&self, max_len: usize) -> ModelState {
-        ModelState {
-            layers: self.layers.iter().map(|l| l.mixer.new_state()).collect(),
-            len: 0,
-            max_len,
-            pending: None,
-        }
+        ModelState::new(&self.layers, max_len)
     }
 
     /// Appends `tokens` at positions `state.len..` and returns their logits (`Logits::All`:
-    /// `tokens.len() × vocab`, `Logits::Last`: `vocab`, or nothing for no tokens).
+    /// `tokens.len() × vocab`, `Logits::Last`: `vocab`, or nothing for no tokens): a
+    /// [`Model::run`] of a chain into a fresh [`Output`].
     /// Invalid input (unknown token, too long, foreign state) is an error and leaves the
     /// state untouched.
     pub fn forward(
@@ -217,24 +184,9 @@ impl Model {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        state.discard_pending();
-        self.check(state, tokens)?;
-        let (h, vocab) = (self.config.hidden, self.config.vocab);
-        let mut out = Vec::with_capacity(match logits {
-            Logits::All => tokens.len() * vocab,
-            Logits::Last => vocab,
-        });
-        let n_chunks = tokens.len().div_ceil(CHUNK);
-        for (c, chunk) in tokens.chunks(CHUNK).enumerate() {
-            let x = self.trunk(state, chunk)?;
-            let rows = match logits {
-                Logits::All => &x[..],
-                Logits::Last if c + 1 == n_chunks => &x[(chunk.len() - 1) * h..],
-                Logits::Last => continue,
-            };
-            out.extend(self.logits(rows));
-        }
-        Ok(out)
+        let mut out = Output::default();
+        self.run(state, &Batch::chain(tokens).logits(logits), &mut out)?;
+        Ok(out.logits)
     }
 
     /// Appends `tokens` like [`Model::forward`] and returns their final hidden states after the
@@ -257,157 +209,21 @@ impl Model {
         tokens: &[u32],
         taps: &[usize],
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
-        state.discard_pending();
-        self.check(state, tokens)?;
-        self.check_taps(taps)?;
-        let h = self.config.hidden;
-        let mut out = Vec::with_capacity(tokens.len() * h);
-        let mut tapped = Vec::with_capacity(tokens.len() * taps.len() * h);
-        for chunk in tokens.chunks(CHUNK) {
-            let x = self.trunk_taps(state, chunk, taps, &mut tapped)?;
-            let mut normed = vec![0f32; x.len()];
-            self.output_norm.forward(&x, &mut normed);
-            out.extend(normed);
-        }
-        Ok((out, tapped))
-    }
-
-    /// Tap layers must exist.
-    pub(crate) fn check_taps(&self, taps: &[usize]) -> Result<(), ModelError> {
-        match taps.iter().find(|&&l| l >= self.layers.len()) {
-            Some(l) => Err(ModelError::Unsupported(format!(
-                "hidden states of layer {l} requested; the model has {} layers",
-                self.layers.len()
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Appends the rows of layers `taps` of `x` (`n × hidden`, the output of layer `layer`)
-    /// to `out` (`[token][tap][hidden]`, `out` holding earlier tokens first): call after every
-    /// layer.
-    pub(crate) fn capture_taps(
-        taps: &[usize],
-        layer: usize,
-        x: &[f32],
-        h: usize,
-        start: usize,
-        out: &mut [f32],
-    ) {
-        for (k, _) in taps.iter().enumerate().filter(|(_, &l)| l == layer) {
-            for (t, row) in x.chunks_exact(h).enumerate() {
-                let at = ((start + t) * taps.len() + k) * h;
-                out[at..at + h].copy_from_slice(row);
-            }
-        }
+        let mut out = Output::default();
+        let batch = Batch::chain(tokens)
+            .logits(Logits::None)
+            .hidden(true)
+            .taps(taps);
+        self.run(state, &batch, &mut out)?;
+        Ok((out.hidden, out.taps))
     }
 
     /// Logits (`m × vocab`) for `m` final-normed hidden rows (`m × hidden`).
     pub fn head_logits(&self, normed: &[f32]) -> Vec<f32> {
-        self.head_logits_with(normed, None)
-    }
-
-    /// [`Model::head_logits`] through `head` instead of the model's own LM head when given
-    /// (e.g. its first rows: a drafter's reduced vocabulary): `m × head.rows`.
-    pub fn head_logits_with(&self, normed: &[f32], head: Option<&MatMulWeight>) -> Vec<f32> {
-        let w = head.unwrap_or(&self.head);
+        let mut logits = Vec::new();
         let m = normed.len() / self.config.hidden;
-        let mut logits = vec![0f32; m * w.rows];
-        matmul(w, normed, m, &mut logits);
+        head_logits(&self.head, normed, m, &mut logits, &mut NoTrace);
         logits
-    }
-
-    /// Logits for final hidden rows (`rows`: `m × hidden`, before the output norm).
-    fn logits(&self, rows: &[f32]) -> Vec<f32> {
-        let mut normed = vec![0f32; rows.len()];
-        self.output_norm.forward(rows, &mut normed);
-        self.head_logits(&normed)
-    }
-
-    /// Runs one chunk through the layers, advancing the state; returns the hidden rows.
-    fn trunk(&self, state: &mut ModelState, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        self.trunk_taps(state, tokens, &[], &mut Vec::new())
-    }
-
-    /// [`Model::trunk`], appending the outputs of layers `taps` to `tapped` token by token.
-    fn trunk_taps(
-        &self,
-        state: &mut ModelState,
-        tokens: &[u32],
-        taps: &[usize],
-        tapped: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        let n = tokens.len();
-        let h = self.config.hidden;
-        let start = tapped.len() / (taps.len() * h).max(1);
-        tapped.resize(tapped.len() + n * taps.len() * h, 0.0);
-        let mut x = vec![0f32; n * h];
-        self.embedding.lookup(tokens, &mut x);
-        let mut normed = vec![0f32; n * h];
-        let mut delta = vec![0f32; n * h];
-        for (l, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            layer.attn_norm.forward(&x, &mut normed);
-            layer.mixer.forward(st, &normed, n, &mut delta)?;
-            residual_and_mlp(
-                &mut x,
-                &mut delta,
-                &layer.ffn_norm,
-                &layer.mlp,
-                &mut normed,
-                n,
-            );
-            Self::capture_taps(taps, l, &x, h, start, tapped);
-        }
-        state.len += n;
-        Ok(x)
-    }
-
-    pub(crate) fn check(&self, state: &ModelState, tokens: &[u32]) -> Result<(), ModelError> {
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                token: bad,
-                vocab: self.config.vocab,
-            });
-        }
-        if state
-            .len
-            .checked_add(tokens.len())
-            .is_none_or(|end| end > state.max_len)
-        {
-            return Err(ModelError::ContextFull {
-                len: state.len,
-                new: tokens.len(),
-                max_len: state.max_len,
-            });
-        }
-        if state.layers.len() != self.layers.len() {
-            return Err(ModelError::StateMismatch(format!(
-                "{} layer states for {} layers",
-                state.layers.len(),
-                self.layers.len()
-            )));
-        }
-        for (i, (l, s)) in self.layers.iter().zip(&state.layers).enumerate() {
-            if l.mixer.kind() != s.kind() {
-                return Err(ModelError::StateMismatch(format!(
-                    "layer {i} is {:?}, state is {:?}",
-                    l.mixer.kind(),
-                    s.kind()
-                )));
-            }
-            if let (Mixer::Attention(a), super::state::LayerState::Kv(c)) = (&l.mixer, s) {
-                if c.kv_dim() != a.kv_dim() || c.len() != state.len {
-                    return Err(ModelError::StateMismatch(format!(
-                        "layer {i}: cache of {} positions × {} for a state of {} positions × {}",
-                        c.len(),
-                        c.kv_dim(),
-                        state.len,
-                        a.kv_dim()
-                    )));
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -415,6 +231,7 @@ impl Model {
 mod tests {
     use super::*;
     use crate::model::config::SourceKind;
+    use crate::model::run::CHUNK;
     use crate::model::testing::{
         random_weights, reference_forward, rel_diff, tiny_config, MemSource, Rng,
     };

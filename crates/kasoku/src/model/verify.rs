@@ -1,252 +1,39 @@
 //! Speculative verification: one forward pass over every node of a token tree, and the
 //! commit of the path the caller accepts.
 //!
-//! [`Model::verify`] runs the tree's nodes as one batch. Attention layers place node `i` at
+//! A [`Batch::tree`] runs the tree's nodes as one batch. Attention layers place node `i` at
 //! position `len + depth(i)` and let it see the committed context and its ancestors; Gated
 //! DeltaNet layers compute each node from the committed state along its own path. Every
 //! node's logits therefore have the bits plain decoding of its path would give. Nothing
 //! committed is written: attention keys and values of the nodes wait past the end of each
-//! cache, and the recurrent layers keep what the commit needs.
+//! cache, and the recurrent layers keep what the commit needs. A [`Batch::grow`] adds nodes
+//! to the pending tree (attention-only models).
 //!
 //! [`Model::commit`] then keeps one root-to-node path: each layer state commits it its own
 //! way (KV rows compacted into place; recurrent state replayed along the path; conv state
 //! taken from the path's last inputs) and the state grows by the path's length. No layer
 //! snapshots or restores its state. Any other forward pass discards an uncommitted tree.
 
-use super::mixer::{GdnPending, Mixer};
-use super::state::{LayerState, ModelState};
-use super::transformer::{residual_and_mlp, Model};
+use super::batch::{Batch, Output};
+use super::state::ModelState;
+use super::transformer::Model;
 use super::tree::TokenTree;
 use super::ModelError;
-use crate::kernels::matmul::MatMulWeight;
-
-/// What a verification pass leaves in the state until its commit.
-#[derive(Clone, Debug)]
-pub struct PendingTree {
-    /// Node `i`'s parent (`usize::MAX` for the root) and depth; a child always comes after
-    /// its parent (depth-first order, or the order a growing tree added its nodes).
-    parents: Vec<usize>,
-    depths: Vec<usize>,
-    /// Per layer: the recurrent layers' commit data (`None` for attention layers).
-    layers: Vec<Option<GdnPending>>,
-}
-
-impl PendingTree {
-    /// Whether `path` runs from the root down, each node a child of the one before.
-    fn is_root_path(&self, path: &[usize]) -> bool {
-        path.first() == Some(&0)
-            && path.iter().all(|&i| i < self.parents.len())
-            && path.windows(2).all(|w| self.parents[w[1]] == w[0])
-    }
-}
-
-/// The result of [`Model::verify`].
-#[derive(Clone, Debug, Default)]
-pub struct Verified {
-    /// `nodes × vocab` (or the head's rows): row `i` scores the token after node `i`.
-    pub logits: Vec<f32>,
-    /// `nodes × hidden` final-normed hidden states (what MTP and other drafters read), when
-    /// asked for; empty otherwise.
-    pub hidden: Vec<f32>,
-    /// The outputs of the requested decoder layers (before the final norm),
-    /// `nodes × taps × hidden`, node by node; empty when none were asked for.
-    pub taps: Vec<f32>,
-}
-
-/// What a verification returns besides logits.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Outputs {
-    /// The final-normed hidden states.
-    pub hidden: bool,
-    /// Decoder layers (0-based) whose outputs to return.
-    pub taps: Vec<usize>,
-}
 
 impl Model {
     /// Runs every node of `tree` in one pass (see the module doc) and returns their logits
-    /// (and final-normed hidden states when `want_hidden`). The tree stays pending in `state`
-    /// until [`Model::commit`]; a previous pending tree is discarded first.
+    /// (and final-normed hidden states when `want_hidden`): a [`Model::run`] of
+    /// [`Batch::tree`] into a fresh [`Output`]. The tree stays pending in `state` until
+    /// [`Model::commit`]; a previous pending tree is discarded first.
     pub fn verify(
         &self,
         state: &mut ModelState,
         tree: &TokenTree,
         want_hidden: bool,
-    ) -> Result<Verified, ModelError> {
-        let want = Outputs {
-            hidden: want_hidden,
-            taps: Vec::new(),
-        };
-        self.verify_with_head(state, tree, None, &want)
-    }
-
-    /// [`Model::verify`] with logits from `head` instead of the model's own LM head (e.g. its
-    /// first rows only: a drafter's reduced vocabulary).
-    pub fn verify_with_head(
-        &self,
-        state: &mut ModelState,
-        tree: &TokenTree,
-        head: Option<&MatMulWeight>,
-        want: &Outputs,
-    ) -> Result<Verified, ModelError> {
-        state.discard_pending();
-        self.check(state, tree.tokens())?;
-        self.check_taps(&want.taps)?;
-        let n = tree.len();
-        if n == 0 {
-            return Ok(Verified::default());
-        }
-        let h = self.config.hidden;
-        let (parents, depths) = (tree.parents(), tree.depths());
-        let mut x = vec![0f32; n * h];
-        self.embedding.lookup(tree.tokens(), &mut x);
-        let mut normed = vec![0f32; n * h];
-        let mut delta = vec![0f32; n * h];
-        let mut pending = Vec::with_capacity(self.layers.len());
-        let mut taps = vec![0f32; n * want.taps.len() * h];
-        for (l, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            layer.attn_norm.forward(&x, &mut normed);
-            let p = match (&layer.mixer, st) {
-                (Mixer::Attention(a), LayerState::Kv(cache)) => {
-                    a.forward_tree(cache, &normed, parents, depths, &mut delta);
-                    None
-                }
-                (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => {
-                    Some(g.forward_tree(s, &normed, parents, &mut delta))
-                }
-                _ => unreachable!("`check` matched every layer with its state"),
-            };
-            pending.push(p);
-            residual_and_mlp(
-                &mut x,
-                &mut delta,
-                &layer.ffn_norm,
-                &layer.mlp,
-                &mut normed,
-                n,
-            );
-            Model::capture_taps(&want.taps, l, &x, h, 0, &mut taps);
-        }
-        state.pending = Some(Box::new(PendingTree {
-            parents: parents.to_vec(),
-            depths: depths.to_vec(),
-            layers: pending,
-        }));
-        self.output_norm.forward(&x, &mut normed);
-        let logits = self.head_logits_with(&normed, head);
-        Ok(Verified {
-            logits,
-            hidden: if want.hidden { normed } else { Vec::new() },
-            taps,
-        })
-    }
-
-    /// Grows the pending tree by `tokens`, node `k` a child of `parents[k]` (an index into the
-    /// pending tree, or into these new nodes as `pending size + j`, always before it), and
-    /// computes only the new nodes: their logits (`tokens.len()` rows, from `head` or the LM
-    /// head) have the bits [`Model::verify`] of the whole tree would give them. A drafter
-    /// grows its tree a level at a time this way. Attention-only models (a recurrent layer
-    /// would need its scratch states back): other models get an `Unsupported` error.
-    pub fn verify_more(
-        &self,
-        state: &mut ModelState,
-        parents: &[usize],
-        tokens: &[u32],
-        head: Option<&MatMulWeight>,
-    ) -> Result<Verified, ModelError> {
-        let Some(mut pending) = state.pending.take() else {
-            return Err(ModelError::StateMismatch(
-                "verify_more without a verified tree".into(),
-            ));
-        };
-        let first = pending.parents.len();
-        let bad = |state: &mut ModelState, pending: Box<PendingTree>, e: ModelError| {
-            state.pending = Some(pending);
-            Err(e)
-        };
-        if pending.layers.iter().any(Option::is_some) {
-            return bad(
-                state,
-                pending,
-                ModelError::Unsupported("growing a verified tree through recurrent layers".into()),
-            );
-        }
-        if parents.len() != tokens.len() || parents.iter().enumerate().any(|(k, &p)| p >= first + k)
-        {
-            return bad(
-                state,
-                pending,
-                ModelError::StateMismatch("verify_more: a parent after its child".into()),
-            );
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
-            return bad(
-                state,
-                pending,
-                ModelError::TokenOutOfRange {
-                    token: t,
-                    vocab: self.config.vocab,
-                },
-            );
-        }
-        if state.len + first + tokens.len() > state.max_len {
-            let (len, max_len) = (state.len, state.max_len);
-            return bad(
-                state,
-                pending,
-                ModelError::ContextFull {
-                    len,
-                    new: first + tokens.len(),
-                    max_len,
-                },
-            );
-        }
-        let n = tokens.len();
-        if n == 0 {
-            state.pending = Some(pending);
-            return Ok(Verified::default());
-        }
-        for (k, &p) in parents.iter().enumerate() {
-            let d = pending.depths[p] + 1;
-            pending.parents.push(p);
-            pending.depths.push(d);
-            debug_assert_eq!(pending.parents.len(), first + k + 1);
-        }
-        let h = self.config.hidden;
-        let mut x = vec![0f32; n * h];
-        self.embedding.lookup(tokens, &mut x);
-        let mut normed = vec![0f32; n * h];
-        let mut delta = vec![0f32; n * h];
-        let base = state.len;
-        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
-            layer.attn_norm.forward(&x, &mut normed);
-            match (&layer.mixer, st) {
-                (Mixer::Attention(a), LayerState::Kv(cache)) => a.forward_tree_more(
-                    cache,
-                    base,
-                    &normed,
-                    &pending.parents,
-                    &pending.depths,
-                    first,
-                    &mut delta,
-                ),
-                _ => unreachable!("checked: attention layers only"),
-            }
-            residual_and_mlp(
-                &mut x,
-                &mut delta,
-                &layer.ffn_norm,
-                &layer.mlp,
-                &mut normed,
-                n,
-            );
-        }
-        state.pending = Some(pending);
-        self.output_norm.forward(&x, &mut normed);
-        let logits = self.head_logits_with(&normed, head);
-        Ok(Verified {
-            logits,
-            ..Verified::default()
-        })
+    ) -> Result<Output, ModelError> {
+        let mut out = Output::default();
+        self.run(state, &Batch::tree(tree).hidden(want_hidden), &mut out)?;
+        Ok(out)
     }
 
     /// Commits `path` of the pending tree (node indices from the root down, each a child of
@@ -268,17 +55,8 @@ impl Model {
             )));
         }
         let base = state.len;
-        for ((layer, st), p) in self
-            .layers
-            .iter()
-            .zip(state.layers.iter_mut())
-            .zip(&pending.layers)
-        {
-            match (&layer.mixer, st, p) {
-                (Mixer::Attention(_), LayerState::Kv(cache), None) => cache.commit(base, path),
-                (Mixer::GatedDeltaNet(g), LayerState::Gdn(s), Some(p)) => g.commit(s, p, path),
-                _ => unreachable!("the pending tree was made for these layers"),
-            }
+        for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
+            layer.mixer.commit(st, base, path);
         }
         state.len += path.len();
         Ok(())
@@ -289,6 +67,7 @@ impl Model {
 mod tests {
     use super::*;
     use crate::model::config::{Arch, SourceKind};
+    use crate::model::state::LayerState;
     use crate::model::testing::{random_weights, tiny_config};
     use crate::model::tree::{TreeBuilder, NO_PARENT};
     use crate::model::{Logits, ModelError};
@@ -434,15 +213,17 @@ mod tests {
 
             let mut st = model.new_state(64);
             model.forward(&mut st, &prompt, Logits::Last).unwrap();
-            let grown = match model.verify_more(&mut st, &[], &[], None) {
+            let mut out = Output::default();
+            let grown = match model.run(&mut st, &Batch::grow(&[], &[]), &mut out) {
                 Err(_) => model.verify(&mut st, &TokenTree::chain(&tokens[..1]), false),
-                Ok(_) => panic!("{name}: verify_more without a tree must fail"),
+                Ok(_) => panic!("{name}: growing without a tree must fail"),
             }
             .unwrap();
             let mut rows = grown.logits;
             for (lo, hi) in [(1, 3), (3, 4), (4, 6)] {
-                match model.verify_more(&mut st, &parents[lo..hi], &tokens[lo..hi], None) {
-                    Ok(v) => rows.extend(v.logits),
+                let batch = Batch::grow(&parents[lo..hi], &tokens[lo..hi]);
+                match model.run(&mut st, &batch, &mut out) {
+                    Ok(()) => rows.extend(&out.logits),
                     Err(ModelError::Unsupported(_)) => {
                         assert!(name.contains("hybrid"), "{name}");
                         rows.clear();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 use crate::kernels::matmul::MatMulWeight;
-use crate::model::{Logits, Model, ModelState, Outputs, TokenTree, TreeBuilder};
+use crate::model::{Batch, Logits, Model, ModelState, Output, TokenTree, TreeBuilder};
 
 /// Most tokens the draft model has not computed yet that a tree's first level computes along
 /// with its root (its "leading chain"); a longer gap is fed by a pass of its own first.
@@ -108,7 +108,9 @@ impl DraftModelDrafter {
         if upto > self.fed.len() {
             self.last_tree = None;
             let new = &tokens[self.fed.len()..upto];
-            self.model.forward(&mut self.state, new, Logits::Last)?;
+            let batch = Batch::chain(new).logits(Logits::None);
+            self.model
+                .run(&mut self.state, &batch, &mut Output::default())?;
             self.fed.extend_from_slice(new);
         }
         Ok(())
@@ -116,7 +118,7 @@ impl DraftModelDrafter {
 
     /// Computes the builder's nodes not verified yet on the draft model: grows the pending
     /// tree by them (attention-only models), else re-verifies the whole tree. Leaves each
-    /// node's logits row in `rows_of` / `logits`, and the pending tree's shape (in the
+    /// node's logits row in `rows_of` / `out.logits`, and the pending tree's shape (in the
     /// model's node order) in `last_tree`.
     fn verify_new(
         &mut self,
@@ -124,19 +126,16 @@ impl DraftModelDrafter {
         computed: &mut usize,
         grow: &mut bool,
         rows_of: &mut Vec<Option<usize>>,
-        logits: &mut Vec<f32>,
+        out: &mut Output,
     ) -> Result<(), DraftError> {
         let n = builder.len();
         let head = self.head.as_ref();
         if *computed > 0 && *grow {
             let parents = &builder.parents()[*computed..n];
             let tokens = &builder.tokens()[*computed..n];
-            match self
-                .model
-                .verify_more(&mut self.state, parents, tokens, head)
-            {
-                Ok(v) => {
-                    *logits = v.logits;
+            let batch = Batch::grow(parents, tokens).head(head);
+            match self.model.run(&mut self.state, &batch, out) {
+                Ok(()) => {
                     rows_of.clear();
                     rows_of.resize(n, None);
                     for (r, id) in (*computed..n).enumerate() {
@@ -155,18 +154,14 @@ impl DraftModelDrafter {
         if *computed == 0 {
             // The first level: the leading chain is the whole tree, in builder order.
             let chain = TokenTree::chain(builder.tokens());
-            let v =
-                self.model
-                    .verify_with_head(&mut self.state, &chain, head, &Outputs::default())?;
-            *logits = v.logits;
+            let batch = Batch::tree(&chain).head(head);
+            self.model.run(&mut self.state, &batch, out)?;
             *rows_of = (0..n).map(Some).collect();
             self.last_tree = Some((chain.parents().to_vec(), chain.tokens().to_vec()));
         } else {
             let (tree, index) = builder.build();
-            let v =
-                self.model
-                    .verify_with_head(&mut self.state, &tree, head, &Outputs::default())?;
-            *logits = v.logits;
+            let batch = Batch::tree(&tree).head(head);
+            self.model.run(&mut self.state, &batch, out)?;
             *rows_of = index.iter().map(|&i| Some(i)).collect();
             self.last_tree = Some((tree.parents().to_vec(), tree.tokens().to_vec()));
         }
@@ -229,7 +224,7 @@ impl Drafter for DraftModelDrafter {
         // Rows of the last verification, by builder id (attention-only draft models grow the
         // verified tree by each level's new nodes; others re-verify the whole tree).
         let mut rows_of: Vec<Option<usize>> = Vec::new();
-        let mut logits: Vec<f32> = Vec::new();
+        let mut out = Output::default();
         let mut grow = true;
         let mut computed = 0; // builder ids below this are in the pending tree
                               // Open nodes: (builder id, probability of the path below the root).
@@ -239,13 +234,8 @@ impl Drafter for DraftModelDrafter {
             if open.is_empty() || added >= budget {
                 break;
             }
-            self.verify_new(
-                &builder,
-                &mut computed,
-                &mut grow,
-                &mut rows_of,
-                &mut logits,
-            )?;
+            self.verify_new(&builder, &mut computed, &mut grow, &mut rows_of, &mut out)?;
+            let logits = &out.logits;
             let width = self
                 .head
                 .as_ref()

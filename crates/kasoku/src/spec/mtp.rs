@@ -8,12 +8,15 @@ use std::sync::Arc;
 
 use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 use crate::engine::sampler::argmax;
-use crate::model::{KvCache, Model, TokenTree};
+use crate::model::{Model, ModelState, Output, TokenTree};
 
 /// The MTP drafter.
 pub struct MtpDrafter {
     model: Arc<Model>,
-    cache: KvCache,
+    /// The head's KV cache.
+    cache: ModelState,
+    /// What the head's last pass returned.
+    out: Output,
     /// The target's hidden state of the last committed token (pairs with the next root).
     last_hidden: Option<Vec<f32>>,
     /// Cache rows before the current draft (the draft's own rows come after).
@@ -30,10 +33,12 @@ impl MtpDrafter {
                 "this checkpoint has no multi-token-prediction head".into(),
             ));
         };
-        let cache = mtp.new_cache();
+        // No bound of its own: the head's rows follow the target's, plus a draft's.
+        let cache = mtp.new_state(usize::MAX);
         Ok(MtpDrafter {
             model,
             cache,
+            out: Output::default(),
             last_hidden: None,
             base: 0,
             min_prob: 0.0,
@@ -49,10 +54,8 @@ impl MtpDrafter {
         if tokens.is_empty() {
             return Ok(());
         }
-        let model = self.model.clone();
-        let mtp = model.mtp.as_ref().expect("checked in new");
-        let pos = self.cache.len();
-        mtp.forward(&model, &mut self.cache, tokens, hidden, pos)?;
+        let mtp = self.model.mtp.as_ref().expect("checked in new");
+        mtp.run(&self.model, &mut self.cache, tokens, hidden, &mut self.out)?;
         Ok(())
     }
 }
@@ -70,7 +73,7 @@ impl Drafter for MtpDrafter {
         // Rows pair token x_{j+1} with hidden h_j; only the newly computed part of the prompt
         // has hidden states, so the head restarts from there.
         let h = self.model.config.hidden;
-        self.cache = self.mtp().new_cache();
+        self.cache = self.mtp().new_state(usize::MAX);
         self.base = 0;
         self.last_hidden = None;
         let Some(hidden) = features.hidden.filter(|x| x.len() >= h) else {
@@ -93,14 +96,19 @@ impl Drafter for MtpDrafter {
             return Ok(TokenTree::chain(&chain));
         };
         self.cache.truncate(self.base);
-        let model = self.model.clone();
-        let mtp = model.mtp.as_ref().expect("checked in new");
+        let mtp = self.model.mtp.as_ref().expect("checked in new");
         let steps = req.budget.min(req.max_depth);
         for _ in 0..steps {
-            let pos = self.cache.len();
             let last = *chain.last().expect("non-empty");
-            let (m, logits) = mtp.forward(&model, &mut self.cache, &[last], &hidden, pos)?;
-            let best = argmax(&logits);
+            mtp.run(
+                &self.model,
+                &mut self.cache,
+                &[last],
+                &hidden,
+                &mut self.out,
+            )?;
+            let logits = &self.out.logits;
+            let best = argmax(logits);
             if self.min_prob > 0.0 {
                 let top = logits[best as usize];
                 let z: f32 = logits.iter().map(|&l| (l - top).exp()).sum();
@@ -109,7 +117,8 @@ impl Drafter for MtpDrafter {
                 }
             }
             chain.push(best);
-            hidden = m;
+            hidden.clear();
+            hidden.extend_from_slice(&self.out.hidden);
         }
         Ok(TokenTree::chain(&chain))
     }

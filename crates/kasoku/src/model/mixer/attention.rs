@@ -9,10 +9,13 @@ use std::sync::Arc;
 
 use crate::format::Claims;
 use crate::kernels::activation::sigmoid_gate;
-use crate::kernels::attention::{attention, tree_attention_rows, AttnGeometry};
+use crate::kernels::attention::{attend, AttnArgs, AttnGeometry};
 use crate::kernels::matmul::{matmul, matmul_many, MatMulWeight};
 use crate::kernels::rope::Rope;
+use crate::quant::DType;
 
+use super::super::batch::Pass;
+use super::super::trace::{Op, Trace};
 use super::super::weights::{self, MatrixRows};
 use super::super::{ModelConfig, ModelError, RmsNorm};
 
@@ -171,6 +174,24 @@ impl Projections {
         }
     }
 
+    /// The format of the (first) matrix.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Projections::Stacked { w, .. } => w.dtype,
+            Projections::Separate { wq, .. } => wq.dtype,
+        }
+    }
+
+    /// Bytes of the packed matrices (what one product reads).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Projections::Stacked { w, .. } => w.size_bytes(),
+            Projections::Separate { wq, wk, wv } => {
+                wq.size_bytes() + wk.size_bytes() + wv.size_bytes()
+            }
+        }
+    }
+
     /// `(x·Wqᵀ, x·Wkᵀ, x·Wvᵀ)` for the `n` rows of `x`.
     fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         match self {
@@ -271,122 +292,110 @@ impl Attention {
         KvCache::new(self.geo.n_kv_heads, self.geo.head_dim)
     }
 
-    /// Runs `n` new tokens (`x`: `n × hidden`, already normed) at positions
-    /// `cache.len()..cache.len() + n`, appends their keys and values to `cache`, and writes the
-    /// layer's output (`n × hidden`) to `out`.
-    pub fn forward(&self, cache: &mut KvCache, x: &[f32], n: usize, out: &mut [f32]) {
-        let past = cache.len();
-        let positions: Vec<usize> = (past..past + n).collect();
-        self.run(cache, x, &positions, None, out);
-    }
-
-    /// Runs the nodes of a token tree (`x`: one normed row per node): node `i` sits at position
-    /// `cache.len() + depths[i]` and attends to the cache and its ancestors (`parents`, as in
-    /// [`tree_attention`]). Appends every node's keys and values after the cache, uncommitted:
-    /// [`KvCache::commit`] keeps the accepted ones, [`KvCache::truncate`] drops them all.
-    pub fn forward_tree(
+    /// Runs the pass's rows (`x`: `n × hidden`, already normed) at their positions, appends
+    /// their keys and values to `cache` and writes the layer's output (`n × hidden`) to `out`.
+    /// Chain rows see the cache and the rows before them; tree nodes see the committed
+    /// positions and their ancestors, and their keys and values wait past the committed end,
+    /// uncommitted: [`KvCache::commit`] keeps the accepted ones, [`KvCache::truncate`] drops
+    /// them all.
+    pub(crate) fn run<T: Trace>(
         &self,
         cache: &mut KvCache,
         x: &[f32],
-        parents: &[usize],
-        depths: &[usize],
+        pass: &Pass,
         out: &mut [f32],
-    ) {
-        let past = cache.len();
-        let positions: Vec<usize> = depths.iter().map(|d| past + d).collect();
-        self.run(cache, x, &positions, Some((parents, 0)), out);
-    }
-
-    /// Like [`Attention::forward_tree`] for the nodes `first..` of a tree whose earlier nodes
-    /// are already in `cache` (uncommitted, after the `past` committed positions): `x` holds
-    /// the new nodes' rows; `parents` and `depths` describe the whole tree.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_tree_more(
-        &self,
-        cache: &mut KvCache,
-        past: usize,
-        x: &[f32],
-        parents: &[usize],
-        depths: &[usize],
-        first: usize,
-        out: &mut [f32],
-    ) {
-        assert_eq!(
-            cache.len(),
-            past + first,
-            "attention: cache holds other tree nodes"
-        );
-        let positions: Vec<usize> = depths[first..].iter().map(|d| past + d).collect();
-        self.run(cache, x, &positions, Some((parents, first)), out);
-    }
-
-    fn run(
-        &self,
-        cache: &mut KvCache,
-        x: &[f32],
-        positions: &[usize],
-        tree: Option<(&[usize], usize)>,
-        out: &mut [f32],
+        layer: usize,
+        tr: &mut T,
     ) {
         let AttnGeometry {
             n_heads,
             n_kv_heads,
             head_dim: hd,
         } = self.geo;
-        let n = positions.len();
+        let (n, past, positions) = (pass.n, pass.past, pass.positions);
         let q_dim = n_heads * hd;
         let kv_dim = n_kv_heads * hd;
-        // Committed positions: a tree's earlier nodes sit after them in the cache.
-        let past = cache.len() - tree.map_or(0, |(_, first)| first);
+        let first = pass.tree.map_or(0, |t| t.first);
+        assert_eq!(
+            cache.len(),
+            past + first,
+            "attention: the cache holds other rows"
+        );
+        let op = |name| Op::new(name, Some(layer), n);
 
-        let (mut q_raw, mut k, mut v) = self.qkv.project(x, n);
+        let qkv_op = op("qkv")
+            .matmul(self.qkv.dtype())
+            .reading(self.qkv.size_bytes());
+        let (mut q_raw, mut k, mut v) = tr.op(qkv_op, || self.qkv.project(x, n));
         debug_assert_eq!(k.len(), n * kv_dim);
-        for (buf, bias) in [
-            (&mut q_raw, &self.bq),
-            (&mut k, &self.bk),
-            (&mut v, &self.bv),
-        ] {
-            if let Some(b) = bias {
-                for row in buf.chunks_exact_mut(b.len()) {
-                    row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+        if self.bq.is_some() {
+            tr.op(op("qkv_bias"), || {
+                for (buf, bias) in [
+                    (&mut q_raw, &self.bq),
+                    (&mut k, &self.bk),
+                    (&mut v, &self.bv),
+                ] {
+                    if let Some(b) = bias {
+                        for row in buf.chunks_exact_mut(b.len()) {
+                            row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+                        }
+                    }
                 }
-            }
+            });
         }
         // Qwen3.5: per head, the first hd values are the query, the next hd the gate.
         let (mut q, gate) = if self.gated {
-            let mut q = vec![0f32; n * q_dim];
-            let mut g = vec![0f32; n * q_dim];
-            for (i, pair) in q_raw.chunks_exact(2 * hd).enumerate() {
-                q[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
-                g[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
-            }
-            (q, Some(g))
+            tr.op(op("q_gate_split"), || {
+                let mut q = vec![0f32; n * q_dim];
+                let mut g = vec![0f32; n * q_dim];
+                for (i, pair) in q_raw.chunks_exact(2 * hd).enumerate() {
+                    q[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
+                    g[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
+                }
+                (q, Some(g))
+            })
         } else {
             (q_raw, None)
         };
-        if let Some(norm) = &self.q_norm {
-            norm.forward_inplace(&mut q);
+        if self.q_norm.is_some() || self.k_norm.is_some() {
+            tr.op(op("qk_norm"), || {
+                if let Some(norm) = &self.q_norm {
+                    norm.forward_inplace(&mut q);
+                }
+                if let Some(norm) = &self.k_norm {
+                    norm.forward_inplace(&mut k);
+                }
+            });
         }
-        if let Some(norm) = &self.k_norm {
-            norm.forward_inplace(&mut k);
-        }
-        self.rope.apply(&mut q, n_heads, positions);
-        self.rope.apply(&mut k, n_kv_heads, positions);
-        cache.append(&k, &v);
+        tr.op(op("rope"), || {
+            self.rope.apply(&mut q, n_heads, positions);
+            self.rope.apply(&mut k, n_kv_heads, positions);
+        });
+        tr.op(op("kv_append"), || cache.append(&k, &v));
 
         let mut att = vec![0f32; n * q_dim];
-        let keys: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.keys(h)).collect();
-        let values: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.values(h)).collect();
-        match tree {
-            None => attention(self.geo, &q, &keys, &values, past, self.scale, &mut att),
-            Some((p, first)) => tree_attention_rows(
-                self.geo, &q, &keys, &values, past, p, first, self.scale, &mut att,
-            ),
-        }
+        let kv_bytes = 2 * cache.len() * kv_dim * 4;
+        tr.op(op("attention").reading(kv_bytes), || {
+            let keys: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.keys(h)).collect();
+            let values: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.values(h)).collect();
+            let args = AttnArgs {
+                geo: self.geo,
+                q: &q,
+                keys: &keys,
+                values: &values,
+                past,
+                scale: self.scale,
+                tree: pass.tree,
+            };
+            attend(&args, &mut att)
+        });
         if let Some(g) = &gate {
-            sigmoid_gate(&mut att, g);
+            tr.op(op("attn_gate"), || sigmoid_gate(&mut att, g));
         }
-        matmul(&self.wo, &att, n, out);
+        let wo = op("attn_out")
+            .matmul(self.wo.dtype)
+            .reading(self.wo.size_bytes());
+        tr.op(wo, || matmul(&self.wo, &att, n, out));
     }
 }
 
@@ -394,7 +403,6 @@ impl Attention {
 mod tests {
     use super::*;
     use crate::quant::legacy::tests::{random_blocks, Rng};
-    use crate::quant::DType;
 
     /// Stacked projections give exactly the separate ones' rows, in every matrix format
     /// family, for one row and for several.

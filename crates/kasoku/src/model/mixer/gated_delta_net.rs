@@ -27,7 +27,9 @@ use crate::kernels::gated_delta::{self, gates, l2norm_heads, GdnDims, GdnInputs,
 use crate::kernels::matmul::{matmul, MatMulWeight};
 use crate::kernels::norm::rmsnorm_inplace;
 
+use super::super::batch::Pass;
 use super::super::config::SourceKind;
+use super::super::trace::{NoTrace, Op, Trace};
 use super::super::{weights, ModelConfig, ModelError};
 
 /// Weights of one Gated DeltaNet layer. Immutable; shared by every sequence.
@@ -61,6 +63,15 @@ pub struct GdnState {
     pub conv: Vec<f32>,
     /// Recurrent state: `nv × dk × dv` (key dimension first), f32.
     pub ssm: Vec<f32>,
+    /// What the last tree pass left for its commit (`None` without a pending tree).
+    pending: Option<GdnPending>,
+}
+
+impl GdnState {
+    /// Forgets the pending tree's commit data.
+    pub(crate) fn discard_pending(&mut self) {
+        self.pending = None;
+    }
 }
 
 impl GatedDeltaNet {
@@ -138,21 +149,65 @@ impl GatedDeltaNet {
         GdnState {
             conv: vec![0.0; self.conv.state_len()],
             ssm: vec![0.0; self.dims.state_len()],
+            pending: None,
+        }
+    }
+
+    /// Mixes the pass's rows (`x`: one normed row each) into `out`: a chain advances `state`
+    /// past them ([`GatedDeltaNet::forward`]); tree nodes (a whole tree: this layer cannot
+    /// grow one) are computed from the committed state along their own paths and their
+    /// commit data waits in `state` ([`GatedDeltaNet::forward_tree`]).
+    pub(crate) fn run<T: Trace>(
+        &self,
+        state: &mut GdnState,
+        x: &[f32],
+        pass: &Pass,
+        out: &mut [f32],
+        layer: usize,
+        tr: &mut T,
+    ) {
+        match pass.tree {
+            None => self.forward_traced(state, x, pass.n, out, layer, tr),
+            Some(tree) => {
+                assert_eq!(
+                    tree.first, 0,
+                    "gated delta net: a tree grows only in attention"
+                );
+                let p = self.forward_tree(state, x, tree.parents, out, layer, tr);
+                state.pending = Some(p);
+            }
         }
     }
 
     /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
     /// `state` advances past the tokens.
     pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
+        self.forward_traced(state, x, n, out, 0, &mut NoTrace)
+    }
+
+    fn forward_traced<T: Trace>(
+        &self,
+        state: &mut GdnState,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        layer: usize,
+        tr: &mut T,
+    ) {
         self.check(state, x, n, out);
         if n == 0 {
             return;
         }
-        let p = self.project(x, n);
+        let op = |name| Op::new(name, Some(layer), n);
+        let p = self.project(x, n, layer, tr);
         // Short causal conv + SiLU over [q | k | v].
         let mut conv_out = vec![0f32; n * self.conv_dim()];
-        causal_conv1d_silu(&self.conv, &mut state.conv, &p.mixed, n, &mut conv_out);
-        let (q, k, v, g, beta) = self.recurrence_inputs(&conv_out, &p, n);
+        tr.op(op("conv1d"), || {
+            causal_conv1d_silu(&self.conv, &mut state.conv, &p.mixed, n, &mut conv_out)
+        });
+        let (q, k, v, g, beta) = tr.op(op("ssm_inputs"), || {
+            self.recurrence_inputs(&conv_out, &p, n)
+        });
         let mut o = vec![0f32; n * self.dims.nv * self.dims.dv];
         let inputs = GdnInputs {
             q: &q,
@@ -161,27 +216,37 @@ impl GatedDeltaNet {
             g: &g,
             beta: &beta,
         };
-        gated_delta::gated_delta(&self.dims, &inputs, n, &mut state.ssm, &mut o);
-        self.output(o, &p.z, n, out);
+        let state_bytes = state.ssm.len() * 4;
+        tr.op(op("gated_delta").reading(state_bytes), || {
+            gated_delta::gated_delta(&self.dims, &inputs, n, &mut state.ssm, &mut o)
+        });
+        self.output(o, &p.z, n, out, layer, tr);
     }
 
     /// Mixes the nodes of a token tree (`x`: one normed row per node; `parents[i] < i`, or
     /// `usize::MAX` for the root) without touching `state`: node `i`'s output is computed from
     /// the committed state along its own path, with the bits plain decoding of that path
     /// gives. Returns what [`GatedDeltaNet::commit`] needs to advance along an accepted path.
-    pub fn forward_tree(
+    fn forward_tree<T: Trace>(
         &self,
         state: &GdnState,
         x: &[f32],
         parents: &[usize],
         out: &mut [f32],
+        layer: usize,
+        tr: &mut T,
     ) -> GdnPending {
         let n = parents.len();
         self.check(state, x, n, out);
-        let p = self.project(x, n);
+        let op = |name| Op::new(name, Some(layer), n);
+        let p = self.project(x, n, layer, tr);
         let mut conv_out = vec![0f32; n * self.conv_dim()];
-        tree_conv1d_silu(&self.conv, &state.conv, &p.mixed, parents, &mut conv_out);
-        let (q, k, v, g, beta) = self.recurrence_inputs(&conv_out, &p, n);
+        tr.op(op("conv1d"), || {
+            tree_conv1d_silu(&self.conv, &state.conv, &p.mixed, parents, &mut conv_out)
+        });
+        let (q, k, v, g, beta) = tr.op(op("ssm_inputs"), || {
+            self.recurrence_inputs(&conv_out, &p, n)
+        });
         let vd = self.dims.nv * self.dims.dv;
         let mut o = vec![0f32; n * vd];
         let mut deltas = vec![0f32; n * vd];
@@ -192,15 +257,18 @@ impl GatedDeltaNet {
             g: &g,
             beta: &beta,
         };
-        tree_recurrent(
-            &self.dims,
-            &inputs,
-            parents,
-            &state.ssm,
-            &mut o,
-            &mut deltas,
-        );
-        self.output(o, &p.z, n, out);
+        let state_bytes = state.ssm.len() * 4;
+        tr.op(op("gated_delta").reading(state_bytes), || {
+            tree_recurrent(
+                &self.dims,
+                &inputs,
+                parents,
+                &state.ssm,
+                &mut o,
+                &mut deltas,
+            )
+        });
+        self.output(o, &p.z, n, out, layer, tr);
         GdnPending {
             parents: parents.to_vec(),
             mixed: p.mixed,
@@ -210,10 +278,14 @@ impl GatedDeltaNet {
         }
     }
 
-    /// Advances `state` along `path` (node indices of the tree `pending` came from, root
-    /// first, each a child of the one before): the recurrent state replays each node's
-    /// update, the conv state becomes the path's last inputs.
-    pub fn commit(&self, state: &mut GdnState, pending: &GdnPending, path: &[usize]) {
+    /// Advances `state` along `path` (node indices of its pending tree, root first, each a
+    /// child of the one before): the recurrent state replays each node's update, the conv
+    /// state becomes the path's last inputs. The pending tree is consumed.
+    pub(crate) fn commit(&self, state: &mut GdnState, path: &[usize]) {
+        let pending = state
+            .pending
+            .take()
+            .expect("gated delta net: no pending tree");
         let GdnDims { nk, nv, dk, dv, .. } = self.dims;
         let (kd, vd) = (nk * dk, nv * dv);
         for &i in path {
@@ -246,7 +318,7 @@ impl GatedDeltaNet {
     }
 
     /// The four input projections of `n` rows.
-    fn project(&self, x: &[f32], n: usize) -> Projected {
+    fn project<T: Trace>(&self, x: &[f32], n: usize, layer: usize, tr: &mut T) -> Projected {
         let GdnDims { nv, dv, .. } = self.dims;
         let mut p = Projected {
             mixed: vec![0f32; n * self.conv_dim()],
@@ -254,10 +326,23 @@ impl GatedDeltaNet {
             b: vec![0f32; n * nv],
             a: vec![0f32; n * nv],
         };
-        matmul(&self.qkv, x, n, &mut p.mixed);
-        matmul(&self.gate, x, n, &mut p.z);
-        matmul(&self.beta, x, n, &mut p.b);
-        matmul(&self.alpha, x, n, &mut p.a);
+        let op = |name, w: &MatMulWeight| {
+            Op::new(name, Some(layer), n)
+                .matmul(w.dtype)
+                .reading(w.size_bytes())
+        };
+        tr.op(op("ssm_qkv", &self.qkv), || {
+            matmul(&self.qkv, x, n, &mut p.mixed)
+        });
+        tr.op(op("ssm_z", &self.gate), || {
+            matmul(&self.gate, x, n, &mut p.z)
+        });
+        tr.op(op("ssm_beta", &self.beta), || {
+            matmul(&self.beta, x, n, &mut p.b)
+        });
+        tr.op(op("ssm_alpha", &self.alpha), || {
+            matmul(&self.alpha, x, n, &mut p.a)
+        });
         p
     }
 
@@ -287,12 +372,25 @@ impl GatedDeltaNet {
     }
 
     /// Gated RMSNorm per value head, then the output projection.
-    fn output(&self, mut o: Vec<f32>, z: &[f32], n: usize, out: &mut [f32]) {
-        rmsnorm_inplace(&mut o, &self.norm, self.eps);
-        for (v, &zg) in o.iter_mut().zip(z) {
-            *v *= silu(zg);
-        }
-        matmul(&self.out, &o, n, out);
+    fn output<T: Trace>(
+        &self,
+        mut o: Vec<f32>,
+        z: &[f32],
+        n: usize,
+        out: &mut [f32],
+        layer: usize,
+        tr: &mut T,
+    ) {
+        tr.op(Op::new("ssm_norm_gate", Some(layer), n), || {
+            rmsnorm_inplace(&mut o, &self.norm, self.eps);
+            for (v, &zg) in o.iter_mut().zip(z) {
+                *v *= silu(zg);
+            }
+        });
+        let op = Op::new("ssm_out", Some(layer), n)
+            .matmul(self.out.dtype)
+            .reading(self.out.size_bytes());
+        tr.op(op, || matmul(&self.out, &o, n, out));
     }
 }
 
@@ -307,8 +405,8 @@ struct Projected {
 
 /// What a tree pass leaves for [`GatedDeltaNet::commit`]: per node, the conv inputs, the
 /// normalised key, the log-decays and the deltas of the recurrence.
-#[derive(Clone, Debug)]
-pub struct GdnPending {
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct GdnPending {
     parents: Vec<usize>,
     mixed: Vec<f32>,
     k: Vec<f32>,

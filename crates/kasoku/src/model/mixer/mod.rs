@@ -1,5 +1,7 @@
 //! Token mixers: the part of a layer that moves information between positions. Each mixer
-//! owns its weights and defines its per-sequence state type.
+//! owns its weights and defines its per-sequence state type; each has one `run` over a pass
+//! (a chain, a tree, or more nodes of a pending tree) and one `commit` of a tree path. This
+//! file is the one place where a mixer meets its state.
 //!
 //! - [`attention`]: (gated) multi-head attention with a KV cache.
 //! - [`gated_delta_net`]: Qwen3.5's linear-attention layers with recurrent + conv state.
@@ -8,11 +10,12 @@ pub mod attention;
 pub mod gated_delta_net;
 
 pub use attention::{Attention, KvCache};
-pub use gated_delta_net::{GatedDeltaNet, GdnPending, GdnState};
+pub use gated_delta_net::{GatedDeltaNet, GdnState};
 
+use super::batch::Pass;
 use super::config::LayerKind;
 use super::state::LayerState;
-use super::ModelError;
+use super::trace::Trace;
 
 /// The mixer of one layer. (One per layer, so variant sizes do not matter.)
 #[allow(clippy::large_enum_variant)]
@@ -37,26 +40,32 @@ impl Mixer {
         }
     }
 
-    /// Mixes `n` new tokens (`x`: `n × hidden`, normed) into `out` (`n × hidden`), advancing
-    /// `state` past them.
-    pub fn forward(
+    /// Mixes the pass's rows (`x`: `n × hidden`, normed) into `out` (`n × hidden`): a chain
+    /// advances `state` past them, tree nodes wait in it for [`Mixer::commit`]. The model
+    /// checked that `state` belongs to this layer and that the pass suits it.
+    pub(crate) fn run<T: Trace>(
         &self,
         state: &mut LayerState,
         x: &[f32],
-        n: usize,
+        pass: &Pass,
         out: &mut [f32],
-    ) -> Result<(), ModelError> {
+        layer: usize,
+        tr: &mut T,
+    ) {
         match (self, state) {
-            (Mixer::Attention(a), LayerState::Kv(cache)) => a.forward(cache, x, n, out),
-            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => g.forward(s, x, n, out),
-            (m, s) => {
-                return Err(ModelError::StateMismatch(format!(
-                    "a {:?} layer was given a {:?} state",
-                    m.kind(),
-                    s.kind()
-                )))
-            }
+            (Mixer::Attention(a), LayerState::Kv(cache)) => a.run(cache, x, pass, out, layer, tr),
+            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => g.run(s, x, pass, out, layer, tr),
+            _ => unreachable!("the model matched every layer with its state"),
         }
-        Ok(())
+    }
+
+    /// Keeps `path` (root first, each node a child of the one before) of the tree pending in
+    /// `state` after the `base` committed positions, as plain decoding of its tokens would.
+    pub(crate) fn commit(&self, state: &mut LayerState, base: usize, path: &[usize]) {
+        match (self, state) {
+            (Mixer::Attention(_), LayerState::Kv(cache)) => cache.commit(base, path),
+            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => g.commit(s, path),
+            _ => unreachable!("the model matched every layer with its state"),
+        }
     }
 }

@@ -1,0 +1,383 @@
+//! The forward pass: [`Model::run`] places a [`Batch`] in the state (positions, tree
+//! ancestry), runs the one layer loop ([`run_layers`]) and returns to the host what the
+//! batch asked for. Prefill, decode, tree verification, growing a tree, the MTP head and the
+//! profiler all come through here.
+//!
+//! ```text
+//! x = embed(tokens)
+//! for each layer:  x += mixer(attn_norm(x));  x += mlp(ffn_norm(x))      (run_layers)
+//! hidden = output_norm(x);  logits = head(hidden)                       (what was asked)
+//! ```
+//! Chains longer than [`CHUNK`] rows run in chunks, each weight matrix multiplied once per
+//! chunk. Every kernel computes a row the same way whatever batch it comes in, so a row's
+//! results do not depend on the rows beside it: a tree node's logits have the bits plain
+//! decoding of its path gives.
+
+use super::batch::{Batch, Logits, Output, Pass, Shape};
+use super::config::LayerKind;
+use super::mixer::Mixer;
+use super::state::{LayerState, ModelState, PendingTree};
+use super::trace::{NoTrace, Op, Trace};
+use super::transformer::{Layer, Model};
+use super::ModelError;
+use crate::kernels::attention::TreeRows;
+use crate::kernels::matmul::{matmul, MatMulWeight};
+
+/// Rows per forward chunk: bounds activation memory while keeping matmuls batched.
+pub const CHUNK: usize = 256;
+
+impl Model {
+    /// Runs `batch` on `state` and leaves what it asked for in `out` (emptied first). Invalid
+    /// input (a token outside the vocabulary, no room in the state, a foreign state, a tree
+    /// grown without a pending one) is an error and leaves the state untouched.
+    pub fn run(
+        &self,
+        state: &mut ModelState,
+        batch: &Batch,
+        out: &mut Output,
+    ) -> Result<(), ModelError> {
+        self.run_traced(state, batch, out, &mut NoTrace)
+    }
+
+    /// [`Model::run`] with every step of the pass handed to `tr` (see [`Trace`]).
+    pub fn run_traced<T: Trace>(
+        &self,
+        state: &mut ModelState,
+        batch: &Batch,
+        out: &mut Output,
+        tr: &mut T,
+    ) -> Result<(), ModelError> {
+        out.clear();
+        self.check_taps(batch.taps)?;
+        match batch.shape {
+            Shape::Chain => self.run_chain(state, batch, out, tr),
+            Shape::Tree { parents, depths } => {
+                state.discard_pending();
+                self.check(state, batch.tokens)?;
+                let n = batch.len();
+                assert!(
+                    parents.len() == n && depths.len() == n,
+                    "tree: shape lengths"
+                );
+                if n == 0 {
+                    return Ok(());
+                }
+                let past = state.len;
+                let positions: Vec<usize> = depths.iter().map(|d| past + d).collect();
+                let pass = Pass {
+                    n,
+                    past,
+                    positions: &positions,
+                    tree: Some(TreeRows { parents, first: 0 }),
+                };
+                let x = self.pass(&mut state.layers, batch, &pass, 0, out, tr);
+                state.pending = Some(PendingTree {
+                    parents: parents.to_vec(),
+                    depths: depths.to_vec(),
+                });
+                self.outputs(&x, n, batch, true, out, tr);
+                Ok(())
+            }
+            Shape::Grow { parents } => self.run_grow(state, batch, parents, out, tr),
+        }
+    }
+
+    fn run_chain<T: Trace>(
+        &self,
+        state: &mut ModelState,
+        batch: &Batch,
+        out: &mut Output,
+        tr: &mut T,
+    ) -> Result<(), ModelError> {
+        state.discard_pending();
+        self.check(state, batch.tokens)?;
+        let n_chunks = batch.len().div_ceil(CHUNK);
+        for (c, chunk) in batch.tokens.chunks(CHUNK).enumerate() {
+            let n = chunk.len();
+            let past = state.len;
+            let positions: Vec<usize> = (past..past + n).collect();
+            let pass = Pass {
+                n,
+                past,
+                positions: &positions,
+                tree: None,
+            };
+            let part = Batch {
+                tokens: chunk,
+                ..*batch
+            };
+            let x = self.pass(&mut state.layers, &part, &pass, c * CHUNK, out, tr);
+            state.len += n;
+            self.outputs(&x, n, batch, c + 1 == n_chunks, out, tr);
+        }
+        Ok(())
+    }
+
+    /// More nodes for the pending tree ([`Shape::Grow`]).
+    fn run_grow<T: Trace>(
+        &self,
+        state: &mut ModelState,
+        batch: &Batch,
+        parents: &[usize],
+        out: &mut Output,
+        tr: &mut T,
+    ) -> Result<(), ModelError> {
+        let tokens = batch.tokens;
+        let Some(pending) = &state.pending else {
+            return Err(ModelError::StateMismatch(
+                "growing a tree without a verified one".into(),
+            ));
+        };
+        if self
+            .layers
+            .iter()
+            .any(|l| l.mixer.kind() != LayerKind::Attention)
+        {
+            return Err(ModelError::Unsupported(
+                "growing a verified tree through recurrent layers".into(),
+            ));
+        }
+        let first = pending.parents.len();
+        if parents.len() != tokens.len() || parents.iter().enumerate().any(|(k, &p)| p >= first + k)
+        {
+            return Err(ModelError::StateMismatch(
+                "growing a tree: a parent after its child".into(),
+            ));
+        }
+        self.check_tokens(tokens)?;
+        self.check_room(state, first + tokens.len())?;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let ModelState {
+            layers,
+            len,
+            pending,
+            ..
+        } = state;
+        let pending = pending.as_mut().expect("checked above");
+        for &p in parents {
+            let d = pending.depths[p] + 1;
+            pending.parents.push(p);
+            pending.depths.push(d);
+        }
+        let past = *len;
+        let positions: Vec<usize> = pending.depths[first..].iter().map(|d| past + d).collect();
+        let pass = Pass {
+            n,
+            past,
+            positions: &positions,
+            tree: Some(TreeRows {
+                parents: &pending.parents,
+                first,
+            }),
+        };
+        let x = self.pass(layers, batch, &pass, 0, out, tr);
+        self.outputs(&x, n, batch, true, out, tr);
+        Ok(())
+    }
+
+    /// Embeds the rows and runs them through the layers; returns their hidden rows. Taps go
+    /// to `out.taps` from row `start` on.
+    fn pass<T: Trace>(
+        &self,
+        states: &mut [LayerState],
+        batch: &Batch,
+        pass: &Pass,
+        start: usize,
+        out: &mut Output,
+        tr: &mut T,
+    ) -> Vec<f32> {
+        let (n, h) = (pass.n, self.config.hidden);
+        let mut x = vec![0f32; n * h];
+        let row_bytes = self.embedding.row_bytes();
+        tr.op(Op::new("embed", None, n).reading(n * row_bytes), || {
+            self.embedding.lookup(batch.tokens, &mut x)
+        });
+        let taps = batch.taps;
+        out.taps.resize((start + n) * taps.len() * h, 0.0);
+        let tapped = Taps {
+            layers: taps,
+            start,
+            out: &mut out.taps,
+        };
+        run_layers(&self.layers, states, 0, &mut x, pass, tapped, tr);
+        x
+    }
+
+    /// What the host asked for of the hidden rows `x` (`n × hidden`, before the output
+    /// norm) of one chunk (`last`: the batch's last).
+    fn outputs<T: Trace>(
+        &self,
+        x: &[f32],
+        n: usize,
+        batch: &Batch,
+        last: bool,
+        out: &mut Output,
+        tr: &mut T,
+    ) {
+        let h = self.config.hidden;
+        let head = batch.head.unwrap_or(&self.head);
+        let norm_op = |rows| Op::new("output_norm", None, rows);
+        if batch.hidden || batch.logits == Logits::All {
+            let mut normed = vec![0f32; n * h];
+            tr.op(norm_op(n), || self.output_norm.forward(x, &mut normed));
+            if batch.hidden {
+                out.hidden.extend_from_slice(&normed);
+            }
+            match batch.logits {
+                Logits::All => head_logits(head, &normed, n, &mut out.logits, tr),
+                Logits::Last if last => {
+                    head_logits(head, &normed[(n - 1) * h..], 1, &mut out.logits, tr)
+                }
+                _ => {}
+            }
+        } else if batch.logits == Logits::Last && last {
+            let mut normed = vec![0f32; h];
+            tr.op(norm_op(1), || {
+                self.output_norm.forward(&x[(n - 1) * h..], &mut normed)
+            });
+            head_logits(head, &normed, 1, &mut out.logits, tr);
+        }
+    }
+
+    /// Tap layers must exist.
+    pub(crate) fn check_taps(&self, taps: &[usize]) -> Result<(), ModelError> {
+        match taps.iter().find(|&&l| l >= self.layers.len()) {
+            Some(l) => Err(ModelError::Unsupported(format!(
+                "hidden states of layer {l} requested; the model has {} layers",
+                self.layers.len()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        match tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            Some(&bad) => Err(ModelError::TokenOutOfRange {
+                token: bad,
+                vocab: self.config.vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `new` more positions fit in `state`.
+    fn check_room(&self, state: &ModelState, new: usize) -> Result<(), ModelError> {
+        if state
+            .len
+            .checked_add(new)
+            .is_none_or(|end| end > state.max_len)
+        {
+            return Err(ModelError::ContextFull {
+                len: state.len,
+                new,
+                max_len: state.max_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// `tokens` may be appended to `state`, which belongs to this model.
+    pub(crate) fn check(&self, state: &ModelState, tokens: &[u32]) -> Result<(), ModelError> {
+        self.check_tokens(tokens)?;
+        self.check_room(state, tokens.len())?;
+        check_layers(&self.layers, state)
+    }
+}
+
+/// `state` holds one matching state per layer of `layers`.
+pub(crate) fn check_layers(layers: &[Layer], state: &ModelState) -> Result<(), ModelError> {
+    if state.layers.len() != layers.len() {
+        return Err(ModelError::StateMismatch(format!(
+            "{} layer states for {} layers",
+            state.layers.len(),
+            layers.len()
+        )));
+    }
+    for (i, (l, s)) in layers.iter().zip(&state.layers).enumerate() {
+        if l.mixer.kind() != s.kind() {
+            return Err(ModelError::StateMismatch(format!(
+                "layer {i} is {:?}, state is {:?}",
+                l.mixer.kind(),
+                s.kind()
+            )));
+        }
+        if let (Mixer::Attention(a), LayerState::Kv(c)) = (&l.mixer, s) {
+            if c.kv_dim() != a.kv_dim() || c.len() != state.len {
+                return Err(ModelError::StateMismatch(format!(
+                    "layer {i}: cache of {} positions × {} for a state of {} positions × {}",
+                    c.len(),
+                    c.kv_dim(),
+                    state.len,
+                    a.kv_dim()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where the layer loop copies the outputs of chosen layers: `out` is
+/// `[row][tap][hidden]`, this pass's rows from row `start` on.
+pub(crate) struct Taps<'a> {
+    pub(crate) layers: &'a [usize],
+    pub(crate) start: usize,
+    pub(crate) out: &'a mut [f32],
+}
+
+/// The layer loop: `x` (`n × hidden`, the embedded rows) through every layer of `layers`
+/// (numbered from `first_layer` for the trace), each layer's state advanced or holding the
+/// pass's tree nodes. The one place where a decoder block is written.
+pub(crate) fn run_layers<T: Trace>(
+    layers: &[Layer],
+    states: &mut [LayerState],
+    first_layer: usize,
+    x: &mut [f32],
+    pass: &Pass,
+    taps: Taps,
+    tr: &mut T,
+) {
+    let n = pass.n;
+    let h = x.len() / n;
+    let mut normed = vec![0f32; n * h];
+    let mut delta = vec![0f32; n * h];
+    for (i, (layer, st)) in layers.iter().zip(states.iter_mut()).enumerate() {
+        let l = first_layer + i;
+        let op = |name| Op::new(name, Some(l), n);
+        tr.op(op("attn_norm"), || layer.attn_norm.forward(x, &mut normed));
+        layer.mixer.run(st, &normed, pass, &mut delta, l, tr);
+        tr.op(op("residual"), || add(x, &delta));
+        tr.op(op("ffn_norm"), || layer.ffn_norm.forward(x, &mut normed));
+        layer.mlp.run(&normed, n, &mut delta, l, tr);
+        tr.op(op("residual"), || add(x, &delta));
+        for (k, _) in taps.layers.iter().enumerate().filter(|(_, &t)| t == l) {
+            for (r, row) in x.chunks_exact(h).enumerate() {
+                let at = ((taps.start + r) * taps.layers.len() + k) * h;
+                taps.out[at..at + h].copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// `x += d`, element by element.
+fn add(x: &mut [f32], d: &[f32]) {
+    x.iter_mut().zip(d).for_each(|(a, d)| *a += d);
+}
+
+/// Appends the logits of `m` final-normed rows through `head` to `logits`.
+pub(crate) fn head_logits<T: Trace>(
+    head: &MatMulWeight,
+    normed: &[f32],
+    m: usize,
+    logits: &mut Vec<f32>,
+    tr: &mut T,
+) {
+    let at = logits.len();
+    logits.resize(at + m * head.rows, 0.0);
+    let op = Op::new("head", None, m)
+        .matmul(head.dtype)
+        .reading(head.size_bytes());
+    tr.op(op, || matmul(head, normed, m, &mut logits[at..]));
+}
