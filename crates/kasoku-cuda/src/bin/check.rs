@@ -1,0 +1,251 @@
+//! `kasoku-cuda-check`: the GPU machine's checks and benchmark (tools/gpu_run.sh runs it).
+//!
+//! ```text
+//! kasoku-cuda-check kernels                      every kernel against the CPU backend
+//! kasoku-cuda-check fixtures DIR                 tests/fixtures through the GPU
+//! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
+//! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b)
+//! kasoku-cuda-check bench MODEL.gguf             tg128, pp512, verify curve k = 1..64
+//! ```
+//! Each prints its lines and exits 1 if a check failed.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use kasoku::model::TokenTree;
+use kasoku_cuda::checks::{self, Report};
+use kasoku_cuda::kernels::Kernels;
+use kasoku_cuda::runtime::{compile, Gpu, Timer};
+use kasoku_cuda::synth;
+use kasoku_cuda::CudaModel;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
+    if arg(0) == "synth" {
+        let shape = match arg(1) {
+            "1.5b" => synth::QWEN25_15B,
+            "0.5b" => synth::QWEN25_05B,
+            s => bail!("unknown shape {s}"),
+        };
+        let scheme: synth::Scheme = arg(2).parse().map_err(anyhow::Error::msg)?;
+        let t = Instant::now();
+        let bytes =
+            synth::write(Path::new(arg(3)), &shape, scheme, 1).map_err(anyhow::Error::msg)?;
+        println!(
+            "synth {} {:?}: {bytes} tensor bytes in {:.1} s",
+            shape.name,
+            scheme,
+            t.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
+    let gpu = Gpu::open(0).context("opening cuda:0")?;
+    let (free, total) = gpu.memory()?;
+    println!(
+        "device: {} (sm_{}{}, {} SMs, {:.1}/{:.1} GiB free), NVRTC {:?}",
+        gpu.name,
+        gpu.capability.0,
+        gpu.capability.1,
+        gpu.multiprocessors,
+        free as f64 / (1u64 << 30) as f64,
+        total as f64 / (1u64 << 30) as f64,
+        compile::nvrtc_version()?
+    );
+    let report = match arg(0) {
+        "kernels" => {
+            let t = Instant::now();
+            let k = Kernels::new(&gpu)?;
+            println!(
+                "kernels compiled and loaded in {:.2} s",
+                t.elapsed().as_secs_f64()
+            );
+            checks::kernels(&k)?
+        }
+        "fixtures" => {
+            let dir = Path::new(arg(1));
+            let mut rep = Report::default();
+            for (sub, file, tol) in [
+                ("llama/tiny", "model-f32.gguf", 5e-3),
+                ("llama/tiny", "model-q8_0.gguf", 5e-2),
+                ("llama/tiny", "model-q4_0.gguf", 1e-1),
+                ("llama/tiny_rope_llama3", "model-f32.gguf", 5e-3),
+                ("qwen2/tiny", "model-f32.gguf", 5e-3),
+                ("qwen3/tiny", "model-f32.gguf", 5e-3),
+            ] {
+                let d = dir.join(sub);
+                if !d.join(file).exists() {
+                    println!("note: {sub}/{file} absent");
+                    continue;
+                }
+                match checks::fixture(&gpu, &d, file, tol) {
+                    Ok(r) => rep.merge(r),
+                    Err(e) => rep.merge(Report {
+                        lines: vec![format!("FAIL fixture {sub}/{file}: {e}")],
+                        failures: 1,
+                    }),
+                }
+            }
+            rep
+        }
+        "spec" => {
+            let n: usize = arg(2).parse().unwrap_or(64);
+            // A prompt that repeats itself, so prompt lookup has something to draft.
+            let m = CudaModel::load(&gpu, arg(1))?;
+            let vocab = m.config.vocab as u32;
+            drop(m);
+            let base: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+            let prompt: Vec<u32> = base
+                .iter()
+                .chain(&base)
+                .chain(&base[..20])
+                .copied()
+                .collect();
+            checks::speculative(&gpu, Path::new(arg(1)), &prompt, n)?
+        }
+        "bench" => {
+            bench(&gpu, Path::new(arg(1)))?;
+            Report::default()
+        }
+        other => bail!("unknown command '{other}' (kernels, fixtures, spec, synth, bench)"),
+    };
+    for l in &report.lines {
+        println!("{l}");
+    }
+    println!(
+        "{} checks, {} failed",
+        report
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("ok") || l.starts_with("FAIL"))
+            .count(),
+        report.failures
+    );
+    if report.failures > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Decode tg128, prefill pp512 and the verify curve, timed with CUDA events around graph
+/// replays (each pass ends with its one synchronisation, which the wall clock also sees).
+fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
+    let t = Instant::now();
+    let m = CudaModel::load(gpu, path)?;
+    let name = path.file_name().unwrap().to_string_lossy();
+    println!(
+        "bench {name}: loaded in {:.1} s, {} weight bytes per token",
+        t.elapsed().as_secs_f64(),
+        m.weight_bytes
+    );
+    let vocab = m.config.vocab as u32;
+    let toks = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed)) % vocab)
+            .collect()
+    };
+    let mut st = m.new_state(1024)?;
+    let timer = Timer::new(gpu)?;
+
+    // pp512: a fresh state each time.
+    let prompt = toks(512, 1);
+    let mut pp = Vec::new();
+    for rep in 0..4 {
+        st.reset();
+        timer.start()?;
+        st.prefill(&m, &prompt)?;
+        let ms = timer.stop_ms()? as f64;
+        if rep > 0 {
+            pp.push(ms);
+        }
+    }
+    let pp_ms = median(pp);
+    println!(
+        "pp512: {:.2} ms, {:.0} tokens/s",
+        pp_ms,
+        512.0 / pp_ms * 1e3
+    );
+
+    // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps.
+    let mut tg = Vec::new();
+    for _ in 0..4 {
+        st.reset();
+        let mut tok = st.prefill(&m, &[1])?;
+        let t = Instant::now();
+        for _ in 0..128 {
+            tok = st.step(&m, tok)?;
+        }
+        tg.push(t.elapsed().as_secs_f64());
+    }
+    tg.remove(0);
+    let tg_s = median(tg);
+    let tps = 128.0 / tg_s;
+    let ceiling = 4.35e12 / m.weight_bytes as f64;
+    println!(
+        "tg128: {:.1} tokens/s ({:.3} ms/token; {:.1}% of the 4.35 TB/s ceiling {:.0} t/s)",
+        tps,
+        tg_s / 128.0 * 1e3,
+        100.0 * tps / ceiling,
+        ceiling
+    );
+    // The same steps without graphs: what the launches cost.
+    st.use_graphs = false;
+    st.reset();
+    let mut tok = st.prefill(&m, &[1])?;
+    let t = Instant::now();
+    for _ in 0..32 {
+        tok = st.step(&m, tok)?;
+    }
+    println!(
+        "tg32 without graphs: {:.1} tokens/s",
+        32.0 / t.elapsed().as_secs_f64()
+    );
+    st.use_graphs = true;
+
+    // Where a decode step's time goes (each kernel alone, launched back to back).
+    st.reset();
+    st.prefill(&m, &toks(512, 5))?;
+    for (what, us, bytes) in m.profile_step(&mut st, 50)? {
+        let bw = if bytes > 0 {
+            format!(", {:.0} GB/s", bytes as f64 / us * 1e-3)
+        } else {
+            String::new()
+        };
+        println!("  kernel {what}: {us:.1} us{bw}");
+    }
+    println!("  per step: {} layers of the above", m.config.n_layers);
+
+    // The verify curve: a chain of k tokens after `depth` committed positions.
+    for depth in [1usize, 512] {
+        st.reset();
+        st.prefill(&m, &toks(depth, 7))?;
+        let mut line = format!("verify depth {depth}:");
+        let mut base = 0.0;
+        for k in [1usize, 2, 4, 8, 16, 32, 64] {
+            let tree = TokenTree::chain(&toks(k, 3));
+            let mut ts = Vec::new();
+            for rep in 0..23 {
+                let t = Instant::now();
+                st.verify(&m, &tree)?;
+                if rep >= 3 {
+                    ts.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            let us = median(ts);
+            if k == 1 {
+                base = us;
+                line += &format!(" k1={us:.0}us");
+            } else {
+                line += &format!(" k{k}={:.2}x", us / base);
+            }
+        }
+        println!("{line}");
+    }
+    Ok(())
+}

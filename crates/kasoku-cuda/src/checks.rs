@@ -1,0 +1,667 @@
+//! GPU results against the CPU backend's and references, on random shapes: what the test
+//! suite runs where a GPU is present and `kasoku-cuda-check` runs on the GPU machine. Each
+//! check returns lines saying what was compared and the relative error found
+//! (`max |gpu − ref| / max |ref|`), and fails when an error passes its bound or a row's bits
+//! depend on its batch.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kasoku::kernels::attention::{attention, tree_attention, AttnGeometry};
+use kasoku::kernels::matmul::{matmul, MatMulWeight};
+use kasoku::kernels::rope::{Rope, RopeLayout, RopeScaling};
+use kasoku::model::{TokenTree, TreeBuilder};
+use kasoku::quant::{dequantize, DType};
+
+use crate::kernels::{attention_chunks, AttnCall, DeviceMatrix, Kernels, QkvPost};
+use crate::model::{fill_meta, MetaLayout};
+use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
+use crate::synth::{random_tensor, Rng};
+
+/// The outcome of a group of checks.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub lines: Vec<String>,
+    pub failures: usize,
+}
+
+impl Report {
+    fn check(&mut self, ok: bool, line: String) {
+        if !ok {
+            self.failures += 1;
+        }
+        self.lines
+            .push(format!("{} {line}", if ok { "ok  " } else { "FAIL" }));
+    }
+
+    pub fn merge(&mut self, other: Report) {
+        self.lines.extend(other.lines);
+        self.failures += other.failures;
+    }
+}
+
+/// `max |a − b| / max |b|`.
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    let d = a.iter().zip(b).fold(0f64, |m, (x, y)| {
+        if x.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max((*x as f64 - y).abs())
+        }
+    });
+    d / scale
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+fn randv(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.sym() * scale).collect()
+}
+
+type R<T> = Result<T, crate::Error>;
+
+fn out_buf(gpu: &Arc<Gpu>, n: usize) -> R<DeviceBuffer> {
+    let b = gpu.alloc(n * 4)?;
+    b.fill(0xff)?; // NaN: an unwritten output shows
+    Ok(b)
+}
+
+/// Matrix products on every format at 1..64 rows against f64 products of the dequantized
+/// weights (and, for the record, the CPU backend's int8-activation kernels); then batch
+/// invariance: each row of a batch has the bits it has alone.
+pub fn matvec(k: &Kernels) -> R<Report> {
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    let mut rng = Rng(0x5eed);
+    for dtype in DType::ALL {
+        for &(rows, cols) in &[(77usize, 512usize), (300, 1536)] {
+            let bytes = random_tensor(&mut rng, dtype, rows * cols, 0.05);
+            let m = DeviceMatrix::upload(gpu, dtype, rows, cols, &bytes)?;
+            let mut wf = vec![0f32; rows * cols];
+            dequantize(dtype, &bytes, &mut wf);
+            let cpu = MatMulWeight::new(dtype, rows, cols, &bytes).expect("cpu weight");
+            let nmax = 64;
+            let x = randv(&mut rng, nmax * cols, 1.0);
+            let xd = gpu.upload_f32(&x)?;
+            let yd = out_buf(gpu, nmax * rows)?;
+            let mut worst = (0f64, 0f64);
+            for n in [1usize, 3, 8, 13, 64] {
+                yd.fill(0xff)?;
+                k.matvec(
+                    &[m.seg(yd.ptr(), rows, None, false)],
+                    xd.ptr(),
+                    n,
+                    cols,
+                    cols,
+                )?;
+                let y = yd.read_f32(n * rows)?;
+                let want: Vec<f64> = (0..n * rows)
+                    .map(|i| {
+                        let (r, j) = (i / rows, i % rows);
+                        (0..cols)
+                            .map(|c| x[r * cols + c] as f64 * wf[j * cols + c] as f64)
+                            .sum()
+                    })
+                    .collect();
+                worst.0 = worst.0.max(rel_err(&y, &want));
+                let mut yc = vec![0f32; n * rows];
+                matmul(&cpu, &x[..n * cols], n, &mut yc);
+                worst.1 = worst.1.max(rel_err(&y, &f64s(&yc)));
+            }
+            rep.check(
+                worst.0 < 1e-5,
+                format!("matvec {dtype} {rows}x{cols} n=1..64: rel err vs f64 {:.1e}, vs CPU backend {:.1e}", worst.0, worst.1),
+            );
+            // Batch invariance: 13 rows at once vs each alone, bit for bit.
+            let n = 13;
+            k.matvec(
+                &[m.seg(yd.ptr(), rows, None, false)],
+                xd.ptr(),
+                n,
+                cols,
+                cols,
+            )?;
+            let batched = yd.read_f32(n * rows)?;
+            let mut same = true;
+            for r in 0..n {
+                k.matvec(
+                    &[m.seg(yd.ptr(), rows, None, false)],
+                    xd.ptr() + (r * cols * 4) as u64,
+                    1,
+                    cols,
+                    cols,
+                )?;
+                let alone = yd.read_f32(rows)?;
+                same &= alone
+                    .iter()
+                    .zip(&batched[r * rows..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            }
+            rep.check(
+                same,
+                format!("matvec {dtype} {rows}x{cols}: a row's bits do not depend on its batch"),
+            );
+        }
+    }
+    // Three matrices of different formats in one launch, with bias and a residual epilogue.
+    let cols = 256;
+    let fmts = [(DType::Q4K, 40usize), (DType::Q6K, 24), (DType::Q8_0, 24)];
+    let n = 5;
+    let x = randv(&mut rng, n * cols, 1.0);
+    let xd = gpu.upload_f32(&x)?;
+    let mut segs = Vec::new();
+    let mut keep = Vec::new();
+    let mut want_all = Vec::new();
+    for (i, &(d, rows)) in fmts.iter().enumerate() {
+        let bytes = random_tensor(&mut rng, d, rows * cols, 0.05);
+        let mut wf = vec![0f32; rows * cols];
+        dequantize(d, &bytes, &mut wf);
+        let m = DeviceMatrix::upload(gpu, d, rows, cols, &bytes)?;
+        let bias = randv(&mut rng, rows, 0.1);
+        let init = randv(&mut rng, n * rows, 1.0);
+        let bd = gpu.upload_f32(&bias)?;
+        let yd = gpu.upload_f32(&init)?;
+        let acc = i == 1;
+        segs.push(m.seg(yd.ptr(), rows, Some(bd.ptr()), acc));
+        let want: Vec<f64> = (0..n * rows)
+            .map(|t| {
+                let (r, j) = (t / rows, t % rows);
+                let dot: f64 = (0..cols)
+                    .map(|c| x[r * cols + c] as f64 * wf[j * cols + c] as f64)
+                    .sum();
+                dot + bias[j] as f64 + if acc { init[t] as f64 } else { 0.0 }
+            })
+            .collect();
+        want_all.push(want);
+        keep.push((m, bd, yd, rows));
+    }
+    k.matvec(&segs, xd.ptr(), n, cols, cols)?;
+    let mut e = 0f64;
+    for ((_, _, yd, rows), want) in keep.iter().zip(&want_all) {
+        e = e.max(rel_err(&yd.read_f32(n * rows)?, want));
+    }
+    rep.check(
+        e < 1e-5,
+        format!("matvec of Q4_K+Q6_K+Q8_0 in one launch, bias, residual: rel err {e:.1e}"),
+    );
+    Ok(rep)
+}
+
+/// RMSNorm, SwiGLU, argmax and embedding lookups against the CPU kernels.
+pub fn elementwise(k: &Kernels) -> R<Report> {
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    let mut rng = Rng(11);
+    let (rows, dim) = (7, 1536);
+    let x = randv(&mut rng, rows * dim, 3.0);
+    let w = randv(&mut rng, dim, 1.0);
+    let (xd, wd, yd) = (
+        gpu.upload_f32(&x)?,
+        gpu.upload_f32(&w)?,
+        out_buf(gpu, rows * dim)?,
+    );
+    k.rmsnorm(xd.ptr(), wd.ptr(), 1e-6, dim, rows, yd.ptr())?;
+    let mut want = vec![0f32; rows * dim];
+    kasoku::kernels::norm::rmsnorm(&x, &w, 1e-6, &mut want);
+    let e = rel_err(&yd.read_f32(rows * dim)?, &f64s(&want));
+    rep.check(
+        e < 1e-6,
+        format!("rmsnorm {rows}x{dim}: rel err vs CPU {e:.1e}"),
+    );
+
+    let len = 3 * 8960;
+    let (g, u) = (randv(&mut rng, len, 6.0), randv(&mut rng, len, 2.0));
+    let (gd, ud) = (gpu.upload_f32(&g)?, gpu.upload_f32(&u)?);
+    k.swiglu(gd.ptr(), ud.ptr(), len)?;
+    let mut want = vec![0f32; len];
+    kasoku::kernels::activation::swiglu(&g, &u, &mut want);
+    let e = rel_err(&gd.read_f32(len)?, &f64s(&want));
+    rep.check(e < 1e-6, format!("swiglu {len}: rel err vs CPU {e:.1e}"));
+
+    let vocab = 151936;
+    let mut l = randv(&mut rng, 3 * vocab, 10.0);
+    l[vocab + 5] = 50.0;
+    l[vocab + 900] = 50.0; // a tie: the first wins
+    l[2 * vocab + vocab - 1] = 60.0;
+    let ld = gpu.upload_f32(&l)?;
+    let ids = gpu.alloc(12)?;
+    k.argmax(ld.ptr(), vocab, 3, ids.ptr())?;
+    let mut b = [0u8; 12];
+    ids.read(0, &mut b)?;
+    let got: Vec<u32> = b
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let want: Vec<u32> = (0..3)
+        .map(|r| kasoku::engine::sampler::argmax(&l[r * vocab..(r + 1) * vocab]))
+        .collect();
+    rep.check(
+        got == want,
+        format!("argmax over {vocab}: {got:?} (CPU {want:?})"),
+    );
+
+    for dtype in [
+        DType::Q4K,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q6K,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::Q5K,
+    ] {
+        let (vocab, dim) = (50, 512);
+        let bytes = random_tensor(&mut rng, dtype, vocab * dim, 0.5);
+        let table = DeviceMatrix::upload(gpu, dtype, vocab, dim, &bytes)?;
+        let tokens: Vec<u32> = vec![3, 49, 0, 17];
+        let td = gpu.upload(as_bytes(&tokens))?;
+        let yd = out_buf(gpu, tokens.len() * dim)?;
+        k.embed(&table, td.ptr(), tokens.len(), yd.ptr())?;
+        let rb = dtype.bytes_for(dim).unwrap();
+        let mut want = vec![0f32; tokens.len() * dim];
+        for (i, &t) in tokens.iter().enumerate() {
+            dequantize(
+                dtype,
+                &bytes[t as usize * rb..(t as usize + 1) * rb],
+                &mut want[i * dim..(i + 1) * dim],
+            );
+        }
+        let e = rel_err(&yd.read_f32(tokens.len() * dim)?, &f64s(&want));
+        rep.check(
+            e < 1e-6,
+            format!("embedding rows of {dtype}: rel err vs dequantize {e:.1e}"),
+        );
+    }
+    Ok(rep)
+}
+
+fn f16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
+
+/// The q/k/v epilogue (q/k norms, RoPE in both layouts, partial rotation, Llama 3 scaling)
+/// and attention (chain with a long cache: split keys; a tree) against the CPU kernels on
+/// keys and values rounded to f16 as the GPU cache holds them.
+pub fn attention_checks(k: &Kernels) -> R<Report> {
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    let mut rng = Rng(23);
+    let llama3 = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 8192.0,
+    };
+    let cases = [
+        (
+            "neox, qk-norm",
+            4usize,
+            2usize,
+            128usize,
+            128usize,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            true,
+            1000usize,
+            None,
+        ),
+        (
+            "interleaved, llama3 scaling",
+            8,
+            2,
+            64,
+            64,
+            RopeLayout::Interleaved,
+            llama3,
+            false,
+            300,
+            None,
+        ),
+        (
+            "partial rope 64/256",
+            4,
+            1,
+            256,
+            64,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            true,
+            70,
+            None,
+        ),
+        (
+            "tree of 9",
+            6,
+            2,
+            128,
+            128,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            false,
+            200,
+            Some(()),
+        ),
+    ];
+    for (what, nh, nkv, hd, rot, layout, scaling, qk_norm, past, tree) in cases {
+        let tree: Option<TokenTree> = tree.map(|_| {
+            let mut b = TreeBuilder::new(1);
+            let a = b.add(0, 2);
+            let c = b.add(a, 3);
+            b.add(c, 4);
+            b.add(a, 5);
+            let d = b.add(0, 6);
+            b.add(d, 7);
+            b.add(d, 8);
+            b.add(0, 9);
+            b.build().0
+        });
+        let n = tree.as_ref().map_or(5, |t| t.len());
+        let rope = Rope::new(hd, rot, 10000.0, layout, &scaling, None);
+        let inv: Vec<f32> = rope.inv_freq().iter().map(|&f| f as f32).collect();
+        let (q_dim, kv_dim) = (nh * hd, nkv * hd);
+        let q = randv(&mut rng, n * q_dim, 1.0);
+        let kk = randv(&mut rng, n * kv_dim, 1.0);
+        let v = randv(&mut rng, n * kv_dim, 1.0);
+        let qn = randv(&mut rng, hd, 1.0);
+        let kn = randv(&mut rng, hd, 1.0);
+        // The committed cache: random keys and values at 0..past (already f16).
+        let max_slots = past + 64;
+        let k_old = f16_round(&randv(&mut rng, nkv * past * hd, 1.0));
+        let v_old = f16_round(&randv(&mut rng, nkv * past * hd, 1.0));
+        let mut kc = vec![half::f16::ZERO; nkv * max_slots * hd];
+        let mut vc = kc.clone();
+        for h in 0..nkv {
+            for p in 0..past {
+                for d in 0..hd {
+                    kc[(h * max_slots + p) * hd + d] =
+                        half::f16::from_f32(k_old[(h * past + p) * hd + d]);
+                    vc[(h * max_slots + p) * hd + d] =
+                        half::f16::from_f32(v_old[(h * past + p) * hd + d]);
+                }
+            }
+        }
+        let kcd = gpu.upload(as_bytes(
+            &kc.iter().map(|x| x.to_bits()).collect::<Vec<u16>>(),
+        ))?;
+        let vcd = gpu.upload(as_bytes(
+            &vc.iter().map(|x| x.to_bits()).collect::<Vec<u16>>(),
+        ))?;
+        let layout_m = MetaLayout::new(64);
+        let mut words = vec![0u32; layout_m.words];
+        let toks: Vec<u32> = (0..n as u32).collect();
+        fill_meta(&layout_m, past, &toks, tree.as_ref(), &mut words);
+        let meta = gpu.upload(as_bytes(&words))?;
+        let (qd, kd, vd) = (
+            gpu.upload_f32(&q)?,
+            gpu.upload_f32(&kk)?,
+            gpu.upload_f32(&v)?,
+        );
+        let (qnd, knd, invd) = (
+            gpu.upload_f32(&qn)?,
+            gpu.upload_f32(&kn)?,
+            gpu.upload_f32(&inv)?,
+        );
+        k.qkv_post(&QkvPost {
+            q: qd.ptr(),
+            k: kd.ptr(),
+            v: vd.ptr(),
+            n,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            rot_dim: rot,
+            interleaved: layout == RopeLayout::Interleaved,
+            inv_freq: invd.ptr(),
+            q_norm: if qk_norm { qnd.ptr() } else { 0 },
+            k_norm: if qk_norm { knd.ptr() } else { 0 },
+            eps: 1e-6,
+            batch: meta.ptr(),
+            pos: meta.at(layout_m.pos * 4),
+            k_cache: kcd.ptr(),
+            v_cache: vcd.ptr(),
+            max_slots,
+        })?;
+        // CPU: norms, then RoPE at each row's position.
+        let positions: Vec<usize> = (0..n)
+            .map(|i| past + tree.as_ref().map_or(i, |t| t.depth(i)))
+            .collect();
+        let (mut qw, mut kw) = (q.clone(), kk.clone());
+        if qk_norm {
+            kasoku::kernels::norm::rmsnorm_inplace(&mut qw, &qn, 1e-6);
+            kasoku::kernels::norm::rmsnorm_inplace(&mut kw, &kn, 1e-6);
+        }
+        rope.apply(&mut qw, nh, &positions);
+        rope.apply(&mut kw, nkv, &positions);
+        let e = rel_err(&qd.read_f32(n * q_dim)?, &f64s(&qw));
+        rep.check(
+            e < 1e-5,
+            format!("qkv epilogue ({what}): q rel err vs CPU {e:.1e}"),
+        );
+        let mut kraw = vec![0u8; nkv * max_slots * hd * 2];
+        kcd.read(0, &mut kraw)?;
+        let kgot: Vec<f32> = kraw
+            .chunks(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect();
+        let mut e = 0f64;
+        for i in 0..n {
+            for h in 0..nkv {
+                let g = &kgot[(h * max_slots + past + i) * hd..][..hd];
+                let w = &kw[(i * nkv + h) * hd..][..hd];
+                e = e.max(rel_err(g, &f64s(w)));
+            }
+        }
+        rep.check(
+            e < 1e-3,
+            format!("qkv epilogue ({what}): k in the f16 cache, rel err {e:.1e}"),
+        );
+
+        // Attention over the cache the epilogue just completed.
+        let chunks = attention_chunks(max_slots);
+        let pml = gpu.alloc(n * nh * chunks * 2 * 4)?;
+        let po = gpu.alloc(n * nh * chunks * hd * 4)?;
+        let out = out_buf(gpu, n * q_dim)?;
+        k.attention(&AttnCall {
+            q: qd.ptr(),
+            k_cache: kcd.ptr(),
+            v_cache: vcd.ptr(),
+            max_slots,
+            n,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            batch: meta.ptr(),
+            pos: meta.at(layout_m.pos * 4),
+            path: meta.at(layout_m.path * 4),
+            part_ml: pml.ptr(),
+            part_o: po.ptr(),
+            chunks,
+            out: out.ptr(),
+        })?;
+        // CPU on the same f16 values (the GPU's own keys, as its cache holds them): per
+        // head, [past + n][hd].
+        let mut kf16 = vec![0f32; n * kv_dim];
+        for i in 0..n {
+            for h in 0..nkv {
+                kf16[(i * nkv + h) * hd..][..hd]
+                    .copy_from_slice(&kgot[(h * max_slots + past + i) * hd..][..hd]);
+            }
+        }
+        let vf16 = f16_round(&v);
+        let per_head = |old: &[f32], new: &[f32], h: usize| -> Vec<f32> {
+            let mut r = old[h * past * hd..(h + 1) * past * hd].to_vec();
+            for i in 0..n {
+                r.extend_from_slice(&new[(i * nkv + h) * hd..][..hd]);
+            }
+            r
+        };
+        let keys: Vec<Vec<f32>> = (0..nkv).map(|h| per_head(&k_old, &kf16, h)).collect();
+        let vals: Vec<Vec<f32>> = (0..nkv).map(|h| per_head(&v_old, &vf16, h)).collect();
+        let kr: Vec<&[f32]> = keys.iter().map(|x| &x[..]).collect();
+        let vr: Vec<&[f32]> = vals.iter().map(|x| &x[..]).collect();
+        let geo = AttnGeometry {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+        };
+        let mut want = vec![0f32; n * q_dim];
+        let qgpu = qd.read_f32(n * q_dim)?;
+        match &tree {
+            None => attention(
+                geo,
+                &qgpu,
+                &kr,
+                &vr,
+                past,
+                1.0 / (hd as f32).sqrt(),
+                &mut want,
+            ),
+            Some(t) => tree_attention(
+                geo,
+                &qgpu,
+                &kr,
+                &vr,
+                past,
+                t.parents(),
+                1.0 / (hd as f32).sqrt(),
+                &mut want,
+            ),
+        }
+        let e = rel_err(&out.read_f32(n * q_dim)?, &f64s(&want));
+        rep.check(
+            e < 1e-5,
+            format!(
+                "attention ({what}, {past} cached, {n} rows, {} chunks): rel err vs CPU {e:.1e}",
+                attention_chunks(past + n)
+            ),
+        );
+    }
+    Ok(rep)
+}
+
+/// Every kernel check.
+pub fn kernels(k: &Kernels) -> R<Report> {
+    let mut rep = matvec(k)?;
+    rep.merge(elementwise(k)?);
+    rep.merge(attention_checks(k)?);
+    Ok(rep)
+}
+
+/// A fixture (tests/fixtures/<arch>/<name>/: reference.json from transformers and GGUFs)
+/// through the GPU: logits of the reference tokens (relative error stated; the f16 KV cache
+/// bounds it near 1e-3) and the greedy continuation.
+pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
+    let mut rep = Report::default();
+    let text = std::fs::read_to_string(dir.join("reference.json"))
+        .map_err(|e| crate::Error::Invalid(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| crate::Error::Invalid(e.to_string()))?;
+    let ids = |key: &str| -> Vec<u32> {
+        v[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (tokens, greedy) = (ids("tokens"), ids("greedy_continuation"));
+    let logits: Vec<f64> = v["logits"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .flat_map(|r| {
+                    r.as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|x| x.as_f64())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let m = crate::CudaModel::load(gpu, dir.join(gguf))?;
+    let mut st = m.new_state(tokens.len() + greedy.len() + 8)?;
+    let got = st.logits(&m, &tokens)?;
+    let e = rel_err(&got, &logits);
+    let what = format!("{}/{gguf}", dir.display());
+    rep.check(
+        e < tol,
+        format!(
+            "fixture {what}: logits of {} tokens vs transformers, rel err {e:.1e}",
+            tokens.len()
+        ),
+    );
+    let mut st = m.new_state(tokens.len() + greedy.len() + 8)?;
+    let out = crate::generate_plain(&m, &mut st, &tokens, greedy.len())?;
+    rep.check(
+        out == greedy,
+        format!("fixture {what}: greedy continuation {out:?} (transformers {greedy:?})"),
+    );
+    Ok(rep)
+}
+
+/// Speculative decoding equals plain decoding on the GPU, token for token: with prompt
+/// lookup (n-gram trees) on `prompt`, and with the verification of arbitrary trees.
+pub fn speculative(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<Report> {
+    let mut rep = Report::default();
+    let m = crate::CudaModel::load(gpu, model)?;
+    let mut st = m.new_state(prompt.len() + n + 80)?;
+    let plain = crate::generate_plain(&m, &mut st, prompt, n)?;
+    for (budget, depth) in [(8usize, 8usize), (16, 8), (63, 16)] {
+        let mut st = m.new_state(prompt.len() + n + 80)?;
+        let mut drafter = kasoku::spec::ngram::NgramDrafter::default();
+        let run = crate::generate_speculative(&m, &mut st, prompt, n, &mut drafter, budget, depth)?;
+        rep.check(
+            run.tokens == plain,
+            format!(
+                "speculative == plain on {} (n-gram, budget {budget}): {} tokens in {} passes, {} of {} drafts accepted",
+                model.display(), n, run.passes, run.accepted, run.drafted
+            ),
+        );
+        if run.tokens != plain {
+            let at = run.tokens.iter().zip(&plain).position(|(a, b)| a != b);
+            rep.lines
+                .push(format!("     first difference at token {at:?}"));
+        }
+    }
+    // Trees that follow plain decoding's own path (and siblings that do not): every path
+    // node's id must be plain's next token.
+    let mut st = m.new_state(prompt.len() + n + 80)?;
+    let first = st.prefill(&m, prompt)?;
+    let mut b = TreeBuilder::new(first);
+    let mut node = 0;
+    for (i, &t) in plain[1..9.min(plain.len())].iter().enumerate() {
+        b.add(node, t.wrapping_add(1) % m.config.vocab as u32);
+        node = b.add(node, t);
+        let _ = i;
+    }
+    let (tree, _) = b.build();
+    let ids = st.verify(&m, &tree)?;
+    let path = tree.path(tree.len() - 1);
+    let deepest = (0..tree.len()).max_by_key(|&i| tree.depth(i)).unwrap();
+    let path = if tree.depth(deepest) > tree.depth(*path.last().unwrap()) {
+        tree.path(deepest)
+    } else {
+        path
+    };
+    let on_path: Vec<u32> = path.iter().map(|&i| ids[i]).collect();
+    let want = &plain[1..1 + on_path.len()];
+    rep.check(
+        on_path == want,
+        format!(
+            "a tree of {} nodes along plain decoding's path: ids {on_path:?} (plain {want:?})",
+            tree.len()
+        ),
+    );
+    Ok(rep)
+}

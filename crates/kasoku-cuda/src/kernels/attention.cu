@@ -1,0 +1,90 @@
+// Attention of the batch's rows over the f16 KV cache, split over the keys (flash-decoding):
+// `attn_partial` computes, per (row, query head, chunk of ATT_CHUNK key positions), the chunk's
+// max score, exp-sum and weighted values; `attn_merge` combines a row's chunks in order.
+//
+// A row sees a sequence of "virtual positions" 0..=pos: the committed slots 0..past, then (a
+// chain) slots past.. in order, or (a tree node) the slots of its path from the root down, so
+// virtual position v holds the key plain decoding of that path would have at position v.
+// Chunks are fixed ranges of virtual positions, so a row's arithmetic depends only on what it
+// sees: a tree node gets the bits plain decoding of its path gets.
+
+#define ATT_CHUNK 64
+
+__device__ __forceinline__ int att_slot(const Batch* b, const int* path, int i, int v) {
+    if (v < b->past || b->is_chain) return v;
+    return b->past + path[i * (b->max_depth + 1) + (v - b->past)];
+}
+
+// Grid (n, n_heads, chunks), block 128 (4 warps). Partials: [row][head][chunk] (m, l) and
+// [row][head][chunk][head_dim] (weighted values).
+extern "C" __global__ void __launch_bounds__(128) attn_partial(
+    const float* q, int q_ld, const u16* k_cache, const u16* v_cache, int max_slots,
+    int n_heads, int n_kv_heads, int head_dim, float scale,
+    const Batch* batch, const int* pos, const int* path,
+    float* part_ml, float* part_o, int chunks) {
+    __shared__ float qs[256];
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ int slots[ATT_CHUNK];
+    __shared__ float red[32];
+    int i = blockIdx.x, h = blockIdx.y, c = blockIdx.z;
+    int seen = pos[i] + 1;
+    int v0 = c * ATT_CHUNK;
+    if (v0 >= seen) return;
+    int v1 = min(v0 + ATT_CHUNK, seen), nk = v1 - v0;
+    int kh = h / (n_heads / n_kv_heads);
+    const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
+    const u16* vc = v_cache + (size_t)kh * max_slots * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[(size_t)i * q_ld + h * head_dim + d];
+    for (int t = threadIdx.x; t < nk; t += blockDim.x) slots[t] = att_slot(batch, path, i, v0 + t);
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int t = warp; t < nk; t += 4) {
+        const u16* kr = kc + (size_t)slots[t] * head_dim;
+        float s = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) s = fmaf(qs[d], h2f(kr[d]), s);
+        s = warp_sum(s);
+        if (lane == 0) sc[t] = s * scale;
+    }
+    __syncthreads();
+    float m = -KINF;
+    for (int t = threadIdx.x; t < nk; t += blockDim.x) m = fmaxf(m, sc[t]);
+    m = block_max(m, red);
+    __syncthreads();
+    for (int t = threadIdx.x; t < nk; t += blockDim.x) sc[t] = expf(sc[t] - m);
+    __syncthreads();
+    // The exp-sum in a fixed order (one thread, sequential), then the weighted values.
+    if (threadIdx.x == 0) {
+        float l = 0.0f;
+        for (int t = 0; t < nk; t++) l += sc[t];
+        size_t at = ((size_t)(i * n_heads + h) * chunks + c) * 2;
+        part_ml[at] = m;
+        part_ml[at + 1] = l;
+    }
+    float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < nk; t++) acc = fmaf(sc[t], h2f(vc[(size_t)slots[t] * head_dim + d]), acc);
+        o[d] = acc;
+    }
+}
+
+// out[i][h] = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c over the row's chunks, in order.
+// Grid (n, n_heads), block 128.
+extern "C" __global__ void __launch_bounds__(128) attn_merge(
+    const float* part_ml, const float* part_o, int chunks, int n_heads, int head_dim,
+    const int* pos, float* out, int out_ld) {
+    int i = blockIdx.x, h = blockIdx.y;
+    int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
+    const float* ml = part_ml + (size_t)(i * n_heads + h) * chunks * 2;
+    const float* po = part_o + (size_t)(i * n_heads + h) * chunks * head_dim;
+    float mx = -KINF;
+    for (int c = 0; c < nc; c++) mx = fmaxf(mx, ml[2 * c]);
+    float l = 0.0f;
+    for (int c = 0; c < nc; c++) l = fmaf(expf(ml[2 * c] - mx), ml[2 * c + 1], l);
+    float inv = 1.0f / l;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int c = 0; c < nc; c++) acc = fmaf(expf(ml[2 * c] - mx), po[(size_t)c * head_dim + d], acc);
+        out[(size_t)i * out_ld + h * head_dim + d] = acc * inv;
+    }
+}

@@ -1,0 +1,468 @@
+//! kasoku's GPU kernels: CUDA C sources (this folder's `.cu` files, compiled together by NVRTC
+//! at run time) and their typed launchers, which check shapes before anything is queued.
+//!
+//! - `matvec.cu`: matrix products on every GGUF weight format at any number of activation
+//!   rows, batch-invariant ([`Kernels::matvec`]).
+//! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
+//!   SwiGLU, argmax, KV-cache commit.
+//! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use kasoku::quant::DType;
+
+use crate::runtime::compile::{arch_of, compile_cached, Module};
+use crate::runtime::{Error, Gpu, Result};
+
+/// The whole kernel source, in compilation order.
+pub fn source() -> String {
+    [
+        include_str!("common.cuh"),
+        include_str!("matvec.cu"),
+        include_str!("ops.cu"),
+        include_str!("attention.cu"),
+    ]
+    .join("\n")
+}
+
+/// Every kernel entry point.
+pub const NAMES: [&str; 9] = [
+    "matvec",
+    "embed",
+    "rmsnorm",
+    "qkv_post",
+    "swiglu",
+    "argmax",
+    "kv_commit",
+    "attn_partial",
+    "attn_merge",
+];
+
+/// Key positions per attention chunk (ATT_CHUNK in attention.cu).
+pub const ATT_CHUNK: usize = 64;
+/// Activation rows a matvec tile holds (MAXR in matvec.cu); more rows loop over tiles.
+pub const MAX_TILE_ROWS: usize = 8;
+/// The largest attention head the kernels take (their shared-memory row).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Warps (weight rows) per matvec block.
+const MATVEC_WARPS: usize = 4;
+
+/// One matrix of a [`Kernels::matvec`] call: its weights and where its output goes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MatSeg {
+    pub w: u64,
+    pub y: u64,
+    pub bias: u64,
+    pub row_bytes: i64,
+    pub fmt: i32,
+    pub rows: i32,
+    pub ldy: i32,
+    pub accumulate: i32,
+}
+
+/// The parameter block of `matvec` (layout of `struct MatArgs` in matvec.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MatArgs {
+    pub seg: [MatSeg; 3],
+    pub x: u64,
+    pub nseg: i32,
+    pub cols: i32,
+    pub n: i32,
+    pub ldx: i32,
+}
+
+/// The batch description the kernels read (`struct Batch` in ops.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchDesc {
+    pub past: i32,
+    pub n: i32,
+    pub is_chain: i32,
+    pub max_depth: i32,
+}
+
+/// Whether the matvec kernel reads `dtype` at `cols` columns (float rows need whole 8-value
+/// vectors; block formats whole blocks).
+pub fn matvec_supports(dtype: DType, cols: usize) -> bool {
+    if dtype.is_quantized() {
+        cols.is_multiple_of(dtype.block_size())
+    } else {
+        cols.is_multiple_of(8)
+    }
+}
+
+/// A weight matrix on the device, in its GGUF layout.
+pub struct DeviceMatrix {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub buf: crate::runtime::DeviceBuffer,
+}
+
+impl DeviceMatrix {
+    /// Uploads `rows × cols` values of `dtype` stored row after row in `bytes` (straight from
+    /// the file's memory map: no host copy).
+    pub fn upload(
+        gpu: &Arc<Gpu>,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<DeviceMatrix> {
+        let row_bytes = check_matrix(dtype, rows, cols, bytes.len())?;
+        Ok(DeviceMatrix {
+            dtype,
+            rows,
+            cols,
+            row_bytes,
+            buf: gpu.upload(bytes)?,
+        })
+    }
+
+    /// The segment computing this matrix into `y` (row stride `ldy`).
+    pub fn seg(&self, y: u64, ldy: usize, bias: Option<u64>, accumulate: bool) -> MatSeg {
+        MatSeg {
+            w: self.buf.ptr(),
+            y,
+            bias: bias.unwrap_or(0),
+            row_bytes: self.row_bytes as i64,
+            fmt: self.dtype.ggml_id() as i32,
+            rows: self.rows as i32,
+            ldy: ldy as i32,
+            accumulate: accumulate as i32,
+        }
+    }
+}
+
+/// Checks that `len` bytes hold a `rows × cols` matrix of `dtype` the kernels can read;
+/// returns the bytes per row.
+pub fn check_matrix(dtype: DType, rows: usize, cols: usize, len: usize) -> Result<usize> {
+    if !matvec_supports(dtype, cols) {
+        return Err(Error::Invalid(format!(
+            "{dtype} matrix with {cols} columns: the GPU kernels need whole blocks (floats: \
+             multiples of 8)"
+        )));
+    }
+    let row_bytes = dtype
+        .bytes_for(cols)
+        .ok_or_else(|| Error::Invalid(format!("{dtype}: {cols} columns")))?;
+    if row_bytes.checked_mul(rows) != Some(len) {
+        return Err(Error::Invalid(format!(
+            "{dtype} matrix {rows}x{cols}: {len} bytes, expected {}",
+            row_bytes * rows
+        )));
+    }
+    if i32::try_from(rows).is_err() || i32::try_from(cols).is_err() {
+        return Err(Error::Invalid(format!("matrix {rows}x{cols} too large")));
+    }
+    Ok(row_bytes)
+}
+
+/// Builds the `matvec` parameters for `segs` (at most 3, each the same width `cols`) over
+/// `n` activation rows at `x` (row stride `ldx`); returns them with the grid size.
+pub fn matvec_args(
+    segs: &[MatSeg],
+    x: u64,
+    n: usize,
+    cols: usize,
+    ldx: usize,
+) -> Result<(MatArgs, u32)> {
+    if segs.is_empty() || segs.len() > 3 {
+        return Err(Error::Invalid(format!("matvec of {} matrices", segs.len())));
+    }
+    if ldx < cols || !ldx.is_multiple_of(4) {
+        return Err(Error::Invalid(format!(
+            "matvec: activation stride {ldx} for {cols} columns (must be ≥ and a multiple of 4)"
+        )));
+    }
+    let mut a = MatArgs {
+        x,
+        nseg: segs.len() as i32,
+        cols: cols as i32,
+        n: n as i32,
+        ldx: ldx as i32,
+        ..MatArgs::default()
+    };
+    a.seg[..segs.len()].copy_from_slice(segs);
+    let rows: usize = segs.iter().map(|s| s.rows as usize).sum();
+    Ok((a, rows.div_ceil(MATVEC_WARPS) as u32))
+}
+
+/// Attention chunks a row at position `pos` reads.
+pub fn attention_chunks(pos: usize) -> usize {
+    pos / ATT_CHUNK + 1
+}
+
+/// The compiled kernels on one device.
+pub struct Kernels {
+    pub gpu: Arc<Gpu>,
+    module: Module,
+}
+
+/// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
+fn p<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}
+
+impl Kernels {
+    /// Compiles (once per process) and loads the kernels for `gpu`.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Kernels> {
+        let cubin = compile_cached(&source(), &arch_of(gpu.capability))?;
+        let module = Module::load(gpu, &cubin, &NAMES)?;
+        Ok(Kernels {
+            gpu: gpu.clone(),
+            module,
+        })
+    }
+
+    fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.gpu
+            .launch(self.module.function(name), grid, block, params)
+    }
+
+    /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.
+    pub fn matvec(&self, segs: &[MatSeg], x: u64, n: usize, cols: usize, ldx: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (args, blocks) = matvec_args(segs, x, n, cols, ldx)?;
+        self.launch(
+            "matvec",
+            (blocks, 1, 1),
+            (MATVEC_WARPS * 32) as u32,
+            &mut [p(&args)],
+        )
+    }
+
+    /// Rows `tokens` of the embedding `table` into `y` (`n × dim` f32).
+    pub fn embed(&self, table: &DeviceMatrix, tokens: u64, n: usize, y: u64) -> Result<()> {
+        let (rb, fmt, dim) = (
+            table.row_bytes as i64,
+            table.dtype.ggml_id() as i32,
+            table.cols as i32,
+        );
+        let t = table.buf.ptr();
+        self.launch(
+            "embed",
+            (n as u32, 1, 1),
+            256,
+            &mut [p(&t), p(&rb), p(&fmt), p(&dim), p(&tokens), p(&y)],
+        )
+    }
+
+    /// RMSNorm of `rows` rows of `dim` values.
+    pub fn rmsnorm(&self, x: u64, w: u64, eps: f32, dim: usize, rows: usize, y: u64) -> Result<()> {
+        let d = dim as i32;
+        self.launch(
+            "rmsnorm",
+            (rows as u32, 1, 1),
+            256,
+            &mut [p(&x), p(&w), p(&eps), p(&d), p(&y)],
+        )
+    }
+
+    /// `g = silu(g) · u` over `len` values.
+    pub fn swiglu(&self, g: u64, u: u64, len: usize) -> Result<()> {
+        let l = len as i64;
+        self.launch(
+            "swiglu",
+            (len.div_ceil(256) as u32, 1, 1),
+            256,
+            &mut [p(&g), p(&u), p(&l)],
+        )
+    }
+
+    /// The index of each row's largest value.
+    pub fn argmax(&self, logits: u64, vocab: usize, rows: usize, ids: u64) -> Result<()> {
+        let v = vocab as i32;
+        self.launch(
+            "argmax",
+            (rows as u32, 1, 1),
+            1024,
+            &mut [p(&logits), p(&v), p(&ids)],
+        )
+    }
+
+    /// The q/k/v epilogue (see ops.cu `qkv_post`).
+    pub fn qkv_post(&self, a: &QkvPost) -> Result<()> {
+        if a.head_dim > MAX_HEAD_DIM
+            || a.rot_dim > a.head_dim
+            || a.n_kv_heads == 0
+            || a.n_heads % a.n_kv_heads != 0
+        {
+            return Err(Error::Invalid(format!("attention geometry {a:?}")));
+        }
+        let (q_ld, kv_ld) = (
+            (a.n_heads * a.head_dim) as i32,
+            (a.n_kv_heads * a.head_dim) as i32,
+        );
+        let (nh, nkv, hd, rd, il) = (
+            a.n_heads as i32,
+            a.n_kv_heads as i32,
+            a.head_dim as i32,
+            a.rot_dim as i32,
+            a.interleaved as i32,
+        );
+        let ms = a.max_slots as i32;
+        self.launch(
+            "qkv_post",
+            (a.n as u32, (a.n_heads + a.n_kv_heads) as u32, 1),
+            128,
+            &mut [
+                p(&a.q),
+                p(&a.k),
+                p(&a.v),
+                p(&q_ld),
+                p(&kv_ld),
+                p(&nh),
+                p(&nkv),
+                p(&hd),
+                p(&rd),
+                p(&il),
+                p(&a.inv_freq),
+                p(&a.q_norm),
+                p(&a.k_norm),
+                p(&a.eps),
+                p(&a.batch),
+                p(&a.pos),
+                p(&a.k_cache),
+                p(&a.v_cache),
+                p(&ms),
+            ],
+        )
+    }
+
+    /// Attention of `n` rows (queries at `q`, `n × n_heads × head_dim`) over one layer's
+    /// cache, into `out` (same shape); `chunks` bounds the key chunks of any row.
+    pub fn attention(&self, a: &AttnCall) -> Result<()> {
+        let (ms, nh, nkv, hd, ch) = (
+            a.max_slots as i32,
+            a.n_heads as i32,
+            a.n_kv_heads as i32,
+            a.head_dim as i32,
+            a.chunks as i32,
+        );
+        let q_ld = (a.n_heads * a.head_dim) as i32;
+        self.launch(
+            "attn_partial",
+            (a.n as u32, a.n_heads as u32, a.chunks as u32),
+            128,
+            &mut [
+                p(&a.q),
+                p(&q_ld),
+                p(&a.k_cache),
+                p(&a.v_cache),
+                p(&ms),
+                p(&nh),
+                p(&nkv),
+                p(&hd),
+                p(&a.scale),
+                p(&a.batch),
+                p(&a.pos),
+                p(&a.path),
+                p(&a.part_ml),
+                p(&a.part_o),
+                p(&ch),
+            ],
+        )?;
+        self.launch(
+            "attn_merge",
+            (a.n as u32, a.n_heads as u32, 1),
+            128,
+            &mut [
+                p(&a.part_ml),
+                p(&a.part_o),
+                p(&ch),
+                p(&nh),
+                p(&hd),
+                p(&a.pos),
+                p(&a.out),
+                p(&q_ld),
+            ],
+        )
+    }
+
+    /// Moves slots `past + path[t]` to `past + t` in every layer's keys and values.
+    pub fn kv_commit(
+        &self,
+        cache: u64,
+        head_elems: usize,
+        layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        past: usize,
+        path: u64,
+        len: usize,
+    ) -> Result<()> {
+        let (he, nkv, hd, pa, l) = (
+            head_elems as i64,
+            n_kv_heads as i32,
+            head_dim as i32,
+            past as i32,
+            len as i32,
+        );
+        self.launch(
+            "kv_commit",
+            ((layers * n_kv_heads) as u32, 1, 1),
+            128,
+            &mut [p(&cache), p(&he), p(&nkv), p(&hd), p(&pa), p(&path), p(&l)],
+        )
+    }
+}
+
+/// Parameters of [`Kernels::qkv_post`] (device addresses as u64; 0 for none).
+#[derive(Clone, Copy, Debug)]
+pub struct QkvPost {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub n: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rot_dim: usize,
+    pub interleaved: bool,
+    pub inv_freq: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub eps: f32,
+    pub batch: u64,
+    pub pos: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub max_slots: usize,
+}
+
+/// Parameters of [`Kernels::attention`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttnCall {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub max_slots: usize,
+    pub n: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub batch: u64,
+    pub pos: u64,
+    pub path: u64,
+    pub part_ml: u64,
+    pub part_o: u64,
+    pub chunks: usize,
+    pub out: u64,
+}
+
+#[cfg(test)]
+mod tests;

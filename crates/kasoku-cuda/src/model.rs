@@ -1,0 +1,925 @@
+//! A dense decoder (llama, qwen2, qwen3) on the GPU: weights uploaded once from the GGUF's
+//! memory map, a KV cache of f16, and forward passes that run as one CUDA graph per batch
+//! size, so a decode step or a whole draft tree costs one launch and one synchronisation.
+//!
+//! ```text
+//! x = embed(tokens)
+//! per layer: h = norm(x); q,k,v = h·[Wq|Wk|Wv]ᵀ (+bias); per-head norm, RoPE, cache write;
+//!            x += attention(q)·Woᵀ;  h = norm(x);  x += (silu(h·Wgᵀ) · h·Wuᵀ)·Wdᵀ
+//! logits = norm(x)·Headᵀ;  ids = argmax(logits)
+//! ```
+//! A pass describes its rows on the device (`BatchDesc`, tokens, positions, tree paths), filled
+//! by a copy from pinned memory captured into the graph; the ids come back the same way.
+//! Verification places tree node `i` at `len + depth(i)` and writes its keys and values at
+//! slot `len + i`; [`CudaState::commit`] moves the accepted path's slots into place.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use kasoku::format::gguf::GgufFile;
+use kasoku::format::RawTensor;
+use kasoku::kernels::rope::Rope;
+use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
+use kasoku::quant::dequantize;
+
+use crate::kernels::{attention_chunks, AttnCall, BatchDesc, DeviceMatrix, Kernels, QkvPost};
+use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
+
+/// Rows of one prefill pass (longer prompts run in passes of this many).
+pub const PREFILL_ROWS: usize = 256;
+/// Nodes of a verified tree at most (and rows of a graph-captured pass).
+pub const MAX_TREE: usize = 64;
+
+struct Layer {
+    attn_norm: DeviceBuffer,
+    wq: DeviceMatrix,
+    wk: DeviceMatrix,
+    wv: DeviceMatrix,
+    bq: Option<DeviceBuffer>,
+    bk: Option<DeviceBuffer>,
+    bv: Option<DeviceBuffer>,
+    q_norm: Option<DeviceBuffer>,
+    k_norm: Option<DeviceBuffer>,
+    wo: DeviceMatrix,
+    ffn_norm: DeviceBuffer,
+    gate: DeviceMatrix,
+    up: DeviceMatrix,
+    down: DeviceMatrix,
+}
+
+/// A model's weights on one GPU.
+pub struct CudaModel {
+    pub config: ModelConfig,
+    pub kernels: Kernels,
+    embed: DeviceMatrix,
+    layers: Vec<Layer>,
+    output_norm: DeviceBuffer,
+    /// `output.weight`, or the embedding table itself when tied (not a second copy).
+    head: Option<DeviceMatrix>,
+    inv_freq: DeviceBuffer,
+    /// Bytes of weights a decode step reads (every matrix once, the embedding row aside).
+    pub weight_bytes: usize,
+}
+
+fn tensor(file: &GgufFile, name: &str) -> Result<RawTensor> {
+    file.tensor(name)
+        .ok_or_else(|| Error::Invalid(format!("{}: no tensor {name}", file.path().display())))
+}
+
+fn matrix(
+    gpu: &Arc<Gpu>,
+    file: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<DeviceMatrix> {
+    let t = tensor(file, name)?;
+    if t.shape != [rows, cols] {
+        return Err(Error::Invalid(format!(
+            "{name}: shape {:?}, expected [{rows}, {cols}]",
+            t.shape
+        )));
+    }
+    DeviceMatrix::upload(gpu, t.dtype, rows, cols, t.data.as_slice())
+        .map_err(|e| Error::Invalid(format!("{name}: {e}")))
+}
+
+fn vector_f32(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = tensor(file, name)?;
+    if t.numel() != len {
+        return Err(Error::Invalid(format!(
+            "{name}: {} values, expected {len}",
+            t.numel()
+        )));
+    }
+    let mut v = vec![0f32; len];
+    if t.dtype.bytes_for(len) != Some(t.data.len()) {
+        return Err(Error::Invalid(format!("{name}: bad size")));
+    }
+    dequantize(t.dtype, t.data.as_slice(), &mut v);
+    Ok(v)
+}
+
+fn vector(gpu: &Arc<Gpu>, file: &GgufFile, name: &str, len: usize) -> Result<DeviceBuffer> {
+    gpu.upload_f32(&vector_f32(file, name, len)?)
+}
+
+impl CudaModel {
+    /// Loads a GGUF file onto `gpu`. Dense attention models only (llama, qwen2, qwen3);
+    /// others are an `Invalid` error naming what is missing.
+    pub fn load(gpu: &Arc<Gpu>, path: impl AsRef<Path>) -> Result<CudaModel> {
+        let path = path.as_ref();
+        let file = GgufFile::open(path).map_err(|e| Error::Invalid(e.to_string()))?;
+        let config = ModelConfig::from_gguf(&file).map_err(|e| Error::Invalid(e.to_string()))?;
+        check_config(&config)?;
+        let kernels = Kernels::new(gpu)?;
+        let c = &config;
+        let (h, hd) = (c.hidden, c.head_dim);
+        let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let embed = matrix(gpu, &file, "token_embd.weight", c.vocab, h)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let bias = |s: &str, len| -> Result<Option<DeviceBuffer>> {
+                if c.qkv_bias {
+                    vector(gpu, &file, &n(s), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let qk = |s: &str| -> Result<Option<DeviceBuffer>> {
+                if c.qk_norm {
+                    vector(gpu, &file, &n(s), hd).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: vector(gpu, &file, &n("attn_norm.weight"), h)?,
+                wq: matrix(gpu, &file, &n("attn_q.weight"), q_dim, h)?,
+                wk: matrix(gpu, &file, &n("attn_k.weight"), kv_dim, h)?,
+                wv: matrix(gpu, &file, &n("attn_v.weight"), kv_dim, h)?,
+                bq: bias("attn_q.bias", q_dim)?,
+                bk: bias("attn_k.bias", kv_dim)?,
+                bv: bias("attn_v.bias", kv_dim)?,
+                q_norm: qk("attn_q_norm.weight")?,
+                k_norm: qk("attn_k_norm.weight")?,
+                wo: matrix(gpu, &file, &n("attn_output.weight"), h, q_dim)?,
+                ffn_norm: vector(gpu, &file, &n("ffn_norm.weight"), h)?,
+                gate: matrix(gpu, &file, &n("ffn_gate.weight"), c.ffn, h)?,
+                up: matrix(gpu, &file, &n("ffn_up.weight"), c.ffn, h)?,
+                down: matrix(gpu, &file, &n("ffn_down.weight"), h, c.ffn)?,
+            });
+        }
+        let output_norm = vector(gpu, &file, "output_norm.weight", h)?;
+        let head = if file.tensor_info("output.weight").is_some() {
+            Some(matrix(gpu, &file, "output.weight", c.vocab, h)?)
+        } else {
+            None
+        };
+        let freq_factors = if file.tensor_info("rope_freqs.weight").is_some() {
+            Some(vector_f32(&file, "rope_freqs.weight", c.rope_dim / 2)?)
+        } else {
+            None
+        };
+        let rope = Rope::new(
+            hd,
+            c.rope_dim,
+            c.rope_theta,
+            c.rope_layout,
+            &c.rope_scaling,
+            freq_factors.as_deref(),
+        );
+        let inv: Vec<f32> = rope.inv_freq().iter().map(|&f| f as f32).collect();
+        let inv_freq = gpu.upload_f32(&inv)?;
+        let mut weight_bytes = head.as_ref().unwrap_or(&embed).buf.len();
+        for l in &layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
+                weight_bytes += m.buf.len();
+            }
+        }
+        gpu.synchronize()?;
+        Ok(CudaModel {
+            config,
+            kernels,
+            embed,
+            layers,
+            output_norm,
+            head,
+            inv_freq,
+            weight_bytes,
+        })
+    }
+
+    fn head(&self) -> &DeviceMatrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.kernels.gpu
+    }
+
+    /// A state holding up to `max_len` committed positions.
+    pub fn new_state(&self, max_len: usize) -> Result<CudaState> {
+        CudaState::new(self, max_len)
+    }
+}
+
+/// What this backend runs: dense attention layers, the kernels' head size.
+pub fn check_config(c: &ModelConfig) -> Result<()> {
+    if c.arch == Arch::Qwen35 || c.layer_kinds.iter().any(|k| *k != LayerKind::Attention) {
+        return Err(Error::Invalid(format!(
+            "{:?}: the CUDA backend runs dense attention models (llama, qwen2, qwen3); Gated \
+             DeltaNet layers are not implemented on the GPU yet",
+            c.arch
+        )));
+    }
+    if c.attn_output_gate || c.norm_offset_one {
+        return Err(Error::Invalid(
+            "gated attention / (1 + w) norms are not implemented on the GPU".into(),
+        ));
+    }
+    if c.head_dim > crate::kernels::MAX_HEAD_DIM
+        || c.n_kv_heads == 0
+        || c.n_heads % c.n_kv_heads != 0
+    {
+        return Err(Error::Invalid(format!(
+            "attention geometry {} heads / {} kv heads of {}",
+            c.n_heads, c.n_kv_heads, c.head_dim
+        )));
+    }
+    Ok(())
+}
+
+/// Offsets (in 4-byte words) of the batch description's parts in the meta buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaLayout {
+    pub tokens: usize,
+    pub pos: usize,
+    pub path: usize,
+    pub words: usize,
+}
+
+impl MetaLayout {
+    /// For passes of up to `rows` rows and trees of up to [`MAX_TREE`] nodes.
+    pub fn new(rows: usize) -> MetaLayout {
+        let tokens = 4; // after the 4-word BatchDesc
+        let pos = tokens + rows;
+        let path = pos + rows;
+        let words = path + MAX_TREE * MAX_TREE;
+        MetaLayout {
+            tokens,
+            pos,
+            path,
+            words,
+        }
+    }
+}
+
+/// Fills the batch description of a pass: rows at positions `past + depth`, chain or tree.
+/// Returns the words to copy (the whole layout).
+pub fn fill_meta(
+    layout: &MetaLayout,
+    past: usize,
+    tokens: &[u32],
+    tree: Option<&TokenTree>,
+    out: &mut [u32],
+) {
+    let n = tokens.len();
+    out[..layout.words].iter_mut().for_each(|w| *w = 0);
+    let max_depth = tree.map_or(0, |t| t.max_depth());
+    let desc = BatchDesc {
+        past: past as i32,
+        n: n as i32,
+        is_chain: tree.is_none() as i32,
+        max_depth: max_depth as i32,
+    };
+    out[0] = desc.past as u32;
+    out[1] = desc.n as u32;
+    out[2] = desc.is_chain as u32;
+    out[3] = desc.max_depth as u32;
+    out[layout.tokens..layout.tokens + n].copy_from_slice(tokens);
+    for i in 0..n {
+        let depth = tree.map_or(i, |t| t.depth(i));
+        out[layout.pos + i] = (past + depth) as u32;
+    }
+    if let Some(t) = tree {
+        for i in 0..n {
+            for (d, node) in t.path(i).into_iter().enumerate() {
+                out[layout.path + i * (max_depth + 1) + d] = node as u32;
+            }
+        }
+    }
+}
+
+/// Which logits a pass computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Head {
+    /// Every row's (verification, decode).
+    All,
+    /// The last row's (prefill).
+    Last,
+}
+
+/// One sequence's state on the GPU: its KV cache, the pass buffers, and the graphs captured
+/// for it.
+pub struct CudaState {
+    gpu: Arc<Gpu>,
+    /// Committed positions.
+    pub len: usize,
+    pub max_len: usize,
+    max_slots: usize,
+    rows: usize,
+    chunks: usize,
+    kv: DeviceBuffer,
+    x: DeviceBuffer,
+    normed: DeviceBuffer,
+    q: DeviceBuffer,
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    att: DeviceBuffer,
+    g: DeviceBuffer,
+    u: DeviceBuffer,
+    part_ml: DeviceBuffer,
+    part_o: DeviceBuffer,
+    logits: DeviceBuffer,
+    ids: DeviceBuffer,
+    meta: DeviceBuffer,
+    layout: MetaLayout,
+    meta_host: PinnedBuffer,
+    ids_host: PinnedBuffer,
+    path_dev: DeviceBuffer,
+    path_host: PinnedBuffer,
+    graphs: HashMap<(usize, Head), Graph>,
+    /// The tree of the last verification (until commit).
+    pending: Option<TokenTree>,
+    /// Whether passes are captured and replayed as graphs (on by default).
+    pub use_graphs: bool,
+}
+
+impl CudaState {
+    fn new(m: &CudaModel, max_len: usize) -> Result<CudaState> {
+        let gpu = m.gpu().clone();
+        let c = &m.config;
+        let rows = PREFILL_ROWS.max(MAX_TREE);
+        let max_slots = max_len + MAX_TREE;
+        let chunks = attention_chunks(max_slots);
+        let (h, hd) = (c.hidden, c.head_dim);
+        let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let f = |n: usize| gpu.alloc(n * 4);
+        let kv = gpu.alloc(c.n_layers * 2 * kv_dim * max_slots * 2)?;
+        kv.fill(0)?;
+        let layout = MetaLayout::new(rows);
+        let st = CudaState {
+            len: 0,
+            max_len,
+            max_slots,
+            rows,
+            chunks,
+            kv,
+            x: f(rows * h)?,
+            normed: f(rows * h)?,
+            q: f(rows * q_dim)?,
+            k: f(rows * kv_dim)?,
+            v: f(rows * kv_dim)?,
+            att: f(rows * q_dim)?,
+            g: f(rows * c.ffn)?,
+            u: f(rows * c.ffn)?,
+            part_ml: f(rows * c.n_heads * chunks * 2)?,
+            part_o: f(rows * c.n_heads * chunks * hd)?,
+            logits: f(MAX_TREE * c.vocab)?,
+            ids: gpu.alloc(rows * 4)?,
+            meta: gpu.alloc(layout.words * 4)?,
+            layout,
+            meta_host: gpu.pinned(layout.words * 4)?,
+            ids_host: gpu.pinned(rows * 4)?,
+            path_dev: gpu.alloc((MAX_TREE + 1) * 4)?,
+            path_host: gpu.pinned((MAX_TREE + 1) * 4)?,
+            graphs: HashMap::new(),
+            pending: None,
+            use_graphs: true,
+            gpu,
+        };
+        Ok(st)
+    }
+
+    /// Forgets everything (the cache is overwritten by later passes).
+    pub fn reset(&mut self) {
+        self.len = 0;
+        self.pending = None;
+    }
+
+    fn check_tokens(&self, m: &CudaModel, tokens: &[u32], extra: usize) -> Result<()> {
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= m.config.vocab) {
+            return Err(Error::Invalid(format!(
+                "token {t} out of range (vocab {})",
+                m.config.vocab
+            )));
+        }
+        if self.len + extra > self.max_len {
+            return Err(Error::Invalid(format!(
+                "context full: {} + {extra} > {}",
+                self.len, self.max_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queues one pass over the rows described in `meta` (n rows, copied from pinned memory
+    /// first), ending with the ids of `head`'s rows copied to pinned memory.
+    fn record(&self, m: &CudaModel, n: usize, head: Head) -> Result<()> {
+        let k = &m.kernels;
+        let c = &m.config;
+        let (h, hd) = (c.hidden, c.head_dim);
+        let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let word = |w: usize| self.meta.at(w * 4);
+        self.meta
+            .write_async(0, &self.meta_host, self.layout.words * 4)?;
+        k.embed(&m.embed, word(self.layout.tokens), n, self.x.ptr())?;
+        let layer_elems = kv_dim * self.max_slots;
+        let opt = |b: &Option<DeviceBuffer>| b.as_ref().map(|b| b.ptr());
+        for (li, l) in m.layers.iter().enumerate() {
+            k.rmsnorm(
+                self.x.ptr(),
+                l.attn_norm.ptr(),
+                c.rms_eps,
+                h,
+                n,
+                self.normed.ptr(),
+            )?;
+            k.matvec(
+                &[
+                    l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
+                    l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
+                    l.wv.seg(self.v.ptr(), kv_dim, opt(&l.bv), false),
+                ],
+                self.normed.ptr(),
+                n,
+                h,
+                h,
+            )?;
+            let k_cache = self.kv.at(li * 2 * layer_elems * 2);
+            let v_cache = self.kv.at((li * 2 + 1) * layer_elems * 2);
+            k.qkv_post(&QkvPost {
+                q: self.q.ptr(),
+                k: self.k.ptr(),
+                v: self.v.ptr(),
+                n,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                rot_dim: c.rope_dim,
+                interleaved: c.rope_layout == kasoku::kernels::rope::RopeLayout::Interleaved,
+                inv_freq: m.inv_freq.ptr(),
+                q_norm: opt(&l.q_norm).unwrap_or(0),
+                k_norm: opt(&l.k_norm).unwrap_or(0),
+                eps: c.rms_eps,
+                batch: self.meta.ptr(),
+                pos: word(self.layout.pos),
+                k_cache,
+                v_cache,
+                max_slots: self.max_slots,
+            })?;
+            k.attention(&AttnCall {
+                q: self.q.ptr(),
+                k_cache,
+                v_cache,
+                max_slots: self.max_slots,
+                n,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                batch: self.meta.ptr(),
+                pos: word(self.layout.pos),
+                path: word(self.layout.path),
+                part_ml: self.part_ml.ptr(),
+                part_o: self.part_o.ptr(),
+                chunks: self.chunks,
+                out: self.att.ptr(),
+            })?;
+            k.matvec(
+                &[l.wo.seg(self.x.ptr(), h, None, true)],
+                self.att.ptr(),
+                n,
+                q_dim,
+                q_dim,
+            )?;
+            k.rmsnorm(
+                self.x.ptr(),
+                l.ffn_norm.ptr(),
+                c.rms_eps,
+                h,
+                n,
+                self.normed.ptr(),
+            )?;
+            k.matvec(
+                &[
+                    l.gate.seg(self.g.ptr(), c.ffn, None, false),
+                    l.up.seg(self.u.ptr(), c.ffn, None, false),
+                ],
+                self.normed.ptr(),
+                n,
+                h,
+                h,
+            )?;
+            k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn)?;
+            k.matvec(
+                &[l.down.seg(self.x.ptr(), h, None, true)],
+                self.g.ptr(),
+                n,
+                c.ffn,
+                c.ffn,
+            )?;
+        }
+        let (first, rows) = match head {
+            Head::All => (0, n),
+            Head::Last => (n - 1, 1),
+        };
+        k.rmsnorm(
+            self.x.at(first * h * 4),
+            m.output_norm.ptr(),
+            c.rms_eps,
+            h,
+            rows,
+            self.normed.ptr(),
+        )?;
+        let hm = m.head();
+        k.matvec(
+            &[hm.seg(self.logits.ptr(), c.vocab, None, false)],
+            self.normed.ptr(),
+            rows,
+            h,
+            h,
+        )?;
+        k.argmax(self.logits.ptr(), c.vocab, rows, self.ids.ptr())?;
+        self.ids.read_async(0, &self.ids_host, rows * 4)
+    }
+
+    /// Runs a pass of `tokens` (chain from `self.len`, or `tree`), returning the ids of the
+    /// head's rows. Graph-captured when `n ≤ MAX_TREE` and graphs are on.
+    fn pass(
+        &mut self,
+        m: &CudaModel,
+        tokens: &[u32],
+        tree: Option<&TokenTree>,
+        head: Head,
+    ) -> Result<Vec<u32>> {
+        let n = tokens.len();
+        if n == 0 || n > self.rows {
+            return Err(Error::Invalid(format!(
+                "a pass of {n} rows (1..={})",
+                self.rows
+            )));
+        }
+        m.gpu().bind()?;
+        let layout = self.layout;
+        let mut words = vec![0u32; layout.words];
+        fill_meta(&layout, self.len, tokens, tree, &mut words);
+        self.meta_host.put_u32s(0, &words);
+        if self.use_graphs && n <= MAX_TREE {
+            if !self.graphs.contains_key(&(n, head)) {
+                let g = Graph::capture(&self.gpu.clone(), || self.record(m, n, head))?;
+                self.graphs.insert((n, head), g);
+            }
+            self.graphs[&(n, head)].launch()?;
+        } else {
+            self.record(m, n, head)?;
+        }
+        self.gpu.synchronize()?;
+        let rows = if head == Head::All { n } else { 1 };
+        Ok(self.ids_host.get_u32s(0, rows))
+    }
+
+    /// Appends `tokens` (any number; passes of [`PREFILL_ROWS`]) and returns the greedy next
+    /// token after them.
+    pub fn prefill(&mut self, m: &CudaModel, tokens: &[u32]) -> Result<u32> {
+        self.check_tokens(m, tokens, tokens.len())?;
+        self.pending = None;
+        let mut last = 0;
+        for chunk in tokens.chunks(PREFILL_ROWS) {
+            last = self.pass(m, chunk, None, Head::Last)?[0];
+            self.len += chunk.len();
+        }
+        Ok(last)
+    }
+
+    /// Appends one token and returns the greedy next one (one graph launch, one sync).
+    pub fn step(&mut self, m: &CudaModel, token: u32) -> Result<u32> {
+        self.check_tokens(m, &[token], 1)?;
+        self.pending = None;
+        let id = self.pass(m, &[token], None, Head::All)?[0];
+        self.len += 1;
+        Ok(id)
+    }
+
+    /// Runs every node of `tree` (root = the last sampled token, not yet in the state) and
+    /// returns each node's greedy next token; the tree stays pending until [`commit`].
+    ///
+    /// [`commit`]: CudaState::commit
+    pub fn verify(&mut self, m: &CudaModel, tree: &TokenTree) -> Result<Vec<u32>> {
+        if tree.is_empty() || tree.len() > MAX_TREE {
+            return Err(Error::Invalid(format!(
+                "a tree of {} nodes (1..={MAX_TREE})",
+                tree.len()
+            )));
+        }
+        self.check_tokens(m, tree.tokens(), tree.max_depth() + 1)?;
+        let ids = self.pass(m, tree.tokens(), Some(tree), Head::All)?;
+        self.pending = Some(tree.clone());
+        Ok(ids)
+    }
+
+    /// Keeps the root-to-node `path` of the pending tree: its keys and values move into
+    /// place (queued; no synchronisation) and the state grows by its length.
+    pub fn commit(&mut self, m: &CudaModel, path: &[usize]) -> Result<()> {
+        let tree = self
+            .pending
+            .take()
+            .ok_or_else(|| Error::Invalid("commit without a verified tree".into()))?;
+        if !tree.is_root_path(path) {
+            return Err(Error::Invalid(format!(
+                "{path:?} is not a root path of the pending tree"
+            )));
+        }
+        let words: Vec<u32> = path.iter().map(|&i| i as u32).collect();
+        self.path_host.put_u32s(0, &words);
+        self.path_dev
+            .write_async(0, &self.path_host, words.len() * 4)?;
+        let c = &m.config;
+        m.kernels.kv_commit(
+            self.kv.ptr(),
+            self.max_slots * c.head_dim,
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            self.len,
+            self.path_dev.ptr(),
+            path.len(),
+        )?;
+        self.len += path.len();
+        Ok(())
+    }
+
+    /// Appends `tokens` and returns every row's logits (`tokens.len() × vocab`), for checks
+    /// against references (no graphs; logits copied back).
+    pub fn logits(&mut self, m: &CudaModel, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_tokens(m, tokens, tokens.len())?;
+        self.pending = None;
+        let vocab = m.config.vocab;
+        let mut out = Vec::with_capacity(tokens.len() * vocab);
+        for chunk in tokens.chunks(MAX_TREE) {
+            let n = chunk.len();
+            let mut words = vec![0u32; self.layout.words];
+            fill_meta(&self.layout, self.len, chunk, None, &mut words);
+            self.meta_host.put_u32s(0, &words);
+            self.record(m, n, Head::All)?;
+            out.extend(self.logits.read_f32(n * vocab)?);
+            self.len += n;
+        }
+        Ok(out)
+    }
+}
+
+impl CudaModel {
+    /// Times each kernel of one decode step of layer 0 (and the head) on its own, `reps`
+    /// launches each: (what, microseconds per launch, weight bytes it reads). For finding
+    /// where a step's time goes; the state must hold at least one position.
+    pub fn profile_step(
+        &self,
+        st: &mut CudaState,
+        reps: usize,
+    ) -> Result<Vec<(String, f64, usize)>> {
+        let k = &self.kernels;
+        let c = &self.config;
+        let (h, hd) = (c.hidden, c.head_dim);
+        let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let l = &self.layers[0];
+        let mut words = vec![0u32; st.layout.words];
+        fill_meta(&st.layout, st.len, &[1], None, &mut words);
+        st.meta_host.put_u32s(0, &words);
+        st.meta.write_async(0, &st.meta_host, st.layout.words * 4)?;
+        let timer = crate::runtime::Timer::new(self.gpu())?;
+        let mut out = Vec::new();
+        let mut time = |what: &str, bytes: usize, f: &dyn Fn() -> Result<()>| -> Result<()> {
+            f()?;
+            timer.start()?;
+            for _ in 0..reps {
+                f()?;
+            }
+            let us = timer.stop_ms()? as f64 * 1e3 / reps as f64;
+            out.push((what.to_string(), us, bytes));
+            Ok(())
+        };
+        let layer_elems = kv_dim * st.max_slots;
+        let word = |w: usize| st.meta.at(w * 4);
+        time("rmsnorm", 0, &|| {
+            k.rmsnorm(
+                st.x.ptr(),
+                l.attn_norm.ptr(),
+                c.rms_eps,
+                h,
+                1,
+                st.normed.ptr(),
+            )
+        })?;
+        time(
+            "matvec q|k|v",
+            l.wq.buf.len() + l.wk.buf.len() + l.wv.buf.len(),
+            &|| {
+                k.matvec(
+                    &[
+                        l.wq.seg(st.q.ptr(), q_dim, None, false),
+                        l.wk.seg(st.k.ptr(), kv_dim, None, false),
+                        l.wv.seg(st.v.ptr(), kv_dim, None, false),
+                    ],
+                    st.normed.ptr(),
+                    1,
+                    h,
+                    h,
+                )
+            },
+        )?;
+        time("qkv epilogue", 0, &|| {
+            k.qkv_post(&QkvPost {
+                q: st.q.ptr(),
+                k: st.k.ptr(),
+                v: st.v.ptr(),
+                n: 1,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                rot_dim: c.rope_dim,
+                interleaved: false,
+                inv_freq: self.inv_freq.ptr(),
+                q_norm: 0,
+                k_norm: 0,
+                eps: c.rms_eps,
+                batch: st.meta.ptr(),
+                pos: word(st.layout.pos),
+                k_cache: st.kv.ptr(),
+                v_cache: st.kv.at(layer_elems * 2),
+                max_slots: st.max_slots,
+            })
+        })?;
+        time(&format!("attention at {} cached", st.len), 0, &|| {
+            k.attention(&AttnCall {
+                q: st.q.ptr(),
+                k_cache: st.kv.ptr(),
+                v_cache: st.kv.at(layer_elems * 2),
+                max_slots: st.max_slots,
+                n: 1,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                scale: 0.1,
+                batch: st.meta.ptr(),
+                pos: word(st.layout.pos),
+                path: word(st.layout.path),
+                part_ml: st.part_ml.ptr(),
+                part_o: st.part_o.ptr(),
+                chunks: st.chunks,
+                out: st.att.ptr(),
+            })
+        })?;
+        time("matvec o (+residual)", l.wo.buf.len(), &|| {
+            k.matvec(
+                &[l.wo.seg(st.normed.ptr(), h, None, true)],
+                st.att.ptr(),
+                1,
+                q_dim,
+                q_dim,
+            )
+        })?;
+        time("matvec gate|up", l.gate.buf.len() + l.up.buf.len(), &|| {
+            k.matvec(
+                &[
+                    l.gate.seg(st.g.ptr(), c.ffn, None, false),
+                    l.up.seg(st.u.ptr(), c.ffn, None, false),
+                ],
+                st.normed.ptr(),
+                1,
+                h,
+                h,
+            )
+        })?;
+        time("swiglu", 0, &|| k.swiglu(st.g.ptr(), st.u.ptr(), c.ffn))?;
+        time("matvec down (+residual)", l.down.buf.len(), &|| {
+            k.matvec(
+                &[l.down.seg(st.normed.ptr(), h, None, true)],
+                st.g.ptr(),
+                1,
+                c.ffn,
+                c.ffn,
+            )
+        })?;
+        let hm = self.head();
+        time("matvec head", hm.buf.len(), &|| {
+            k.matvec(
+                &[hm.seg(st.logits.ptr(), c.vocab, None, false)],
+                st.normed.ptr(),
+                1,
+                h,
+                h,
+            )
+        })?;
+        time("argmax", 0, &|| {
+            k.argmax(st.logits.ptr(), c.vocab, 1, st.ids.ptr())
+        })?;
+        for n in [8usize, 16, 64] {
+            time(
+                &format!("matvec gate|up at {n} rows"),
+                l.gate.buf.len() + l.up.buf.len(),
+                &|| {
+                    k.matvec(
+                        &[
+                            l.gate.seg(st.g.ptr(), c.ffn, None, false),
+                            l.up.seg(st.u.ptr(), c.ffn, None, false),
+                        ],
+                        st.normed.ptr(),
+                        n,
+                        h,
+                        h,
+                    )
+                },
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+/// Greedy plain decoding on the GPU: the prompt, then `n` tokens one step at a time.
+pub fn generate_plain(
+    m: &CudaModel,
+    st: &mut CudaState,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<u32>> {
+    let mut out = vec![st.prefill(m, prompt)?];
+    while out.len() < n {
+        let t = st.step(m, *out.last().expect("one token"))?;
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// Statistics of a speculative run.
+#[derive(Clone, Debug, Default)]
+pub struct SpecRun {
+    pub tokens: Vec<u32>,
+    pub passes: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+/// Greedy speculative decoding on the GPU with `drafter` (which runs on the host): per cycle
+/// one verification (one graph launch, one synchronisation) and a queued commit. The output
+/// equals [`generate_plain`]'s token for token (each row's arithmetic is batch-invariant).
+pub fn generate_speculative(
+    m: &CudaModel,
+    st: &mut CudaState,
+    prompt: &[u32],
+    n: usize,
+    drafter: &mut dyn kasoku::spec::Drafter,
+    budget: usize,
+    max_depth: usize,
+) -> Result<SpecRun> {
+    use kasoku::spec::{Accepted, DraftRequest, Features};
+    let err = |e: kasoku::spec::DraftError| Error::Invalid(e.to_string());
+    drafter.start(prompt, Features::default()).map_err(err)?;
+    let mut history = prompt.to_vec();
+    let first = st.prefill(m, prompt)?;
+    let mut run = SpecRun {
+        tokens: vec![first],
+        ..SpecRun::default()
+    };
+    history.push(first);
+    while run.tokens.len() < n {
+        let token = *history.last().expect("one token");
+        let room = (st.max_len - st.len)
+            .saturating_sub(1)
+            .min(MAX_TREE - 1)
+            .min(budget);
+        drafter.catch_up(&history).map_err(err)?;
+        let mut tree = drafter
+            .draft(&DraftRequest {
+                tokens: &history,
+                budget: room,
+                max_depth,
+            })
+            .map_err(err)?;
+        if tree.is_empty() || tree.token(0) != token || tree.len() > room + 1 {
+            tree = TokenTree::chain(&[token]);
+        }
+        let ids = st.verify(m, &tree)?;
+        let (mut node, mut path, mut new) = (0, vec![0usize], Vec::new());
+        loop {
+            let t = ids[node];
+            new.push(t);
+            match tree.child_with(node, t) {
+                Some(c) => {
+                    node = c;
+                    path.push(c);
+                }
+                None => break,
+            }
+        }
+        st.commit(m, &path)?;
+        run.passes += 1;
+        run.drafted += tree.len() - 1;
+        run.accepted += path.len() - 1;
+        let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
+        drafter
+            .accept(&Accepted {
+                tokens: &committed,
+                committed_len: st.len,
+                features: Features::default(),
+            })
+            .map_err(err)?;
+        history.extend_from_slice(&new);
+        run.tokens.extend_from_slice(&new);
+    }
+    run.tokens.truncate(n);
+    Ok(run)
+}

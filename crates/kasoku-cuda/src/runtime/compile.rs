@@ -1,0 +1,322 @@
+//! Kernels as CUDA C source, compiled at run time by NVRTC into machine code for the device
+//! present (`sm_XY` of its compute capability; no PTX left for the driver to JIT, so an NVRTC
+//! newer than the driver still works), loaded as a module, once per process and device.
+//!
+//! NVRTC is found where the CUDA toolkit or its Python wheel puts it: `$KASOKU_NVRTC` (a path
+//! to `libnvrtc.so*`), `$CUDA_PATH`/`$CUDA_HOME` `lib64`, `/usr/local/cuda/lib64`, the Python
+//! wheel `nvidia-cuda-nvrtc` under the interpreter's site-packages, then the loader's own
+//! search path. The library is loaded once and kept.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::driver::sys;
+use cudarc::nvrtc::sys as nvrtc;
+
+use super::{check, Error, Gpu, Result};
+
+/// Libraries loaded ahead of cudarc's own lookup (kept for the life of the process).
+static PRELOADED: OnceLock<std::result::Result<Vec<libloading::Library>, String>> = OnceLock::new();
+
+/// Directories that may hold NVRTC.
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"] {
+        if let Some(v) = std::env::var_os(var) {
+            dirs.push(Path::new(&v).join("lib64"));
+            dirs.push(Path::new(&v).join("lib"));
+        }
+    }
+    dirs.push("/usr/local/cuda/lib64".into());
+    dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
+    // The pip wheel (nvidia-cuda-nvrtc) in any Python's site-packages we can see.
+    for root in ["/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"] {
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("python3"))
+                {
+                    for site in ["site-packages", "dist-packages"] {
+                        dirs.push(p.join(site).join("nvidia/cu13/lib"));
+                        dirs.push(p.join(site).join("nvidia/cuda_nvrtc/lib"));
+                    }
+                }
+            }
+        }
+    }
+    dirs
+}
+
+/// Finds and loads NVRTC (and its builtins library beside it) so that cudarc's lookup by
+/// name finds the loaded copy. Errors say where it looked.
+pub fn load_nvrtc() -> Result<()> {
+    let loaded = PRELOADED.get_or_init(|| {
+        let mut files: Vec<PathBuf> = Vec::new();
+        if let Some(p) = std::env::var_os("KASOKU_NVRTC") {
+            files.push(p.into());
+        }
+        for d in candidate_dirs() {
+            for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"] {
+                files.push(d.join(name));
+            }
+        }
+        let mut libs = Vec::new();
+        for f in files.iter().filter(|f| f.is_file()) {
+            let dir = f.parent().unwrap_or(Path::new("."));
+            // The builtins first: libnvrtc opens it by name when compiling.
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for e in entries.flatten() {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if n.starts_with("libnvrtc-builtins.so") && !n.contains(".alt.") {
+                        // SAFETY: loading a shared library runs its initialisers; NVRTC's
+                        // builtins library has none with side effects beyond itself.
+                        if let Ok(l) = unsafe { open_global(&e.path()) } {
+                            libs.push(l);
+                        }
+                    }
+                }
+            }
+            // SAFETY: as above, for NVRTC itself.
+            if let Ok(l) = unsafe { open_global(f) } {
+                libs.push(l);
+                return Ok(libs);
+            }
+        }
+        // SAFETY: probes cudarc's own candidate names on the loader's search path.
+        if unsafe { nvrtc::is_culib_present() } {
+            return Ok(libs);
+        }
+        Err(format!(
+            "NVRTC (libnvrtc.so) not found; set KASOKU_NVRTC to its path or install the CUDA \
+             toolkit or the nvidia-cuda-nvrtc wheel (looked in {:?})",
+            candidate_dirs()
+        ))
+    });
+    match loaded {
+        // SAFETY: as above.
+        Ok(_) if unsafe { nvrtc::is_culib_present() } => Ok(()),
+        Ok(_) => Err(Error::Unavailable(
+            "NVRTC was loaded from a path but cudarc cannot find it by name".into(),
+        )),
+        Err(e) => Err(Error::Unavailable(e.clone())),
+    }
+}
+
+/// # Safety
+/// Runs the library's initialisers.
+unsafe fn open_global(path: &Path) -> std::result::Result<libloading::Library, String> {
+    #[cfg(unix)]
+    {
+        use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+        // SAFETY: forwarded to the caller.
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
+            .map(Into::into)
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(unix))]
+    {
+        // SAFETY: forwarded to the caller.
+        unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())
+    }
+}
+
+/// NVRTC's version (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    load_nvrtc()?;
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: out-pointers to locals; NVRTC is loaded.
+    let r = unsafe { nvrtc::nvrtcVersion(&mut a, &mut b) };
+    nvrtc_check("nvrtcVersion", r, "")?;
+    Ok((a, b))
+}
+
+fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
+    if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Compile(format!("{call}: {r:?}\n{log}")))
+    }
+}
+
+/// The options kasoku compiles with for `arch` (e.g. `sm_90`): no fused multiply-add
+/// contraction (see kernels/common.cuh), full-precision division and square roots.
+pub fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--fmad=false".into(),
+        "--std=c++17".into(),
+        "-default-device".into(),
+    ]
+}
+
+/// Compiles `source` to machine code (CUBIN) for `arch`; the error carries NVRTC's log.
+pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>> {
+    load_nvrtc()?;
+    let src = CString::new(source).map_err(|_| Error::Compile("NUL in source".into()))?;
+    let name = CString::new("kasoku.cu").expect("no NUL");
+    let opts: Vec<CString> = options(arch)
+        .into_iter()
+        .map(|o| CString::new(o).expect("no NUL"))
+        .collect();
+    let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live NUL-terminated string or a local out-parameter; the
+    // program is destroyed on every path below.
+    unsafe {
+        nvrtc_check(
+            "nvrtcCreateProgram",
+            nvrtc::nvrtcCreateProgram(
+                &mut prog,
+                src.as_ptr(),
+                name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ),
+            "",
+        )?;
+        let r = nvrtc::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+        let mut log_len = 0usize;
+        nvrtc::nvrtcGetProgramLogSize(prog, &mut log_len);
+        let mut log = vec![0u8; log_len.max(1)];
+        nvrtc::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut c_char);
+        let log = String::from_utf8_lossy(&log)
+            .trim_end_matches('\0')
+            .to_string();
+        let out = (|| {
+            nvrtc_check("nvrtcCompileProgram", r, &log)?;
+            let mut size = 0usize;
+            nvrtc_check(
+                "nvrtcGetCUBINSize",
+                nvrtc::nvrtcGetCUBINSize(prog, &mut size),
+                "",
+            )?;
+            let mut cubin = vec![0u8; size];
+            nvrtc_check(
+                "nvrtcGetCUBIN",
+                nvrtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char),
+                "",
+            )?;
+            Ok(cubin)
+        })();
+        nvrtc::nvrtcDestroyProgram(&mut prog);
+        out
+    }
+}
+
+/// A loaded module and the functions looked up in it.
+pub struct Module {
+    module: sys::CUmodule,
+    functions: HashMap<&'static str, sys::CUfunction>,
+}
+
+// SAFETY: module and function handles are immutable driver objects usable from any thread
+// with the context current.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads `cubin` into `gpu`'s context and looks up `names`.
+    pub fn load(gpu: &Gpu, cubin: &[u8], names: &[&'static str]) -> Result<Module> {
+        gpu.bind()?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: `cubin` is a complete CUBIN image from NVRTC; out-pointer to a local.
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut module, cubin.as_ptr() as *const std::ffi::c_void)
+        })?;
+        let mut m = Module {
+            module,
+            functions: HashMap::new(),
+        };
+        for &n in names {
+            let c = CString::new(n).expect("no NUL");
+            let mut f = std::ptr::null_mut();
+            // SAFETY: the module is loaded; out-pointer to a local.
+            check("cuModuleGetFunction", unsafe {
+                sys::cuModuleGetFunction(&mut f, module, c.as_ptr())
+            })
+            .map_err(|e| Error::Invalid(format!("kernel {n}: {e}")))?;
+            m.functions.insert(n, f);
+        }
+        Ok(m)
+    }
+
+    pub fn function(&self, name: &str) -> sys::CUfunction {
+        *self
+            .functions
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} was not looked up"))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load`; unloaded once.
+        unsafe {
+            sys::cuModuleUnload(self.module);
+        }
+    }
+}
+
+/// Compiled images per (source hash, arch), so a process compiles each source once.
+static CACHE: Mutex<Vec<(u64, String, Vec<u8>)>> = Mutex::new(Vec::new());
+
+/// [`compile_cubin`] through the process-wide cache.
+pub fn compile_cached(source: &str, arch: &str) -> Result<Vec<u8>> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    nvrtc_version()?.hash(&mut h);
+    options(arch).hash(&mut h);
+    let key = h.finish();
+    if let Some((_, _, c)) = CACHE
+        .lock()
+        .expect("cache lock")
+        .iter()
+        .find(|(k, a, _)| *k == key && a == arch)
+    {
+        return Ok(c.clone());
+    }
+    // On disk too: a process that starts often (tools, tests) compiles each source once.
+    let file = disk_cache_dir().map(|d| d.join(format!("{key:016x}-{arch}.cubin")));
+    if let Some(c) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+        CACHE
+            .lock()
+            .expect("cache lock")
+            .push((key, arch.to_string(), c.clone()));
+        return Ok(c);
+    }
+    let cubin = compile_cubin(source, arch)?;
+    if let Some(f) = &file {
+        // Written whole under a temporary name, then renamed: readers never see a part.
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::create_dir_all(f.parent().expect("a parent")).is_ok()
+            && std::fs::write(&tmp, &cubin).is_ok()
+        {
+            let _ = std::fs::rename(&tmp, f);
+        }
+    }
+    CACHE
+        .lock()
+        .expect("cache lock")
+        .push((key, arch.to_string(), cubin.clone()));
+    Ok(cubin)
+}
+
+/// Where compiled kernels are kept between processes: `$KASOKU_CUDA_CACHE`, else
+/// `~/.cache/kasoku/cuda` (keyed by the source's hash, the architecture and NVRTC's version).
+fn disk_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("KASOKU_CUDA_CACHE") {
+        return Some(d.into());
+    }
+    std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/kasoku/cuda"))
+}
+
+/// The `sm_XY` target for a compute capability.
+pub fn arch_of(capability: (i32, i32)) -> String {
+    format!("sm_{}{}", capability.0, capability.1)
+}

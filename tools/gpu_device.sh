@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (tools/gpu_run.sh stages it as .gpu/run.sh beside the binary and
+# the fixtures): every GPU check, then the benchmark on random-weight GGUFs of the real
+# shapes made there. Each phase is bounded and logged to $OUT; a failing phase does not stop
+# the others. Usage: bash .gpu/run.sh [SECONDS]   (stops starting phases after SECONDS)
+set -u
+G=$(cd "$(dirname "$0")" && pwd)
+B=$G/kasoku-cuda-check
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Logs gather in L and come back as one archive (the device tool returns at most 8 files).
+L=/tmp/kasoku-logs; mkdir -p "$L"
+M=/tmp/kasoku-models; mkdir -p $M
+end=$(( $(date +%s) + ${1:-420} ))
+log() { echo "[$(date +%T)] $*" | tee -a "$L/progress.log"; }
+phase() {  # name timeout command...
+  local name=$1 t=$2; shift 2
+  if [ "$(date +%s)" -ge "$end" ]; then log "skip $name: out of time"; return; fi
+  log "start $name"
+  timeout "$t" "$@" > "$L/$name.log" 2>&1
+  log "end $name: rc=$? ($(tail -1 "$L/$name.log" | cut -c1-160))"
+}
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$L/sysinfo.log" 2>&1
+# The random-weight models for the benchmark, made beside the kernel checks (other cores).
+M=/tmp/kasoku-models
+( for spec in "1.5b q4_k_m q15-q4_k_m" "0.5b q4_k_m q05-q4_k_m" "1.5b q8_0 q15-q8_0"; do
+    set -- $spec; $B synth $1 $2 $M/$3.gguf >> "$L/synth.log" 2>&1; done; touch $M/DONE ) &
+phase kernels 120 $B kernels
+phase fixtures 60 $B fixtures "$G/fixtures"
+phase spec_tiny 60 $B spec "$G/fixtures/llama/tiny/model-f32.gguf" 48
+for i in $(seq 90); do [ -f $M/DONE ] && break; sleep 1; done
+phase spec_q15 90 $B spec $M/q15-q4_k_m.gguf 96
+phase bench 320 bash "$G/bench.sh" "$L" $M
+tar czf "$OUT/logs.tgz" -C "$L" .
+echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|verify depth|pp512|device:|compiled|kernel |rel err|==" "$L"/*.log | cut -c1-220

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds kasoku-cuda-check (release) on this CPU machine and stages it, the fixtures and the
+# GPU-side script into the main checkout's .gpu/ folder (ignored by git), which the device
+# tool carries to the GPU machine. Then call the device tool with carry [".gpu"] and
+#   bash .gpu/run.sh 420
+# Results come back under $OUT (progress.log, one log per phase). Run tools/nvrtc_check.sh
+# first: the GPU machine should never see a kernel that does not compile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGE=${STAGE:-/work/main/.gpu}
+cargo build --release -p kasoku-cuda --bin kasoku-cuda-check
+mkdir -p "$STAGE/fixtures"
+cp target/release/kasoku-cuda-check "$STAGE/"
+strip "$STAGE/kasoku-cuda-check" 2>/dev/null || true
+cp tools/gpu_device.sh "$STAGE/run.sh"
+cp bench/gpu_bench.sh "$STAGE/bench.sh"
+for f in llama/tiny llama/tiny_rope_llama3 qwen2/tiny qwen3/tiny; do
+  mkdir -p "$STAGE/fixtures/$f"
+  cp tests/fixtures/$f/reference.json tests/fixtures/$f/*.gguf "$STAGE/fixtures/$f/"
+done
+du -sh "$STAGE"
