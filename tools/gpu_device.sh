@@ -32,4 +32,4 @@ for i in $(seq 90); do [ -f $M/DONE ] && break; sleep 1; done
 phase spec_q15 90 $B spec $M/q15-q4_k_m.gguf 96
 phase bench 320 bash "$G/bench.sh" "$L" $M
 tar czf "$OUT/logs.tgz" -C "$L" .
-echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|verify depth|pp512|device:|compiled|kernel |rel err|==" "$L"/*.log | cut -c1-220
+echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|verify depth|pp512|device:|compiled|kernel |rel err|==|generate" "$L"/*.log | cut -c1-220

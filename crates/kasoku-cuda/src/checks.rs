@@ -13,7 +13,7 @@ use kasoku::kernels::rope::{Rope, RopeLayout, RopeScaling};
 use kasoku::model::{TokenTree, TreeBuilder};
 use kasoku::quant::{dequantize, DType};
 
-use crate::kernels::{attention_chunks, AttnCall, DeviceMatrix, Kernels, QkvPost};
+use crate::kernels::{argmax_id, attention_chunks, Acts, AttnCall, DeviceMatrix, Kernels, QkvPost};
 use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
 use crate::synth::{random_tensor, Rng};
@@ -70,13 +70,83 @@ fn out_buf(gpu: &Arc<Gpu>, n: usize) -> R<DeviceBuffer> {
     Ok(b)
 }
 
+/// The int8 blocks of `x` exactly as the kernels make them (`quant_block32`): per 32 values
+/// d = max|v| / 127 and q = round-half-even(v / d); returns the values d·q they stand for,
+/// the quants and the (d, d·Σq halves) of each block.
+pub fn quantize_ref(x: &[f32]) -> (Vec<f32>, Vec<i8>, Vec<[f32; 3]>) {
+    let mut deq = Vec::with_capacity(x.len());
+    let mut qs = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(x.len() / 32);
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let q: Vec<i32> = b
+            .iter()
+            .map(|&v| {
+                if d == 0.0 {
+                    0
+                } else {
+                    (v / d).round_ties_even() as i32
+                }
+            })
+            .collect();
+        let (s0, s1): (i32, i32) = (q[..16].iter().sum(), q[16..].iter().sum());
+        scales.push([d, d * s0 as f32, d * s1 as f32]);
+        for &v in &q {
+            qs.push(v as i8);
+            deq.push(d * v as f32);
+        }
+    }
+    (deq, qs, scales)
+}
+
+/// Device room for the int8 blocks of `len` activation values.
+struct QuantBufs {
+    xq: DeviceBuffer,
+    xs: DeviceBuffer,
+}
+
+impl QuantBufs {
+    fn new(gpu: &Arc<Gpu>, len: usize) -> R<QuantBufs> {
+        Ok(QuantBufs {
+            xq: gpu.alloc(len)?,
+            xs: gpu.alloc(len / 32 * 16)?,
+        })
+    }
+
+    fn acts(&self, x: &DeviceBuffer, ld: usize) -> Acts {
+        Acts {
+            x: x.ptr(),
+            xq: self.xq.ptr(),
+            xs: self.xs.ptr(),
+            ld,
+        }
+    }
+
+    /// Whether the device's blocks of `len` values equal [`quantize_ref`]'s, bit for bit.
+    fn equal_ref(&self, x: &[f32]) -> R<bool> {
+        let (_, q, sc) = quantize_ref(x);
+        let mut got_q = vec![0u8; x.len()];
+        self.xq.read(0, &mut got_q)?;
+        let got_s = self.xs.read_f32(x.len() / 32 * 4)?;
+        let q_ok = got_q.iter().zip(&q).all(|(a, b)| *a as i8 == *b);
+        let s_ok = sc
+            .iter()
+            .enumerate()
+            .all(|(b, s)| (0..3).all(|i| got_s[4 * b + i].to_bits() == s[i].to_bits()));
+        Ok(q_ok && s_ok)
+    }
+}
+
 /// Matrix products on every format at 1..64 rows against f64 products of the dequantized
-/// weights (and, for the record, the CPU backend's int8-activation kernels); then batch
-/// invariance: each row of a batch has the bits it has alone.
+/// weights with the activations the kernel reads (int8 blocks for block formats, f32 for
+/// float formats), and, for the record, against the CPU backend (its own int8 activations);
+/// then batch invariance: each row of a batch has the bits it has alone; the fused argmax.
 pub fn matvec(k: &Kernels) -> R<Report> {
     let gpu = &k.gpu;
     let mut rep = Report::default();
     let mut rng = Rng(0x5eed);
+    let nmax = 64;
     for dtype in DType::ALL {
         for &(rows, cols) in &[(77usize, 512usize), (300, 1536)] {
             let bytes = random_tensor(&mut rng, dtype, rows * cols, 0.05);
@@ -84,26 +154,28 @@ pub fn matvec(k: &Kernels) -> R<Report> {
             let mut wf = vec![0f32; rows * cols];
             dequantize(dtype, &bytes, &mut wf);
             let cpu = MatMulWeight::new(dtype, rows, cols, &bytes).expect("cpu weight");
-            let nmax = 64;
             let x = randv(&mut rng, nmax * cols, 1.0);
             let xd = gpu.upload_f32(&x)?;
+            let qb = QuantBufs::new(gpu, nmax * cols)?;
+            let acts = qb.acts(&xd, cols);
+            k.quantize(acts, nmax * cols)?;
+            let quant_ok = qb.equal_ref(&x)?;
+            let xr = if dtype.is_quantized() {
+                quantize_ref(&x).0
+            } else {
+                x.clone()
+            };
             let yd = out_buf(gpu, nmax * rows)?;
             let mut worst = (0f64, 0f64);
             for n in [1usize, 3, 8, 13, 64] {
                 yd.fill(0xff)?;
-                k.matvec(
-                    &[m.seg(yd.ptr(), rows, None, false)],
-                    xd.ptr(),
-                    n,
-                    cols,
-                    cols,
-                )?;
+                k.matvec(&[m.seg(yd.ptr(), rows, None, false)], acts, n, cols)?;
                 let y = yd.read_f32(n * rows)?;
                 let want: Vec<f64> = (0..n * rows)
                     .map(|i| {
                         let (r, j) = (i / rows, i % rows);
                         (0..cols)
-                            .map(|c| x[r * cols + c] as f64 * wf[j * cols + c] as f64)
+                            .map(|c| xr[r * cols + c] as f64 * wf[j * cols + c] as f64)
                             .sum()
                     })
                     .collect();
@@ -113,26 +185,24 @@ pub fn matvec(k: &Kernels) -> R<Report> {
                 worst.1 = worst.1.max(rel_err(&y, &f64s(&yc)));
             }
             rep.check(
-                worst.0 < 1e-5,
-                format!("matvec {dtype} {rows}x{cols} n=1..64: rel err vs f64 {:.1e}, vs CPU backend {:.1e}", worst.0, worst.1),
+                worst.0 < 1e-5 && quant_ok,
+                format!(
+                    "matvec {dtype} {rows}x{cols} n=1..64: rel err vs f64 {:.1e}, vs CPU backend {:.1e}{}",
+                    worst.0,
+                    worst.1,
+                    if quant_ok { "" } else { " (int8 activations differ from the reference!)" }
+                ),
             );
             // Batch invariance: 13 rows at once vs each alone, bit for bit.
             let n = 13;
-            k.matvec(
-                &[m.seg(yd.ptr(), rows, None, false)],
-                xd.ptr(),
-                n,
-                cols,
-                cols,
-            )?;
+            k.matvec(&[m.seg(yd.ptr(), rows, None, false)], acts, n, cols)?;
             let batched = yd.read_f32(n * rows)?;
             let mut same = true;
             for r in 0..n {
                 k.matvec(
                     &[m.seg(yd.ptr(), rows, None, false)],
-                    xd.ptr() + (r * cols * 4) as u64,
+                    acts.from_row(r),
                     1,
-                    cols,
                     cols,
                 )?;
                 let alone = yd.read_f32(rows)?;
@@ -145,14 +215,38 @@ pub fn matvec(k: &Kernels) -> R<Report> {
                 same,
                 format!("matvec {dtype} {rows}x{cols}: a row's bits do not depend on its batch"),
             );
+            // The fused argmax of each row (what the LM head returns).
+            let best = gpu.alloc(n * 8)?;
+            best.fill(0)?;
+            let mut seg = m.seg(yd.ptr(), rows, None, false);
+            seg.best = best.ptr();
+            k.matvec(&[seg], acts, n, cols)?;
+            let y = yd.read_f32(n * rows)?;
+            let mut kb = vec![0u8; n * 8];
+            best.read(0, &mut kb)?;
+            let got: Vec<u32> = kb
+                .chunks(8)
+                .map(|c| argmax_id(u64::from_le_bytes(c.try_into().unwrap())))
+                .collect();
+            let want: Vec<u32> = (0..n)
+                .map(|r| kasoku::engine::sampler::argmax(&y[r * rows..(r + 1) * rows]))
+                .collect();
+            rep.check(
+                got == want,
+                format!("matvec {dtype} {rows}x{cols}: fused argmax of 13 rows"),
+            );
         }
     }
     // Three matrices of different formats in one launch, with bias and a residual epilogue.
     let cols = 256;
-    let fmts = [(DType::Q4K, 40usize), (DType::Q6K, 24), (DType::Q8_0, 24)];
+    let fmts = [(DType::Q4K, 40usize), (DType::Q6K, 24), (DType::F16, 24)];
     let n = 5;
     let x = randv(&mut rng, n * cols, 1.0);
     let xd = gpu.upload_f32(&x)?;
+    let qb = QuantBufs::new(gpu, n * cols)?;
+    let acts = qb.acts(&xd, cols);
+    k.quantize(acts, n * cols)?;
+    let xq = quantize_ref(&x).0;
     let mut segs = Vec::new();
     let mut keep = Vec::new();
     let mut want_all = Vec::new();
@@ -167,11 +261,12 @@ pub fn matvec(k: &Kernels) -> R<Report> {
         let yd = gpu.upload_f32(&init)?;
         let acc = i == 1;
         segs.push(m.seg(yd.ptr(), rows, Some(bd.ptr()), acc));
+        let xs = if d.is_quantized() { &xq } else { &x };
         let want: Vec<f64> = (0..n * rows)
             .map(|t| {
                 let (r, j) = (t / rows, t % rows);
                 let dot: f64 = (0..cols)
-                    .map(|c| x[r * cols + c] as f64 * wf[j * cols + c] as f64)
+                    .map(|c| xs[r * cols + c] as f64 * wf[j * cols + c] as f64)
                     .sum();
                 dot + bias[j] as f64 + if acc { init[t] as f64 } else { 0.0 }
             })
@@ -179,14 +274,14 @@ pub fn matvec(k: &Kernels) -> R<Report> {
         want_all.push(want);
         keep.push((m, bd, yd, rows));
     }
-    k.matvec(&segs, xd.ptr(), n, cols, cols)?;
+    k.matvec(&segs, acts, n, cols)?;
     let mut e = 0f64;
     for ((_, _, yd, rows), want) in keep.iter().zip(&want_all) {
         e = e.max(rel_err(&yd.read_f32(n * rows)?, want));
     }
     rep.check(
         e < 1e-5,
-        format!("matvec of Q4_K+Q6_K+Q8_0 in one launch, bias, residual: rel err {e:.1e}"),
+        format!("matvec of Q4_K+Q6_K+F16 in one launch, bias, residual: rel err {e:.1e}"),
     );
     Ok(rep)
 }
@@ -204,23 +299,34 @@ pub fn elementwise(k: &Kernels) -> R<Report> {
         gpu.upload_f32(&w)?,
         out_buf(gpu, rows * dim)?,
     );
-    k.rmsnorm(xd.ptr(), wd.ptr(), 1e-6, dim, rows, yd.ptr())?;
+    let qb = QuantBufs::new(gpu, rows * dim)?;
+    k.rmsnorm(xd.ptr(), wd.ptr(), 1e-6, dim, rows, qb.acts(&yd, dim))?;
     let mut want = vec![0f32; rows * dim];
     kasoku::kernels::norm::rmsnorm(&x, &w, 1e-6, &mut want);
-    let e = rel_err(&yd.read_f32(rows * dim)?, &f64s(&want));
+    let got = yd.read_f32(rows * dim)?;
+    let e = rel_err(&got, &f64s(&want));
+    let q_ok = qb.equal_ref(&got)?;
     rep.check(
-        e < 1e-6,
-        format!("rmsnorm {rows}x{dim}: rel err vs CPU {e:.1e}"),
+        e < 1e-6 && q_ok,
+        format!("rmsnorm {rows}x{dim}: rel err vs CPU {e:.1e}; its int8 blocks equal the reference's: {q_ok}"),
     );
 
     let len = 3 * 8960;
     let (g, u) = (randv(&mut rng, len, 6.0), randv(&mut rng, len, 2.0));
     let (gd, ud) = (gpu.upload_f32(&g)?, gpu.upload_f32(&u)?);
-    k.swiglu(gd.ptr(), ud.ptr(), len)?;
+    let qb = QuantBufs::new(gpu, len)?;
+    k.swiglu(gd.ptr(), ud.ptr(), len, qb.acts(&gd, len))?;
     let mut want = vec![0f32; len];
     kasoku::kernels::activation::swiglu(&g, &u, &mut want);
-    let e = rel_err(&gd.read_f32(len)?, &f64s(&want));
-    rep.check(e < 1e-6, format!("swiglu {len}: rel err vs CPU {e:.1e}"));
+    let got = gd.read_f32(len)?;
+    let e = rel_err(&got, &f64s(&want));
+    let q_ok = qb.equal_ref(&got)?;
+    rep.check(
+        e < 1e-6 && q_ok,
+        format!(
+            "swiglu {len}: rel err vs CPU {e:.1e}; its int8 blocks equal the reference's: {q_ok}"
+        ),
+    );
 
     let vocab = 151936;
     let mut l = randv(&mut rng, 3 * vocab, 10.0);
@@ -468,6 +574,8 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
         let pml = gpu.alloc(n * nh * chunks * 2 * 4)?;
         let po = gpu.alloc(n * nh * chunks * hd * 4)?;
         let out = out_buf(gpu, n * q_dim)?;
+        let qb = QuantBufs::new(gpu, n * q_dim)?;
+        let oq = qb.acts(&out, q_dim);
         k.attention(&AttnCall {
             q: qd.ptr(),
             k_cache: kcd.ptr(),
@@ -485,6 +593,8 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             part_o: po.ptr(),
             chunks,
             out: out.ptr(),
+            out_q: oq.xq,
+            out_s: oq.xs,
         })?;
         // CPU on the same f16 values (the GPU's own keys, as its cache holds them): per
         // head, [past + n][hd].
@@ -535,11 +645,13 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
                 &mut want,
             ),
         }
-        let e = rel_err(&out.read_f32(n * q_dim)?, &f64s(&want));
+        let got = out.read_f32(n * q_dim)?;
+        let e = rel_err(&got, &f64s(&want));
+        let q_ok = qb.equal_ref(&got)?;
         rep.check(
-            e < 1e-5,
+            e < 1e-5 && q_ok,
             format!(
-                "attention ({what}, {past} cached, {n} rows, {} chunks): rel err vs CPU {e:.1e}",
+                "attention ({what}, {past} cached, {n} rows, {} chunks): rel err vs CPU {e:.1e}; int8 blocks equal the reference's: {q_ok}",
                 attention_chunks(past + n)
             ),
         );

@@ -23,7 +23,9 @@ use kasoku::kernels::rope::Rope;
 use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
 use kasoku::quant::dequantize;
 
-use crate::kernels::{attention_chunks, AttnCall, BatchDesc, DeviceMatrix, Kernels, QkvPost};
+use crate::kernels::{
+    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, Kernels, QkvPost,
+};
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
 /// Rows of one prefill pass (longer prompts run in passes of this many).
@@ -220,6 +222,17 @@ pub fn check_config(c: &ModelConfig) -> Result<()> {
             "gated attention / (1 + w) norms are not implemented on the GPU".into(),
         ));
     }
+    let widths = [c.hidden, c.n_heads * c.head_dim, c.ffn];
+    if widths.iter().any(|w| !w.is_multiple_of(32)) || !c.head_dim.is_multiple_of(8) {
+        return Err(Error::Invalid(format!(
+            "hidden {}, attention width {}, FFN {}, head {}: the GPU kernels need multiples of 32 \
+             (heads: of 8)",
+            c.hidden,
+            c.n_heads * c.head_dim,
+            c.ffn,
+            c.head_dim
+        )));
+    }
     if c.head_dim > crate::kernels::MAX_HEAD_DIM
         || c.n_kv_heads == 0
         || c.n_heads % c.n_kv_heads != 0
@@ -324,11 +337,15 @@ pub struct CudaState {
     part_ml: DeviceBuffer,
     part_o: DeviceBuffer,
     logits: DeviceBuffer,
-    ids: DeviceBuffer,
+    /// The int8 blocks of the activations the next product reads (one set, reused).
+    xq: DeviceBuffer,
+    xs: DeviceBuffer,
+    /// Per head row, its argmax as an ordered key (`kernels::argmax_id`).
+    best: DeviceBuffer,
     meta: DeviceBuffer,
     layout: MetaLayout,
     meta_host: PinnedBuffer,
-    ids_host: PinnedBuffer,
+    best_host: PinnedBuffer,
     path_dev: DeviceBuffer,
     path_host: PinnedBuffer,
     graphs: HashMap<(usize, Head), Graph>,
@@ -348,6 +365,7 @@ impl CudaState {
         let (h, hd) = (c.hidden, c.head_dim);
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
         let f = |n: usize| gpu.alloc(n * 4);
+        let max_width = h.max(q_dim).max(c.ffn).next_multiple_of(32);
         let kv = gpu.alloc(c.n_layers * 2 * kv_dim * max_slots * 2)?;
         kv.fill(0)?;
         let layout = MetaLayout::new(rows);
@@ -369,11 +387,13 @@ impl CudaState {
             part_ml: f(rows * c.n_heads * chunks * 2)?,
             part_o: f(rows * c.n_heads * chunks * hd)?,
             logits: f(MAX_TREE * c.vocab)?,
-            ids: gpu.alloc(rows * 4)?,
+            xq: gpu.alloc(rows * max_width)?,
+            xs: gpu.alloc(rows * max_width / 32 * 16)?,
+            best: gpu.alloc(MAX_TREE * 8)?,
             meta: gpu.alloc(layout.words * 4)?,
             layout,
             meta_host: gpu.pinned(layout.words * 4)?,
-            ids_host: gpu.pinned(rows * 4)?,
+            best_host: gpu.pinned(MAX_TREE * 8)?,
             path_dev: gpu.alloc((MAX_TREE + 1) * 4)?,
             path_host: gpu.pinned((MAX_TREE + 1) * 4)?,
             graphs: HashMap::new(),
@@ -419,24 +439,25 @@ impl CudaState {
         k.embed(&m.embed, word(self.layout.tokens), n, self.x.ptr())?;
         let layer_elems = kv_dim * self.max_slots;
         let opt = |b: &Option<DeviceBuffer>| b.as_ref().map(|b| b.ptr());
+        // Activations as the next product reads them: f32 and int8 blocks, one row stride.
+        let acts = |x: &DeviceBuffer, ld: usize| Acts {
+            x: x.ptr(),
+            xq: self.xq.ptr(),
+            xs: self.xs.ptr(),
+            ld,
+        };
+        let fused_merge = hd.is_multiple_of(32);
         for (li, l) in m.layers.iter().enumerate() {
-            k.rmsnorm(
-                self.x.ptr(),
-                l.attn_norm.ptr(),
-                c.rms_eps,
-                h,
-                n,
-                self.normed.ptr(),
-            )?;
+            let normed = acts(&self.normed, h);
+            k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
             k.matvec(
                 &[
                     l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
                     l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
                     l.wv.seg(self.v.ptr(), kv_dim, opt(&l.bv), false),
                 ],
-                self.normed.ptr(),
+                normed,
                 n,
-                h,
                 h,
             )?;
             let k_cache = self.kv.at(li * 2 * layer_elems * 2);
@@ -461,6 +482,7 @@ impl CudaState {
                 v_cache,
                 max_slots: self.max_slots,
             })?;
+            let att = acts(&self.att, q_dim);
             k.attention(&AttnCall {
                 q: self.q.ptr(),
                 k_cache,
@@ -478,63 +500,46 @@ impl CudaState {
                 part_o: self.part_o.ptr(),
                 chunks: self.chunks,
                 out: self.att.ptr(),
+                out_q: if fused_merge { att.xq } else { 0 },
+                out_s: if fused_merge { att.xs } else { 0 },
             })?;
-            k.matvec(
-                &[l.wo.seg(self.x.ptr(), h, None, true)],
-                self.att.ptr(),
-                n,
-                q_dim,
-                q_dim,
-            )?;
-            k.rmsnorm(
-                self.x.ptr(),
-                l.ffn_norm.ptr(),
-                c.rms_eps,
-                h,
-                n,
-                self.normed.ptr(),
-            )?;
+            if !fused_merge {
+                k.quantize(att, n * q_dim)?;
+            }
+            k.matvec(&[l.wo.seg(self.x.ptr(), h, None, true)], att, n, q_dim)?;
+            k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
             k.matvec(
                 &[
                     l.gate.seg(self.g.ptr(), c.ffn, None, false),
                     l.up.seg(self.u.ptr(), c.ffn, None, false),
                 ],
-                self.normed.ptr(),
+                normed,
                 n,
                 h,
-                h,
             )?;
-            k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn)?;
-            k.matvec(
-                &[l.down.seg(self.x.ptr(), h, None, true)],
-                self.g.ptr(),
-                n,
-                c.ffn,
-                c.ffn,
-            )?;
+            let g = acts(&self.g, c.ffn);
+            k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn, g)?;
+            k.matvec(&[l.down.seg(self.x.ptr(), h, None, true)], g, n, c.ffn)?;
         }
         let (first, rows) = match head {
             Head::All => (0, n),
             Head::Last => (n - 1, 1),
         };
+        let normed = acts(&self.normed, h);
         k.rmsnorm(
             self.x.at(first * h * 4),
             m.output_norm.ptr(),
             c.rms_eps,
             h,
             rows,
-            self.normed.ptr(),
+            normed,
         )?;
-        let hm = m.head();
-        k.matvec(
-            &[hm.seg(self.logits.ptr(), c.vocab, None, false)],
-            self.normed.ptr(),
-            rows,
-            h,
-            h,
-        )?;
-        k.argmax(self.logits.ptr(), c.vocab, rows, self.ids.ptr())?;
-        self.ids.read_async(0, &self.ids_host, rows * 4)
+        // The head's products also leave each row's argmax (as an ordered key) in `best`.
+        self.best.fill(0)?;
+        let mut seg = m.head().seg(self.logits.ptr(), c.vocab, None, false);
+        seg.best = self.best.ptr();
+        k.matvec(&[seg], normed, rows, h)?;
+        self.best.read_async(0, &self.best_host, rows * 8)
     }
 
     /// Runs a pass of `tokens` (chain from `self.len`, or `tree`), returning the ids of the
@@ -569,7 +574,8 @@ impl CudaState {
         }
         self.gpu.synchronize()?;
         let rows = if head == Head::All { n } else { 1 };
-        Ok(self.ids_host.get_u32s(0, rows))
+        let keys = self.best_host.get_u32s(0, 2 * rows);
+        Ok((0..rows).map(|r| argmax_id(keys[2 * r] as u64)).collect())
     }
 
     /// Appends `tokens` (any number; passes of [`PREFILL_ROWS`]) and returns the greedy next
@@ -694,15 +700,15 @@ impl CudaModel {
         };
         let layer_elems = kv_dim * st.max_slots;
         let word = |w: usize| st.meta.at(w * 4);
-        time("rmsnorm", 0, &|| {
-            k.rmsnorm(
-                st.x.ptr(),
-                l.attn_norm.ptr(),
-                c.rms_eps,
-                h,
-                1,
-                st.normed.ptr(),
-            )
+        let acts = |x: &DeviceBuffer, ld: usize| Acts {
+            x: x.ptr(),
+            xq: st.xq.ptr(),
+            xs: st.xs.ptr(),
+            ld,
+        };
+        let normed = acts(&st.normed, h);
+        time("rmsnorm (+int8)", 0, &|| {
+            k.rmsnorm(st.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, 1, normed)
         })?;
         time(
             "matvec q|k|v",
@@ -714,9 +720,8 @@ impl CudaModel {
                         l.wk.seg(st.k.ptr(), kv_dim, None, false),
                         l.wv.seg(st.v.ptr(), kv_dim, None, false),
                     ],
-                    st.normed.ptr(),
+                    normed,
                     1,
-                    h,
                     h,
                 )
             },
@@ -743,34 +748,35 @@ impl CudaModel {
                 max_slots: st.max_slots,
             })
         })?;
-        time(&format!("attention at {} cached", st.len), 0, &|| {
-            k.attention(&AttnCall {
-                q: st.q.ptr(),
-                k_cache: st.kv.ptr(),
-                v_cache: st.kv.at(layer_elems * 2),
-                max_slots: st.max_slots,
-                n: 1,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                scale: 0.1,
-                batch: st.meta.ptr(),
-                pos: word(st.layout.pos),
-                path: word(st.layout.path),
-                part_ml: st.part_ml.ptr(),
-                part_o: st.part_o.ptr(),
-                chunks: st.chunks,
-                out: st.att.ptr(),
-            })
-        })?;
+        let att = acts(&st.att, q_dim);
+        time(
+            &format!("attention at {} cached (+int8)", st.len),
+            0,
+            &|| {
+                k.attention(&AttnCall {
+                    q: st.q.ptr(),
+                    k_cache: st.kv.ptr(),
+                    v_cache: st.kv.at(layer_elems * 2),
+                    max_slots: st.max_slots,
+                    n: 1,
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: hd,
+                    scale: 0.1,
+                    batch: st.meta.ptr(),
+                    pos: word(st.layout.pos),
+                    path: word(st.layout.path),
+                    part_ml: st.part_ml.ptr(),
+                    part_o: st.part_o.ptr(),
+                    chunks: st.chunks,
+                    out: st.att.ptr(),
+                    out_q: att.xq,
+                    out_s: att.xs,
+                })
+            },
+        )?;
         time("matvec o (+residual)", l.wo.buf.len(), &|| {
-            k.matvec(
-                &[l.wo.seg(st.normed.ptr(), h, None, true)],
-                st.att.ptr(),
-                1,
-                q_dim,
-                q_dim,
-            )
+            k.matvec(&[l.wo.seg(st.normed.ptr(), h, None, true)], att, 1, q_dim)
         })?;
         time("matvec gate|up", l.gate.buf.len() + l.up.buf.len(), &|| {
             k.matvec(
@@ -778,36 +784,25 @@ impl CudaModel {
                     l.gate.seg(st.g.ptr(), c.ffn, None, false),
                     l.up.seg(st.u.ptr(), c.ffn, None, false),
                 ],
-                st.normed.ptr(),
+                normed,
                 1,
-                h,
                 h,
             )
         })?;
-        time("swiglu", 0, &|| k.swiglu(st.g.ptr(), st.u.ptr(), c.ffn))?;
+        let g = acts(&st.g, c.ffn);
+        time("swiglu (+int8)", 0, &|| {
+            k.swiglu(st.g.ptr(), st.u.ptr(), c.ffn, g)
+        })?;
         time("matvec down (+residual)", l.down.buf.len(), &|| {
-            k.matvec(
-                &[l.down.seg(st.normed.ptr(), h, None, true)],
-                st.g.ptr(),
-                1,
-                c.ffn,
-                c.ffn,
-            )
+            k.matvec(&[l.down.seg(st.normed.ptr(), h, None, true)], g, 1, c.ffn)
         })?;
         let hm = self.head();
-        time("matvec head", hm.buf.len(), &|| {
-            k.matvec(
-                &[hm.seg(st.logits.ptr(), c.vocab, None, false)],
-                st.normed.ptr(),
-                1,
-                h,
-                h,
-            )
+        time("matvec head (+argmax)", hm.buf.len(), &|| {
+            let mut seg = hm.seg(st.logits.ptr(), c.vocab, None, false);
+            seg.best = st.best.ptr();
+            k.matvec(&[seg], normed, 1, h)
         })?;
-        time("argmax", 0, &|| {
-            k.argmax(st.logits.ptr(), c.vocab, 1, st.ids.ptr())
-        })?;
-        for n in [8usize, 16, 64] {
+        for n in [2usize, 4, 8, 16, 32, 64] {
             time(
                 &format!("matvec gate|up at {n} rows"),
                 l.gate.buf.len() + l.up.buf.len(),
@@ -817,9 +812,8 @@ impl CudaModel {
                             l.gate.seg(st.g.ptr(), c.ffn, None, false),
                             l.up.seg(st.u.ptr(), c.ffn, None, false),
                         ],
-                        st.normed.ptr(),
+                        normed,
                         n,
-                        h,
                         h,
                     )
                 },

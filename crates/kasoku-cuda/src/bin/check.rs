@@ -208,6 +208,47 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     );
     st.use_graphs = true;
 
+    // Speculative decoding with prompt lookup against plain decoding, on a prompt that
+    // repeats itself (random weights: whatever acceptance the model's own output allows).
+    let base: Vec<u32> = toks(40, 11);
+    let prompt: Vec<u32> = base
+        .iter()
+        .chain(&base)
+        .chain(&base[..20])
+        .copied()
+        .collect();
+    for (budget, depth) in [(0usize, 0usize), (8, 8), (16, 16), (32, 16)] {
+        let mut ts = Vec::new();
+        let mut line = String::new();
+        for _ in 0..3 {
+            st.reset();
+            let t = Instant::now();
+            let (tokens, info) = if budget == 0 {
+                (
+                    kasoku_cuda::generate_plain(&m, &mut st, &prompt, 256)?,
+                    String::from("plain"),
+                )
+            } else {
+                let mut d = kasoku::spec::ngram::NgramDrafter::default();
+                let r = kasoku_cuda::generate_speculative(
+                    &m, &mut st, &prompt, 256, &mut d, budget, depth,
+                )?;
+                let info = format!(
+                    "n-gram budget {budget}: {} passes, {}/{} drafts accepted",
+                    r.passes, r.accepted, r.drafted
+                );
+                (r.tokens, info)
+            };
+            ts.push(t.elapsed().as_secs_f64());
+            line = format!("{info}, {} tokens", tokens.len());
+        }
+        let s = median(ts);
+        println!(
+            "generate 256 ({line}): {:.1} tokens/s (prefill included)",
+            256.0 / s
+        );
+    }
+
     // Where a decode step's time goes (each kernel alone, launched back to back).
     st.reset();
     st.prefill(&m, &toks(512, 5))?;

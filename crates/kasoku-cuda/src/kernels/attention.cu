@@ -16,7 +16,9 @@ __device__ __forceinline__ int att_slot(const Batch* b, const int* path, int i, 
 }
 
 // Grid (n, n_heads, chunks), block 128 (4 warps). Partials: [row][head][chunk] (m, l) and
-// [row][head][chunk][head_dim] (weighted values).
+// [row][head][chunk][head_dim] (weighted values). Thread t scores key t of the chunk whole
+// (its row read as 16-byte vectors, q from shared memory); then thread d sums the values of
+// dim d over the chunk's keys, eight running sums (more loads in flight) added in order.
 extern "C" __global__ void __launch_bounds__(128) attn_partial(
     const float* q, int q_ld, const u16* k_cache, const u16* v_cache, int max_slots,
     int n_heads, int n_kv_heads, int head_dim, float scale,
@@ -37,13 +39,19 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[(size_t)i * q_ld + h * head_dim + d];
     for (int t = threadIdx.x; t < nk; t += blockDim.x) slots[t] = att_slot(batch, path, i, v0 + t);
     __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int t = warp; t < nk; t += 4) {
-        const u16* kr = kc + (size_t)slots[t] * head_dim;
+    for (int t = threadIdx.x; t < nk; t += blockDim.x) {
+        const uint4* kr = (const uint4*)(kc + (size_t)slots[t] * head_dim);
         float s = 0.0f;
-        for (int d = lane; d < head_dim; d += 32) s = fmaf(qs[d], h2f(kr[d]), s);
-        s = warp_sum(s);
-        if (lane == 0) sc[t] = s * scale;
+        for (int e = 0; e < head_dim / 8; e++) {
+            uint4 raw = kr[e];
+            u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                s = fmaf(qs[8 * e + 2 * k], h2f((u16)(w[k] & 0xffff)), s);
+                s = fmaf(qs[8 * e + 2 * k + 1], h2f((u16)(w[k] >> 16)), s);
+            }
+        }
+        sc[t] = s * scale;
     }
     __syncthreads();
     float m = -KINF;
@@ -62,17 +70,27 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     }
     float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int t = 0; t < nk; t++) acc = fmaf(sc[t], h2f(vc[(size_t)slots[t] * head_dim + d]), acc);
-        o[d] = acc;
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        int t = 0;
+        for (; t + 8 <= nk; t += 8) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] = fmaf(sc[t + k], h2f(vc[(size_t)slots[t + k] * head_dim + d]), acc[k]);
+        }
+        for (int k = 0; t < nk; t++, k++) acc[k] = fmaf(sc[t], h2f(vc[(size_t)slots[t] * head_dim + d]), acc[k]);
+        float total = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) total += acc[k];
+        o[d] = total;
     }
 }
 
 // out[i][h] = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c over the row's chunks, in order.
-// Grid (n, n_heads), block 128.
+// Grid (n, n_heads), block 128. With xq/xs, also the int8 activations of the row's head
+// (head_dim a multiple of 32).
 extern "C" __global__ void __launch_bounds__(128) attn_merge(
     const float* part_ml, const float* part_o, int chunks, int n_heads, int head_dim,
-    const int* pos, float* out, int out_ld) {
+    const int* pos, float* out, int out_ld, i8* xq, float4* xs) {
+    __shared__ float res[256];
     int i = blockIdx.x, h = blockIdx.y;
     int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
     const float* ml = part_ml + (size_t)(i * n_heads + h) * chunks * 2;
@@ -85,6 +103,15 @@ extern "C" __global__ void __launch_bounds__(128) attn_merge(
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
         for (int c = 0; c < nc; c++) acc = fmaf(expf(ml[2 * c] - mx), po[(size_t)c * head_dim + d], acc);
-        out[(size_t)i * out_ld + h * head_dim + d] = acc * inv;
+        float v = acc * inv;
+        out[(size_t)i * out_ld + h * head_dim + d] = v;
+        res[d] = v;
+    }
+    if (xq) {
+        __syncthreads();
+        for (int b = threadIdx.x; b < head_dim / 32; b += blockDim.x) {
+            size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
+            quant_block32(res + 32 * b, xq + at, xs + at / 32);
+        }
     }
 }

@@ -27,8 +27,12 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 9] = [
-    "matvec",
+pub const NAMES: [&str; 13] = [
+    "quantize_acts",
+    "matvec_1",
+    "matvec_2",
+    "matvec_4",
+    "matvec_8",
     "embed",
     "rmsnorm",
     "qkv_post",
@@ -41,8 +45,15 @@ pub const NAMES: [&str; 9] = [
 
 /// Key positions per attention chunk (ATT_CHUNK in attention.cu).
 pub const ATT_CHUNK: usize = 64;
-/// Activation rows a matvec tile holds (MAXR in matvec.cu); more rows loop over tiles.
-pub const MAX_TILE_ROWS: usize = 8;
+/// The matvec kernel for `n` activation rows: tiles of 1, 2, 4 or 8 rows.
+pub fn matvec_kernel(n: usize) -> &'static str {
+    match n {
+        0 | 1 => "matvec_1",
+        2 => "matvec_2",
+        3 | 4 => "matvec_4",
+        _ => "matvec_8",
+    }
+}
 /// The largest attention head the kernels take (their shared-memory row).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Warps (weight rows) per matvec block.
@@ -60,6 +71,14 @@ pub struct MatSeg {
     pub rows: i32,
     pub ldy: i32,
     pub accumulate: i32,
+    /// Per activation row, a u64 that receives the row's largest output as an ordered key
+    /// (see [`argmax_id`]); 0 for none.
+    pub best: u64,
+}
+
+/// The token id in an argmax key that `matvec` left (the low half holds `!id`).
+pub fn argmax_id(key: u64) -> u32 {
+    u32::MAX - key as u32
 }
 
 /// The parameter block of `matvec` (layout of `struct MatArgs` in matvec.cu).
@@ -68,6 +87,8 @@ pub struct MatSeg {
 pub struct MatArgs {
     pub seg: [MatSeg; 3],
     pub x: u64,
+    pub xq: u64,
+    pub xs: u64,
     pub nseg: i32,
     pub cols: i32,
     pub n: i32,
@@ -134,6 +155,7 @@ impl DeviceMatrix {
             rows: self.rows as i32,
             ldy: ldy as i32,
             accumulate: accumulate as i32,
+            best: 0,
         }
     }
 }
@@ -162,25 +184,44 @@ pub fn check_matrix(dtype: DType, rows: usize, cols: usize, len: usize) -> Resul
     Ok(row_bytes)
 }
 
+/// Activation rows for `matvec`: f32 values (read by float-format matrices) and their int8
+/// blocks of 32 with scales (read by block formats), both with row stride `ld` values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Acts {
+    pub x: u64,
+    pub xq: u64,
+    pub xs: u64,
+    pub ld: usize,
+}
+
+impl Acts {
+    /// The same activations from row `r` on.
+    pub fn from_row(self, r: usize) -> Acts {
+        Acts {
+            x: self.x + (r * self.ld * 4) as u64,
+            xq: self.xq + (r * self.ld) as u64,
+            xs: self.xs + (r * self.ld / 32 * 16) as u64,
+            ld: self.ld,
+        }
+    }
+}
+
 /// Builds the `matvec` parameters for `segs` (at most 3, each the same width `cols`) over
-/// `n` activation rows at `x` (row stride `ldx`); returns them with the grid size.
-pub fn matvec_args(
-    segs: &[MatSeg],
-    x: u64,
-    n: usize,
-    cols: usize,
-    ldx: usize,
-) -> Result<(MatArgs, u32)> {
+/// `n` activation rows `x`; returns them with the grid size.
+pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatArgs, u32)> {
+    let ldx = x.ld;
     if segs.is_empty() || segs.len() > 3 {
         return Err(Error::Invalid(format!("matvec of {} matrices", segs.len())));
     }
-    if ldx < cols || !ldx.is_multiple_of(4) {
+    if ldx < cols || !ldx.is_multiple_of(32) {
         return Err(Error::Invalid(format!(
-            "matvec: activation stride {ldx} for {cols} columns (must be ≥ and a multiple of 4)"
+            "matvec: activation stride {ldx} for {cols} columns (must be ≥ and a multiple of 32)"
         )));
     }
     let mut a = MatArgs {
-        x,
+        x: x.x,
+        xq: x.xq,
+        xs: x.xs,
         nseg: segs.len() as i32,
         cols: cols as i32,
         n: n as i32,
@@ -190,6 +231,19 @@ pub fn matvec_args(
     a.seg[..segs.len()].copy_from_slice(segs);
     let rows: usize = segs.iter().map(|s| s.rows as usize).sum();
     Ok((a, rows.div_ceil(MATVEC_WARPS) as u32))
+}
+
+/// The int8 targets of a producer: both or neither set, for a whole number of blocks.
+fn quant_targets(y: Acts, len: usize) -> Result<(u64, u64)> {
+    if y.xq == 0 || y.xs == 0 {
+        return Ok((0, 0));
+    }
+    if !len.is_multiple_of(32) {
+        return Err(Error::Invalid(format!(
+            "int8 activations of {len} values (not whole blocks of 32)"
+        )));
+    }
+    Ok((y.xq, y.xs))
 }
 
 /// Attention chunks a row at position `pos` reads.
@@ -231,13 +285,13 @@ impl Kernels {
     }
 
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.
-    pub fn matvec(&self, segs: &[MatSeg], x: u64, n: usize, cols: usize, ldx: usize) -> Result<()> {
+    pub fn matvec(&self, segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let (args, blocks) = matvec_args(segs, x, n, cols, ldx)?;
+        let (args, blocks) = matvec_args(segs, x, n, cols)?;
         self.launch(
-            "matvec",
+            matvec_kernel(n),
             (blocks, 1, 1),
             (MATVEC_WARPS * 32) as u32,
             &mut [p(&args)],
@@ -260,25 +314,54 @@ impl Kernels {
         )
     }
 
-    /// RMSNorm of `rows` rows of `dim` values.
-    pub fn rmsnorm(&self, x: u64, w: u64, eps: f32, dim: usize, rows: usize, y: u64) -> Result<()> {
+    /// RMSNorm of `rows` rows of `dim` values into `y.x`, and their int8 blocks into
+    /// `y.xq`/`y.xs` when those are set (`dim` a multiple of 32).
+    pub fn rmsnorm(
+        &self,
+        x: u64,
+        w: u64,
+        eps: f32,
+        dim: usize,
+        rows: usize,
+        y: Acts,
+    ) -> Result<()> {
         let d = dim as i32;
+        let (xq, xs) = quant_targets(y, dim)?;
         self.launch(
             "rmsnorm",
             (rows as u32, 1, 1),
             256,
-            &mut [p(&x), p(&w), p(&eps), p(&d), p(&y)],
+            &mut [p(&x), p(&w), p(&eps), p(&d), p(&y.x), p(&xq), p(&xs)],
         )
     }
 
-    /// `g = silu(g) · u` over `len` values.
-    pub fn swiglu(&self, g: u64, u: u64, len: usize) -> Result<()> {
-        let l = len as i64;
+    /// `g = silu(g) · u` over `len` values (a multiple of 32), and the int8 blocks of the
+    /// result into `q` when set.
+    pub fn swiglu(&self, g: u64, u: u64, len: usize, q: Acts) -> Result<()> {
+        if !len.is_multiple_of(32) {
+            return Err(Error::Invalid(format!(
+                "swiglu of {len} values (whole blocks of 32)"
+            )));
+        }
+        let (xq, xs) = quant_targets(q, len)?;
+        let blocks = (len / 32) as i64;
         self.launch(
             "swiglu",
-            (len.div_ceil(256) as u32, 1, 1),
-            256,
-            &mut [p(&g), p(&u), p(&l)],
+            ((len / 32).div_ceil(128) as u32, 1, 1),
+            128,
+            &mut [p(&g), p(&u), p(&blocks), p(&xq), p(&xs)],
+        )
+    }
+
+    /// The int8 blocks of `len` f32 values (a multiple of 32) at `x.x`, into `x.xq`/`x.xs`.
+    pub fn quantize(&self, x: Acts, len: usize) -> Result<()> {
+        let (xq, xs) = quant_targets(x, len)?;
+        let blocks = (len / 32) as i64;
+        self.launch(
+            "quantize_acts",
+            ((len / 32).div_ceil(128) as u32, 1, 1),
+            128,
+            &mut [p(&x.x), p(&blocks), p(&xq), p(&xs)],
         )
     }
 
@@ -388,6 +471,8 @@ impl Kernels {
                 p(&a.pos),
                 p(&a.out),
                 p(&q_ld),
+                p(&a.out_q),
+                p(&a.out_s),
             ],
         )
     }
@@ -462,6 +547,9 @@ pub struct AttnCall {
     pub part_o: u64,
     pub chunks: usize,
     pub out: u64,
+    /// The int8 blocks of `out` (0: none; needs head_dim a multiple of 32).
+    pub out_q: u64,
+    pub out_s: u64,
 }
 
 #[cfg(test)]

@@ -21,8 +21,9 @@ extern "C" __global__ void embed(const u8* table, long long row_bytes, int fmt, 
 }
 
 // y = x · w / sqrt(mean(x²) + eps), row by row; grid (rows), block 256. The sum of squares
-// in f64, as the CPU kernel.
-extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int dim, float* y) {
+// in f64, as the CPU kernel. With xq/xs, also the int8 activations of y (dim a multiple of 32).
+extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int dim, float* y,
+                                                          i8* xq, float4* xs) {
     __shared__ double red[32];
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
@@ -35,7 +36,21 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
     double t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
     t = warp_sum_d(t);
     float scale = 1.0f / sqrtf((float)(t / dim) + eps);
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * scale * w[c];
+    if (xq) {
+        // One thread per 32 values: normalize, write, quantize.
+        for (int b = threadIdx.x; b < dim / 32; b += blockDim.x) {
+            float v[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                int c = 32 * b + i;
+                v[i] = xr[c] * scale * w[c];
+                yr[c] = v[i];
+            }
+            quant_block32(v, xq + (size_t)blockIdx.x * dim + 32 * b, xs + (size_t)blockIdx.x * (dim / 32) + b);
+        }
+    } else {
+        for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * scale * w[c];
+    }
 }
 
 // After the q/k/v projections: per head, optional RMSNorm (q_norm / k_norm), RoPE at the row's
@@ -99,13 +114,19 @@ extern "C" __global__ void __launch_bounds__(128) qkv_post(
     }
 }
 
-// g = silu(g) · u, silu(x) = x / (1 + e^-x).
-extern "C" __global__ void swiglu(float* g, const float* u, long long len) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < len) {
-        float x = g[i];
-        g[i] = x / (1.0f + expf(-x)) * u[i];
+// g = silu(g) · u, silu(x) = x / (1 + e^-x), one thread per 32 values (len a multiple of
+// 32); with xq/xs, also the int8 activations of the result.
+extern "C" __global__ void swiglu(float* g, const float* u, long long blocks, i8* xq, float4* xs) {
+    long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= blocks) return;
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        float x = g[32 * b + i];
+        v[i] = x / (1.0f + expf(-x)) * u[32 * b + i];
+        g[32 * b + i] = v[i];
     }
+    if (xq) quant_block32(v, xq + 32 * b, xs + b);
 }
 
 // ids[i] = the index of row i's largest value (the first on ties); grid (n), block 1024.

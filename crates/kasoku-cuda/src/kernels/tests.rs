@@ -5,13 +5,15 @@ use super::*;
 
 #[test]
 fn parameter_blocks_have_the_cuda_layout() {
-    // struct MatSeg: 3 pointers, a long long, 4 ints = 48 bytes; MatArgs: 3 segs, a pointer,
-    // 4 ints = 168 bytes, 8-aligned.
-    assert_eq!(std::mem::size_of::<MatSeg>(), 48);
-    assert_eq!(std::mem::size_of::<MatArgs>(), 168);
+    // struct MatSeg: 3 pointers, a long long, 4 ints, a pointer = 56 bytes; MatArgs: 3 segs,
+    // 3 pointers, 4 ints = 208 bytes, 8-aligned.
+    assert_eq!(std::mem::size_of::<MatSeg>(), 56);
+    assert_eq!(std::mem::offset_of!(MatSeg, best), 48);
+    assert_eq!(std::mem::size_of::<MatArgs>(), 208);
     assert_eq!(std::mem::align_of::<MatArgs>(), 8);
-    assert_eq!(std::mem::offset_of!(MatArgs, x), 144);
-    assert_eq!(std::mem::offset_of!(MatArgs, ldx), 164);
+    assert_eq!(std::mem::offset_of!(MatArgs, x), 168);
+    assert_eq!(std::mem::offset_of!(MatArgs, xs), 184);
+    assert_eq!(std::mem::offset_of!(MatArgs, ldx), 204);
     assert_eq!(std::mem::size_of::<BatchDesc>(), 16);
 }
 
@@ -36,12 +38,25 @@ fn matvec_arguments_cover_every_segment_row() {
         rows,
         ..MatSeg::default()
     };
-    let (a, blocks) = matvec_args(&[seg(10), seg(3), seg(3)], 64, 5, 256, 256).unwrap();
-    assert_eq!((a.nseg, a.n, a.cols), (3, 5, 256));
+    let x = |ld| Acts {
+        x: 64,
+        xq: 128,
+        xs: 256,
+        ld,
+    };
+    let (a, blocks) = matvec_args(&[seg(10), seg(3), seg(3)], x(256), 5, 256).unwrap();
+    assert_eq!((a.nseg, a.n, a.cols, a.xq), (3, 5, 256, 128));
     assert_eq!(blocks, 4); // 16 rows, 4 warps a block
-    assert!(matvec_args(&[], 0, 1, 256, 256).is_err());
-    assert!(matvec_args(&[seg(1); 4], 0, 1, 256, 256).is_err());
-    assert!(matvec_args(&[seg(1)], 0, 1, 256, 255).is_err());
+    assert!(matvec_args(&[], x(256), 1, 256).is_err());
+    assert!(matvec_args(&[seg(1); 4], x(256), 1, 256).is_err());
+    assert!(matvec_args(&[seg(1)], x(240), 1, 256).is_err());
+    // Row r of the activations: f32 at 4 bytes, int8 at 1, block scales at 16 per 32 values.
+    let r = x(256).from_row(3);
+    assert_eq!(
+        (r.x, r.xq, r.xs),
+        (64 + 3 * 1024, 128 + 3 * 256, 256 + 3 * 8 * 16)
+    );
+    assert_eq!(argmax_id(u64::MAX - 41), 41);
 }
 
 #[test]
@@ -78,5 +93,17 @@ fn kernels_compile_with_nvrtc() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn matvec_tiles_follow_the_row_count() {
+    assert_eq!(matvec_kernel(1), "matvec_1");
+    assert_eq!(matvec_kernel(2), "matvec_2");
+    assert_eq!(matvec_kernel(3), "matvec_4");
+    assert_eq!(matvec_kernel(5), "matvec_8");
+    assert_eq!(matvec_kernel(64), "matvec_8");
+    for name in ["matvec_1", "matvec_2", "matvec_4", "matvec_8"] {
+        assert!(NAMES.contains(&name));
     }
 }

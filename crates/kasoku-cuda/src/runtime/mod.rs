@@ -298,18 +298,22 @@ impl DeviceBuffer {
         self.bytes == 0
     }
 
-    /// Copies `data` to byte `offset`, synchronously.
+    /// Copies `data` to byte `offset`, in order with the stream's work, and waits for it
+    /// (a copy on the legacy stream could still be in flight when our stream's kernels run).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
         self.gpu.bind()?;
-        // SAFETY: the range was checked against the allocation; `data` is valid host memory.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(
+        // SAFETY: the range was checked against the allocation; `data` is valid host memory
+        // until the synchronisation below.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
                 self.ptr + offset as u64,
                 data.as_ptr() as *const c_void,
                 data.len(),
+                self.gpu.stream,
             )
-        })
+        })?;
+        self.gpu.synchronize()
     }
 
     /// Copies bytes `offset..offset + out.len()` to `out`, after everything queued on the
