@@ -668,14 +668,16 @@ pub fn kernels(k: &Kernels) -> R<Report> {
 }
 
 /// A fixture (tests/fixtures/<arch>/<name>/: reference.json from transformers and GGUFs)
-/// through the GPU: logits of the reference tokens (relative error stated; the f16 KV cache
-/// bounds it near 1e-3) and the greedy continuation.
+/// through the GPU: logits of the reference tokens and the greedy continuation, against
+/// transformers for the f32 file, and against the CPU backend on the same file for quantized
+/// ones (whose weights transformers never saw). The relative error is stated; the f16 KV cache
+/// bounds it near 1e-3 on f32 weights.
 pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
     let mut rep = Report::default();
-    let text = std::fs::read_to_string(dir.join("reference.json"))
-        .map_err(|e| crate::Error::Invalid(e.to_string()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| crate::Error::Invalid(e.to_string()))?;
+    let bad = |e: String| crate::Error::Invalid(e);
+    let text =
+        std::fs::read_to_string(dir.join("reference.json")).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let ids = |key: &str| -> Vec<u32> {
         v[key]
             .as_array()
@@ -687,8 +689,8 @@ pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
             })
             .unwrap_or_default()
     };
-    let (tokens, greedy) = (ids("tokens"), ids("greedy_continuation"));
-    let logits: Vec<f64> = v["logits"]
+    let (tokens, mut greedy) = (ids("tokens"), ids("greedy_continuation"));
+    let mut logits: Vec<f64> = v["logits"]
         .as_array()
         .map(|rows| {
             rows.iter()
@@ -701,7 +703,32 @@ pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
                 .collect()
         })
         .unwrap_or_default();
-    let m = crate::CudaModel::load(gpu, dir.join(gguf))?;
+    let path = dir.join(gguf);
+    let against = if gguf.contains("f32") {
+        "transformers"
+    } else {
+        // The CPU backend on the same quantized file.
+        use kasoku::model::{Logits, Model};
+        let cpu = Model::load(&path).map_err(|e| bad(e.to_string()))?;
+        let mut st = cpu.new_state(tokens.len() + greedy.len() + 8);
+        let all = cpu
+            .forward(&mut st, &tokens, Logits::All)
+            .map_err(|e| bad(e.to_string()))?;
+        logits = f64s(&all);
+        let vocab = cpu.config.vocab;
+        let mut next = kasoku::engine::sampler::argmax(&all[(tokens.len() - 1) * vocab..]);
+        let want = greedy.len();
+        greedy.clear();
+        while greedy.len() < want {
+            greedy.push(next);
+            let l = cpu
+                .forward(&mut st, &[next], Logits::Last)
+                .map_err(|e| bad(e.to_string()))?;
+            next = kasoku::engine::sampler::argmax(&l);
+        }
+        "the CPU backend"
+    };
+    let m = crate::CudaModel::load(gpu, &path)?;
     let mut st = m.new_state(tokens.len() + greedy.len() + 8)?;
     let got = st.logits(&m, &tokens)?;
     let e = rel_err(&got, &logits);
@@ -709,7 +736,7 @@ pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
     rep.check(
         e < tol,
         format!(
-            "fixture {what}: logits of {} tokens vs transformers, rel err {e:.1e}",
+            "fixture {what}: logits of {} tokens vs {against}, rel err {e:.1e}",
             tokens.len()
         ),
     );
@@ -717,7 +744,7 @@ pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
     let out = crate::generate_plain(&m, &mut st, &tokens, greedy.len())?;
     rep.check(
         out == greedy,
-        format!("fixture {what}: greedy continuation {out:?} (transformers {greedy:?})"),
+        format!("fixture {what}: greedy continuation {out:?} ({against}: {greedy:?})"),
     );
     Ok(rep)
 }

@@ -404,6 +404,11 @@ impl CudaState {
         Ok(st)
     }
 
+    /// Drops the captured graphs (after a change of launch settings).
+    pub fn drop_graphs(&mut self) {
+        self.graphs.clear();
+    }
+
     /// Forgets everything (the cache is overwritten by later passes).
     pub fn reset(&mut self) {
         self.len = 0;
@@ -565,7 +570,17 @@ impl CudaState {
         self.meta_host.put_u32s(0, &words);
         if self.use_graphs && n <= MAX_TREE {
             if !self.graphs.contains_key(&(n, head)) {
-                let g = Graph::capture(&self.gpu.clone(), || self.record(m, n, head))?;
+                let gpu = self.gpu.clone();
+                let g = match Graph::capture(&gpu, || self.record(m, n, head)) {
+                    Ok(g) => g,
+                    // A driver that cannot capture dependent launches: capture plain ones.
+                    Err(e) if gpu.dependent_launch() => {
+                        eprintln!("note: capturing without dependent launch ({e})");
+                        gpu.set_dependent_launch(false);
+                        Graph::capture(&gpu, || self.record(m, n, head))?
+                    }
+                    Err(e) => return Err(e),
+                };
                 self.graphs.insert((n, head), g);
             }
             self.graphs[&(n, head)].launch()?;

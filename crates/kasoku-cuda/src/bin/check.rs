@@ -172,28 +172,37 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         512.0 / pp_ms * 1e3
     );
 
-    // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps.
-    let mut tg = Vec::new();
-    for _ in 0..4 {
-        st.reset();
-        let mut tok = st.prefill(&m, &[1])?;
-        let t = Instant::now();
-        for _ in 0..128 {
-            tok = st.step(&m, tok)?;
+    // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps; with
+    // and without programmatic dependent launch.
+    let pdl_default = gpu.dependent_launch();
+    for pdl in [false, true] {
+        gpu.set_dependent_launch(pdl);
+        st.drop_graphs();
+        let mut tg = Vec::new();
+        for _ in 0..4 {
+            st.reset();
+            let mut tok = st.prefill(&m, &[1])?;
+            let t = Instant::now();
+            for _ in 0..128 {
+                tok = st.step(&m, tok)?;
+            }
+            tg.push(t.elapsed().as_secs_f64());
         }
-        tg.push(t.elapsed().as_secs_f64());
+        tg.remove(0);
+        let tg_s = median(tg);
+        let tps = 128.0 / tg_s;
+        let ceiling = 4.35e12 / m.weight_bytes as f64;
+        println!(
+            "tg128 (dependent launch {}): {:.1} tokens/s ({:.3} ms/token; {:.1}% of the 4.35 TB/s ceiling {:.0} t/s)",
+            if gpu.dependent_launch() { "on" } else { "off" },
+            tps,
+            tg_s / 128.0 * 1e3,
+            100.0 * tps / ceiling,
+            ceiling
+        );
     }
-    tg.remove(0);
-    let tg_s = median(tg);
-    let tps = 128.0 / tg_s;
-    let ceiling = 4.35e12 / m.weight_bytes as f64;
-    println!(
-        "tg128: {:.1} tokens/s ({:.3} ms/token; {:.1}% of the 4.35 TB/s ceiling {:.0} t/s)",
-        tps,
-        tg_s / 128.0 * 1e3,
-        100.0 * tps / ceiling,
-        ceiling
-    );
+    gpu.set_dependent_launch(pdl_default);
+    st.drop_graphs();
     // The same steps without graphs: what the launches cost.
     st.use_graphs = false;
     st.reset();

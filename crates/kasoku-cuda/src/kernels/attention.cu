@@ -24,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     int n_heads, int n_kv_heads, int head_dim, float scale,
     const Batch* batch, const int* pos, const int* path,
     float* part_ml, float* part_o, int chunks) {
+    wait_for_predecessor();
     __shared__ float qs[256];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int slots[ATT_CHUNK];
@@ -42,13 +43,22 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     for (int t = threadIdx.x; t < nk; t += blockDim.x) {
         const uint4* kr = (const uint4*)(kc + (size_t)slots[t] * head_dim);
         float s = 0.0f;
-        for (int e = 0; e < head_dim / 8; e++) {
-            uint4 raw = kr[e];
-            u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+        // Eight 16-byte loads in flight, then their products in order.
+        for (int e0 = 0; e0 < head_dim / 8; e0 += 8) {
+            uint4 raw[8];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                s = fmaf(qs[8 * e + 2 * k], h2f((u16)(w[k] & 0xffff)), s);
-                s = fmaf(qs[8 * e + 2 * k + 1], h2f((u16)(w[k] >> 16)), s);
+            for (int k = 0; k < 8; k++) raw[k] = e0 + k < head_dim / 8 ? kr[e0 + k] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                if (e0 + k < head_dim / 8) {
+                    u32 w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+                    const float* qv = qs + 8 * (e0 + k);
+#pragma unroll
+                    for (int z = 0; z < 4; z++) {
+                        s = fmaf(qv[2 * z], h2f((u16)(w[z] & 0xffff)), s);
+                        s = fmaf(qv[2 * z + 1], h2f((u16)(w[z] >> 16)), s);
+                    }
+                }
             }
         }
         sc[t] = s * scale;
@@ -70,13 +80,15 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     }
     float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        int t = 0;
-        for (; t + 8 <= nk; t += 8) {
+        // Every value of the chunk loaded first (independent loads in flight), then eight
+        // running sums over the keys in order, added in order.
+        float vals[ATT_CHUNK];
 #pragma unroll
-            for (int k = 0; k < 8; k++) acc[k] = fmaf(sc[t + k], h2f(vc[(size_t)slots[t + k] * head_dim + d]), acc[k]);
-        }
-        for (int k = 0; t < nk; t++, k++) acc[k] = fmaf(sc[t], h2f(vc[(size_t)slots[t] * head_dim + d]), acc[k]);
+        for (int t = 0; t < ATT_CHUNK; t++) vals[t] = t < nk ? h2f(vc[(size_t)slots[t] * head_dim + d]) : 0.0f;
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int t = 0; t < ATT_CHUNK; t++)
+            if (t < nk) acc[t % 8] = fmaf(sc[t], vals[t], acc[t % 8]);
         float total = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; k++) total += acc[k];
@@ -90,6 +102,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
 extern "C" __global__ void __launch_bounds__(128) attn_merge(
     const float* part_ml, const float* part_o, int chunks, int n_heads, int head_dim,
     const int* pos, float* out, int out_ld, i8* xq, float4* xs) {
+    wait_for_predecessor();
     __shared__ float res[256];
     int i = blockIdx.x, h = blockIdx.y;
     int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
@@ -109,9 +122,10 @@ extern "C" __global__ void __launch_bounds__(128) attn_merge(
     }
     if (xq) {
         __syncthreads();
-        for (int b = threadIdx.x; b < head_dim / 32; b += blockDim.x) {
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
             size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
-            quant_block32(res + 32 * b, xq + at, xs + at / 32);
+            quant_block32(res[32 * b + lane], xq + at, xs + at / 32);
         }
     }
 }

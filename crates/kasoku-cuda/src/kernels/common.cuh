@@ -28,6 +28,15 @@ typedef signed char i8;
 #define FMT_Q6_K 14
 #define FMT_BF16 30
 
+// Programmatic dependent launch: a kernel may start while the one before it drains, so every
+// kernel first waits until its predecessor's writes are visible (a no-op when launched
+// without the attribute). Called first thing in every kernel.
+__device__ __forceinline__ void wait_for_predecessor() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

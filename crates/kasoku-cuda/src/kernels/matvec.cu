@@ -1,7 +1,7 @@
 // Matrix products y = x · Wᵀ for 1..N activation rows, straight on the GGUF block layouts.
 //
-// One warp computes one weight row against every activation row: the row's bytes come from
-// device memory once and serve all of them (tiles of up to 8 activation rows share each load;
+// One warp computes a pair of weight rows against every activation row: the rows' bytes come
+// from device memory once and serve all of them (tiles of up to 8 activation rows share each load;
 // a second tile re-reads the row from L1/L2, not from DRAM). A lane takes fixed units of the
 // row in a fixed order and keeps one partial sum per activation row; the warp then adds its
 // lanes' sums in a fixed butterfly. So a row's result does not depend on how many rows came
@@ -36,77 +36,75 @@ struct MatArgs {
     int ldx;
 };
 
-// Quantizes 32 values to int8 with d = max|v| / 127 (q = round-half-even(v / d)); writes the
-// quants and (d, d·Σq[0..16), d·Σq[16..32), 0). The one definition every producer uses.
-__device__ __forceinline__ void quant_block32(const float* v, i8* q, float4* s) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+// Quantizes 32 values, one per lane of a warp, to int8 with d = max|v| / 127 and
+// q = round-half-even(v / d); writes the quants and (d, d·Σq[0..16), d·Σq[16..32), 0). The
+// one rule every producer uses (the maximum and the integer sums do not depend on order).
+__device__ __forceinline__ void quant_block32(float v, i8* q, float4* s) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
-    int s0 = 0, s1 = 0;
-    u32 words[8];
+    int qi = d == 0.0f ? 0 : (int)rintf(v / d);
+    q[lane] = (i8)qi;
+    int sum = qi;
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        u32 w = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int qi = d == 0.0f ? 0 : (int)rintf(v[4 * k + i] / d);
-            if (k < 4) s0 += qi; else s1 += qi;
-            w |= ((u32)(qi & 0xff)) << (8 * i);
-        }
-        words[k] = w;
-    }
-    uint4* dst = (uint4*)q;
-    dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
-    *s = make_float4(d, d * (float)s0, d * (float)s1, 0.0f);
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    int s0 = __shfl_sync(0xffffffffu, sum, 0), s1 = __shfl_sync(0xffffffffu, sum, 16);
+    if (lane == 0) *s = make_float4(d, d * (float)s0, d * (float)s1, 0.0f);
 }
 
-// Quantizes rows of f32 activations (len values, a multiple of 32) for the block formats.
+// Quantizes rows of f32 activations (a multiple of 32 values): one warp per block of 32.
 extern "C" __global__ void quantize_acts(const float* x, long long blocks, i8* xq, float4* xs) {
-    long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    wait_for_predecessor();
+    long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (b >= blocks) return;
-    float v[32];
-    const float4* src = (const float4*)(x + 32 * b);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float4 t = src[i];
-        v[4 * i] = t.x; v[4 * i + 1] = t.y; v[4 * i + 2] = t.z; v[4 * i + 3] = t.w;
-    }
-    quant_block32(v, xq + 32 * b, xs + b);
+    quant_block32(x[32 * b + (threadIdx.x & 31)], xq + 32 * b, xs + b);
 }
 
 __device__ __forceinline__ u32 ld32u(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
 
+// Each warp computes TWO weight rows (w0, w1: a pair of rows of one matrix) against every
+// activation row: an activation load serves both. acc[w * NR + r] is weight row w, activation
+// row r. The arithmetic of each (weight row, activation row) is the same whatever is beside it.
+
 template <int NR>
-__device__ __forceinline__ void dot_f32(const u8* row, int cols, int lane, const float* x, int ldx, int nr, float* acc) {
-    const float* w = (const float*)row;
+__device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lane, const float* x, int ldx, int nr, float* acc) {
     for (int u = lane; u < cols / 8; u += 32) {
-        float4 a = __ldg((const float4*)(w + 8 * u));
-        float4 b = __ldg((const float4*)(w + 8 * u + 4));
-        float wv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float wv[2][8];
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            const float* wr = (const float*)rows[w];
+            float4 a = __ldg((const float4*)(wr + 8 * u));
+            float4 b = __ldg((const float4*)(wr + 8 * u + 4));
+            wv[w][0] = a.x; wv[w][1] = a.y; wv[w][2] = a.z; wv[w][3] = a.w;
+            wv[w][4] = b.x; wv[w][5] = b.y; wv[w][6] = b.z; wv[w][7] = b.w;
+        }
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             const float4* xv = (const float4*)(x + (size_t)min(r, nr - 1) * ldx + 8 * u);
             float4 p = xv[0], q = xv[1];
             float xs[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[r] = fmaf(wv[i], xs[i], acc[r]);
+            for (int w = 0; w < 2; w++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[w * NR + r] = fmaf(wv[w][i], xs[i], acc[w * NR + r]);
         }
     }
 }
 
 template <int NR, bool BF>
-__device__ __forceinline__ void dot_f16(const u8* row, int cols, int lane, const float* x, int ldx, int nr, float* acc) {
+__device__ __forceinline__ void dot_f16(const u8* const* rows, int cols, int lane, const float* x, int ldx, int nr, float* acc) {
     for (int u = lane; u < cols / 8; u += 32) {
-        uint4 raw = __ldg((const uint4*)(row + 16 * u));
-        u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
-        float wv[8];
+        float wv[2][8];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u16 lo = (u16)(words[i] & 0xffff), hi = (u16)(words[i] >> 16);
-            wv[2 * i] = BF ? bf2f(lo) : h2f(lo);
-            wv[2 * i + 1] = BF ? bf2f(hi) : h2f(hi);
+        for (int w = 0; w < 2; w++) {
+            uint4 raw = __ldg((const uint4*)(rows[w] + 16 * u));
+            u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u16 lo = (u16)(words[i] & 0xffff), hi = (u16)(words[i] >> 16);
+                wv[w][2 * i] = BF ? bf2f(lo) : h2f(lo);
+                wv[w][2 * i + 1] = BF ? bf2f(hi) : h2f(hi);
+            }
         }
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -114,40 +112,64 @@ __device__ __forceinline__ void dot_f16(const u8* row, int cols, int lane, const
             float4 p = xv[0], q = xv[1];
             float xs[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[r] = fmaf(wv[i], xs[i], acc[r]);
+            for (int w = 0; w < 2; w++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[w * NR + r] = fmaf(wv[w][i], xs[i], acc[w * NR + r]);
         }
     }
+}
+
+// 16 bytes at a 2-byte-aligned address, as four words: five aligned 32-bit loads and funnel
+// shifts (the matrix buffers carry slack past their end for the fifth).
+__device__ __forceinline__ void ld16B(const u8* p, u32* out) {
+    const u32* b = (const u32*)((size_t)p & ~(size_t)3);
+    u32 w[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) w[i] = __ldg(b + i);
+    int sh = ((size_t)p & 3) * 8;
+#pragma unroll
+    for (int i = 0; i < 4; i++) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
 }
 
 // Legacy blocks of 32 values, one block per unit. Q4_0/Q5_0/Q8_0 are d·q (q with its offset
 // 8 / 16 / 0), Q4_1/Q5_1 are d·q + m.
 template <int NR>
-__device__ __forceinline__ void dot_legacy(const u8* row, int fmt, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
+__device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
     int bb = fmt == FMT_Q4_0 ? 18 : fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q5_0 ? 22 : fmt == FMT_Q5_1 ? 24 : 34;
     for (int b = lane; b < cols / 32; b += 32) {
-        const u8* blk = row + (size_t)b * bb;
-        float d = h2f(ld16(blk)), m = 0.0f, off = 0.0f;
-        int w[8];
-        if (fmt == FMT_Q8_0) {
+        float d[2], m[2], off = 0.0f;
+        int wq[2][8];
 #pragma unroll
-            for (int k = 0; k < 8; k++) w[k] = (int)ld32u(blk + 2 + 4 * k);
-        } else {
-            const u8* qs; u32 qh = 0;
-            if (fmt == FMT_Q4_0) { qs = blk + 2; off = 8.0f; }
-            else if (fmt == FMT_Q4_1) { m = h2f(ld16(blk + 2)); qs = blk + 4; }
-            else if (fmt == FMT_Q5_0) { qh = ld32u(blk + 2); qs = blk + 6; off = 16.0f; }
-            else { m = h2f(ld16(blk + 2)); qh = ld32u(blk + 4); qs = blk + 8; }
+        for (int w = 0; w < 2; w++) {
+            const u8* blk = rows[w] + (size_t)b * bb;
+            d[w] = h2f(ld16(blk));
+            m[w] = 0.0f;
+            if (fmt == FMT_Q8_0) {
+                u32 v[8];
+                ld16B(blk + 2, v);
+                ld16B(blk + 18, v + 4);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                u32 v = ld32u(qs + 4 * k);
-                u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+                for (int k = 0; k < 8; k++) wq[w][k] = (int)v[k];
+            } else {
+                const u8* qs; u32 qh = 0;
+                if (fmt == FMT_Q4_0) { qs = blk + 2; off = 8.0f; }
+                else if (fmt == FMT_Q4_1) { m[w] = h2f(ld16(blk + 2)); qs = blk + 4; }
+                else if (fmt == FMT_Q5_0) { qh = ld32u(blk + 2); qs = blk + 6; off = 16.0f; }
+                else { m[w] = h2f(ld16(blk + 2)); qh = ld32u(blk + 4); qs = blk + 8; }
+                u32 v4[4];
+                ld16B(qs, v4);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    lo |= ((qh >> (4 * k + i)) & 1u) << (8 * i + 4);
-                    hi |= ((qh >> (16 + 4 * k + i)) & 1u) << (8 * i + 4);
+                for (int k = 0; k < 4; k++) {
+                    u32 v = v4[k];
+                    u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        lo |= ((qh >> (4 * k + i)) & 1u) << (8 * i + 4);
+                        hi |= ((qh >> (16 + 4 * k + i)) & 1u) << (8 * i + 4);
+                    }
+                    wq[w][k] = (int)lo;
+                    wq[w][k + 4] = (int)hi;
                 }
-                w[k] = (int)lo;
-                w[k + 4] = (int)hi;
             }
         }
 #pragma unroll
@@ -156,16 +178,19 @@ __device__ __forceinline__ void dot_legacy(const u8* row, int fmt, int cols, int
             const int4* xv = (const int4*)(a.xq + row_a + 32 * b);
             float4 xs = a.xs[row_a / 32 + b];
             int4 p = xv[0], q = xv[1];
-            int sumi = 0;
-            sumi = __dp4a(w[0], p.x, sumi); sumi = __dp4a(w[1], p.y, sumi);
-            sumi = __dp4a(w[2], p.z, sumi); sumi = __dp4a(w[3], p.w, sumi);
-            sumi = __dp4a(w[4], q.x, sumi); sumi = __dp4a(w[5], q.y, sumi);
-            sumi = __dp4a(w[6], q.z, sumi); sumi = __dp4a(w[7], q.w, sumi);
             float sx = xs.y + xs.z;
-            // d·(d_a·Σ q·a − off·Σa) (+ m·Σa)
-            float t = fmaf(xs.x, (float)sumi, -off * sx);
-            acc[r] = fmaf(d, t, acc[r]);
-            acc[r] = fmaf(m, sx, acc[r]);
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                int sumi = 0;
+                sumi = __dp4a(wq[w][0], p.x, sumi); sumi = __dp4a(wq[w][1], p.y, sumi);
+                sumi = __dp4a(wq[w][2], p.z, sumi); sumi = __dp4a(wq[w][3], p.w, sumi);
+                sumi = __dp4a(wq[w][4], q.x, sumi); sumi = __dp4a(wq[w][5], q.y, sumi);
+                sumi = __dp4a(wq[w][6], q.z, sumi); sumi = __dp4a(wq[w][7], q.w, sumi);
+                // d·(d_a·Σ q·a − off·Σa) (+ m·Σa)
+                float t = fmaf(xs.x, (float)sumi, -off * sx);
+                float v = fmaf(d[w], t, acc[w * NR + r]);
+                acc[w * NR + r] = fmaf(m[w], sx, v);
+            }
         }
     }
 }
@@ -174,29 +199,33 @@ __device__ __forceinline__ void dot_legacy(const u8* row, int fmt, int cols, int
 // 16 low nibbles (values 64j + l0 + i, sub-block 2j) and 16 high ones (64j + 32 + l0 + i,
 // sub-block 2j + 1), l0 = 0 or 16: half l0/16 of activation blocks 8sb + 2j and 8sb + 2j + 1.
 template <int NR, bool Q5>
-__device__ __forceinline__ void dot_q45k(const u8* row, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
+__device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
     const int bb = Q5 ? 176 : 144, qoff = Q5 ? 48 : 16;
     for (int u = lane; u < cols / 32; u += 32) {
         int sb = u >> 3, j = (u >> 1) & 3, half = u & 1, l0 = half * 16;
-        const u8* blk = row + (size_t)sb * bb;
-        float d = h2f(ld16(blk)), dmin = h2f(ld16(blk + 2));
-        float sc0, m0, sc1, m1;
-        scale_min_k4(2 * j, blk + 4, &sc0, &m0);
-        scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-        uint4 raw = __ldg((const uint4*)(blk + qoff + 32 * j + l0));
-        u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
-        u32 hw[4] = {0, 0, 0, 0};
-        if (Q5) {
-            uint4 h = __ldg((const uint4*)(blk + 16 + l0));
-            hw[0] = h.x; hw[1] = h.y; hw[2] = h.z; hw[3] = h.w;
-        }
-        int lo[4], hi[4];
+        int lo[2][4], hi[2][4];
+        float dl[2], ml[2], dh[2], mh[2];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            lo[k] = (int)((words[k] & 0x0F0F0F0Fu) | (Q5 ? ((hw[k] >> (2 * j)) & 0x01010101u) << 4 : 0u));
-            hi[k] = (int)(((words[k] >> 4) & 0x0F0F0F0Fu) | (Q5 ? ((hw[k] >> (2 * j + 1)) & 0x01010101u) << 4 : 0u));
+        for (int w = 0; w < 2; w++) {
+            const u8* blk = rows[w] + (size_t)sb * bb;
+            float d = h2f(ld16(blk)), dmin = h2f(ld16(blk + 2));
+            float sc0, m0, sc1, m1;
+            scale_min_k4(2 * j, blk + 4, &sc0, &m0);
+            scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
+            uint4 raw = __ldg((const uint4*)(blk + qoff + 32 * j + l0));
+            u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+            u32 hw[4] = {0, 0, 0, 0};
+            if (Q5) {
+                uint4 h = __ldg((const uint4*)(blk + 16 + l0));
+                hw[0] = h.x; hw[1] = h.y; hw[2] = h.z; hw[3] = h.w;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                lo[w][k] = (int)((words[k] & 0x0F0F0F0Fu) | (Q5 ? ((hw[k] >> (2 * j)) & 0x01010101u) << 4 : 0u));
+                hi[w][k] = (int)(((words[k] >> 4) & 0x0F0F0F0Fu) | (Q5 ? ((hw[k] >> (2 * j + 1)) & 0x01010101u) << 4 : 0u));
+            }
+            dl[w] = d * sc0; ml[w] = dmin * m0; dh[w] = d * sc1; mh[w] = dmin * m1;
         }
-        float dl = d * sc0, ml = dmin * m0, dh = d * sc1, mh = dmin * m1;
         int blo = 8 * sb + 2 * j;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -204,16 +233,19 @@ __device__ __forceinline__ void dot_q45k(const u8* row, int cols, int lane, cons
             int4 pl = *(const int4*)(a.xq + row_a + 32 * blo + l0);
             int4 ph = *(const int4*)(a.xq + row_a + 32 * (blo + 1) + l0);
             float4 sl = a.xs[row_a / 32 + blo], sh = a.xs[row_a / 32 + blo + 1];
-            int s0 = 0, s1 = 0;
-            s0 = __dp4a(lo[0], pl.x, s0); s0 = __dp4a(lo[1], pl.y, s0);
-            s0 = __dp4a(lo[2], pl.z, s0); s0 = __dp4a(lo[3], pl.w, s0);
-            s1 = __dp4a(hi[0], ph.x, s1); s1 = __dp4a(hi[1], ph.y, s1);
-            s1 = __dp4a(hi[2], ph.z, s1); s1 = __dp4a(hi[3], ph.w, s1);
             float xl = half ? sl.z : sl.y, xh = half ? sh.z : sh.y;
-            float t = acc[r];
-            t = fmaf(dl * sl.x, (float)s0, t); t = fmaf(-ml, xl, t);
-            t = fmaf(dh * sh.x, (float)s1, t); t = fmaf(-mh, xh, t);
-            acc[r] = t;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                int s0 = 0, s1 = 0;
+                s0 = __dp4a(lo[w][0], pl.x, s0); s0 = __dp4a(lo[w][1], pl.y, s0);
+                s0 = __dp4a(lo[w][2], pl.z, s0); s0 = __dp4a(lo[w][3], pl.w, s0);
+                s1 = __dp4a(hi[w][0], ph.x, s1); s1 = __dp4a(hi[w][1], ph.y, s1);
+                s1 = __dp4a(hi[w][2], ph.z, s1); s1 = __dp4a(hi[w][3], ph.w, s1);
+                float t = acc[w * NR + r];
+                t = fmaf(dl[w] * sl.x, (float)s0, t); t = fmaf(-ml[w], xl, t);
+                t = fmaf(dh[w] * sh.x, (float)s1, t); t = fmaf(-mh[w], xh, t);
+                acc[w * NR + r] = t;
+            }
         }
     }
 }
@@ -222,56 +254,68 @@ __device__ __forceinline__ void dot_q45k(const u8* row, int cols, int lane, cons
 // values 128h + 32k + l0 + i (half l0/16 of activation block 8sb + 4h + k), scale
 // sc[8h + l0/16 + 2k]; quants minus 32 as signed bytes.
 template <int NR>
-__device__ __forceinline__ void dot_q6k(const u8* row, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
+__device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
     for (int u = lane; u < cols / 64; u += 32) {
         int sb = u >> 2, h = (u >> 1) & 1, l0 = (u & 1) * 16;
-        const u8* blk = row + (size_t)sb * 210;
-        float d = h2f(ld16(blk + 208));
-        const u8* ql = blk + 64 * h + l0;
-        const u8* qh = blk + 128 + 32 * h + l0;
-        const i8* sc = (const i8*)(blk + 192 + 8 * h + l0 / 16);
-        int q[4][4];
+        int q[2][4][4];
+        float ds[2][4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 A = ld32u(ql + 4 * k), B = ld32u(ql + 32 + 4 * k), H = ld32u(qh + 4 * k);
-            q[0][k] = __vsubss4((int)((A & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4)), 0x20202020);
-            q[1][k] = __vsubss4((int)((B & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4)), 0x20202020);
-            q[2][k] = __vsubss4((int)(((A >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4)), 0x20202020);
-            q[3][k] = __vsubss4((int)(((B >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4)), 0x20202020);
+        for (int w = 0; w < 2; w++) {
+            const u8* blk = rows[w] + (size_t)sb * 210;
+            float d = h2f(ld16(blk + 208));
+            const i8* sc = (const i8*)(blk + 192 + 8 * h + l0 / 16);
+            u32 A[4], B[4], H[4];
+            ld16B(blk + 64 * h + l0, A);
+            ld16B(blk + 64 * h + 32 + l0, B);
+            ld16B(blk + 128 + 32 * h + l0, H);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                q[w][0][k] = __vsubss4((int)((A[k] & 0x0F0F0F0Fu) | ((H[k] & 0x03030303u) << 4)), 0x20202020);
+                q[w][1][k] = __vsubss4((int)((B[k] & 0x0F0F0F0Fu) | (((H[k] >> 2) & 0x03030303u) << 4)), 0x20202020);
+                q[w][2][k] = __vsubss4((int)(((A[k] >> 4) & 0x0F0F0F0Fu) | (((H[k] >> 4) & 0x03030303u) << 4)), 0x20202020);
+                q[w][3][k] = __vsubss4((int)(((B[k] >> 4) & 0x0F0F0F0Fu) | (((H[k] >> 6) & 0x03030303u) << 4)), 0x20202020);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) ds[w][k] = d * (float)sc[2 * k];
         }
-        float ds[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) ds[k] = d * (float)sc[2 * k];
         int blk_a = 8 * sb + 4 * h;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             size_t row_a = (size_t)(r0 + min(r, nr - 1)) * a.ldx;
-            float t = acc[r];
+            int4 p[4];
+            float da[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                int4 p = *(const int4*)(a.xq + row_a + 32 * (blk_a + k) + l0);
-                float da = a.xs[row_a / 32 + blk_a + k].x;
-                int si = 0;
-                si = __dp4a(q[k][0], p.x, si); si = __dp4a(q[k][1], p.y, si);
-                si = __dp4a(q[k][2], p.z, si); si = __dp4a(q[k][3], p.w, si);
-                t = fmaf(ds[k] * da, (float)si, t);
+                p[k] = *(const int4*)(a.xq + row_a + 32 * (blk_a + k) + l0);
+                da[k] = a.xs[row_a / 32 + blk_a + k].x;
             }
-            acc[r] = t;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                float t = acc[w * NR + r];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    int si = 0;
+                    si = __dp4a(q[w][k][0], p[k].x, si); si = __dp4a(q[w][k][1], p[k].y, si);
+                    si = __dp4a(q[w][k][2], p[k].z, si); si = __dp4a(q[w][k][3], p[k].w, si);
+                    t = fmaf(ds[w][k] * da[k], (float)si, t);
+                }
+                acc[w * NR + r] = t;
+            }
         }
     }
 }
 
 template <int NR>
-__device__ __forceinline__ void row_dot(const u8* row, int fmt, const MatArgs& a, int r0, int nr, int lane, float* acc) {
+__device__ __forceinline__ void row_dot(const u8* const* rows, int fmt, const MatArgs& a, int r0, int nr, int lane, float* acc) {
     const float* x = a.x + (size_t)r0 * a.ldx;
     switch (fmt) {
-    case FMT_F32: dot_f32<NR>(row, a.cols, lane, x, a.ldx, nr, acc); break;
-    case FMT_F16: dot_f16<NR, false>(row, a.cols, lane, x, a.ldx, nr, acc); break;
-    case FMT_BF16: dot_f16<NR, true>(row, a.cols, lane, x, a.ldx, nr, acc); break;
-    case FMT_Q4_K: dot_q45k<NR, false>(row, a.cols, lane, a, r0, nr, acc); break;
-    case FMT_Q5_K: dot_q45k<NR, true>(row, a.cols, lane, a, r0, nr, acc); break;
-    case FMT_Q6_K: dot_q6k<NR>(row, a.cols, lane, a, r0, nr, acc); break;
-    default: dot_legacy<NR>(row, fmt, a.cols, lane, a, r0, nr, acc); break;
+    case FMT_F32: dot_f32<NR>(rows, a.cols, lane, x, a.ldx, nr, acc); break;
+    case FMT_F16: dot_f16<NR, false>(rows, a.cols, lane, x, a.ldx, nr, acc); break;
+    case FMT_BF16: dot_f16<NR, true>(rows, a.cols, lane, x, a.ldx, nr, acc); break;
+    case FMT_Q4_K: dot_q45k<NR, false>(rows, a.cols, lane, a, r0, nr, acc); break;
+    case FMT_Q5_K: dot_q45k<NR, true>(rows, a.cols, lane, a, r0, nr, acc); break;
+    case FMT_Q6_K: dot_q6k<NR>(rows, a.cols, lane, a, r0, nr, acc); break;
+    default: dot_legacy<NR>(rows, fmt, a.cols, lane, a, r0, nr, acc); break;
     }
 }
 
@@ -283,45 +327,69 @@ __device__ __forceinline__ u64 argmax_key(float v, int j) {
     return ((u64)b << 32) | (u64)(0xFFFFFFFFu - (u32)j);
 }
 
+// Weight rows j0 and j0 + 1 (when `pair`) of segment s against activation rows r0..r0+nr.
 template <int NR>
-__device__ __forceinline__ void row_tile(const MatSeg& s, int j, const MatArgs& a, int r0, int nr, int lane) {
-    float acc[NR];
+__device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, const MatArgs& a, int r0, int nr, int lane) {
+    float acc[2 * NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    row_dot<NR>(s.w + (size_t)j * s.row_bytes, s.fmt, a, r0, nr, lane, acc);
+    for (int i = 0; i < 2 * NR; i++) acc[i] = 0.0f;
+    // Without a partner, the warp computes row j0 twice and keeps one.
+    const u8* rows[2] = {s.w + (size_t)j0 * s.row_bytes, s.w + (size_t)(pair ? j0 + 1 : j0) * s.row_bytes};
+    row_dot<NR>(rows, s.fmt, a, r0, nr, lane, acc);
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
+    for (int i = 0; i < 2 * NR; i++) acc[i] = warp_sum(acc[i]);
     if (lane == 0) {
-        float b = s.bias ? s.bias[j] : 0.0f;
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r < nr) {
-                float* out = s.y + (size_t)(r0 + r) * s.ldy + j;
-                float v = acc[r] + b;
-                v = s.accumulate ? *out + v : v;
-                *out = v;
-                if (s.best) atomicMax(s.best + r0 + r, argmax_key(v, j));
+        for (int w = 0; w < 2; w++) {
+            if (w == 1 && !pair) break;
+            int j = j0 + w;
+            float b = s.bias ? s.bias[j] : 0.0f;
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if (r < nr) {
+                    float* out = s.y + (size_t)(r0 + r) * s.ldy + j;
+                    float v = acc[w * NR + r] + b;
+                    v = s.accumulate ? *out + v : v;
+                    *out = v;
+                    if (s.best) atomicMax(s.best + r0 + r, argmax_key(v, j));
+                }
             }
         }
     }
 }
-// Grid: one warp per weight row over the segments' rows, 4 warps a block. One kernel per tile
-// height NR (each compiled with the registers its own tile needs: a decode step's NR = 1
-// kernel keeps a high occupancy); rows past NR loop over further tiles, and a last partial
-// tile repeats its final row in the unused slots. A row's arithmetic is the same source code
-// at every NR, so its bits do not depend on the kernel or the tile it lands in.
+
+// Grid: one warp per pair of weight rows over the segments' rows, 4 warps a block. One kernel
+// per tile height NR (each compiled with the registers its own tile needs: a decode step's
+// NR = 1 kernel keeps a high occupancy); rows past NR loop over further tiles, and a last
+// partial tile repeats its final row in the unused slots. A row's arithmetic is the same
+// source code at every NR and in either slot of a pair, so its bits do not depend on the
+// kernel, the tile or the pair it lands in.
 template <int NR>
 __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     int lane = threadIdx.x & 31;
     int g = blockIdx.x * 4 + (threadIdx.x >> 5);
     int si = 0;
-    while (si < a.nseg && g >= a.seg[si].rows) { g -= a.seg[si].rows; si++; }
+    while (si < a.nseg && g >= (a.seg[si].rows + 1) / 2) { g -= (a.seg[si].rows + 1) / 2; si++; }
     if (si >= a.nseg) return;
     const MatSeg& s = a.seg[si];
-    for (int r0 = 0; r0 < a.n; r0 += NR) row_tile<NR>(s, g, a, r0, min(NR, a.n - r0), lane);
+    int j0 = 2 * g;
+    bool pair = j0 + 1 < s.rows;
+    for (int r0 = 0; r0 < a.n; r0 += NR) row_tile<NR>(s, j0, pair, a, r0, min(NR, a.n - r0), lane);
 }
 
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatArgs a) { matvec_body<1>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) { matvec_body<2>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_body<4>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_body<8>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatArgs a) {
+    wait_for_predecessor();
+    matvec_body<1>(a);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) {
+    wait_for_predecessor();
+    matvec_body<2>(a);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) {
+    wait_for_predecessor();
+    matvec_body<4>(a);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) {
+    wait_for_predecessor();
+    matvec_body<8>(a);
+}

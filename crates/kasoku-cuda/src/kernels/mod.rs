@@ -56,7 +56,7 @@ pub fn matvec_kernel(n: usize) -> &'static str {
 }
 /// The largest attention head the kernels take (their shared-memory row).
 pub const MAX_HEAD_DIM: usize = 256;
-/// Warps (weight rows) per matvec block.
+/// Warps (pairs of weight rows) per matvec block.
 const MATVEC_WARPS: usize = 4;
 
 /// One matrix of a [`Kernels::matvec`] call: its weights and where its output goes.
@@ -229,8 +229,9 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
         ..MatArgs::default()
     };
     a.seg[..segs.len()].copy_from_slice(segs);
-    let rows: usize = segs.iter().map(|s| s.rows as usize).sum();
-    Ok((a, rows.div_ceil(MATVEC_WARPS) as u32))
+    // A warp per pair of rows of one matrix.
+    let pairs: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(2)).sum();
+    Ok((a, pairs.div_ceil(MATVEC_WARPS) as u32))
 }
 
 /// The int8 targets of a producer: both or neither set, for a whole number of blocks.
@@ -335,7 +336,7 @@ impl Kernels {
         )
     }
 
-    /// `g = silu(g) · u` over `len` values (a multiple of 32), and the int8 blocks of the
+    /// `g = silu(g) · u` over `len` values (a multiple of 32; a warp per 32), and the int8 blocks of the
     /// result into `q` when set.
     pub fn swiglu(&self, g: u64, u: u64, len: usize, q: Acts) -> Result<()> {
         if !len.is_multiple_of(32) {
@@ -347,7 +348,7 @@ impl Kernels {
         let blocks = (len / 32) as i64;
         self.launch(
             "swiglu",
-            ((len / 32).div_ceil(128) as u32, 1, 1),
+            ((len / 32).div_ceil(4) as u32, 1, 1),
             128,
             &mut [p(&g), p(&u), p(&blocks), p(&xq), p(&xs)],
         )
@@ -359,7 +360,7 @@ impl Kernels {
         let blocks = (len / 32) as i64;
         self.launch(
             "quantize_acts",
-            ((len / 32).div_ceil(128) as u32, 1, 1),
+            ((len / 32).div_ceil(4) as u32, 1, 1),
             128,
             &mut [p(&x.x), p(&blocks), p(&xq), p(&xs)],
         )

@@ -15,6 +15,7 @@ struct Batch {
 // y[i] = dequant(embedding row tokens[i]); grid (n), any block size.
 extern "C" __global__ void embed(const u8* table, long long row_bytes, int fmt, int dim,
                                  const u32* tokens, float* y) {
+    wait_for_predecessor();
     int i = blockIdx.x;
     const u8* row = table + (size_t)tokens[i] * row_bytes;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) y[(size_t)i * dim + c] = dequant_one(row, fmt, c);
@@ -24,6 +25,7 @@ extern "C" __global__ void embed(const u8* table, long long row_bytes, int fmt, 
 // in f64, as the CPU kernel. With xq/xs, also the int8 activations of y (dim a multiple of 32).
 extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int dim, float* y,
                                                           i8* xq, float4* xs) {
+    wait_for_predecessor();
     __shared__ double red[32];
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
@@ -37,15 +39,12 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
     t = warp_sum_d(t);
     float scale = 1.0f / sqrtf((float)(t / dim) + eps);
     if (xq) {
-        // One thread per 32 values: normalize, write, quantize.
-        for (int b = threadIdx.x; b < dim / 32; b += blockDim.x) {
-            float v[32];
-#pragma unroll
-            for (int i = 0; i < 32; i++) {
-                int c = 32 * b + i;
-                v[i] = xr[c] * scale * w[c];
-                yr[c] = v[i];
-            }
+        // One warp per 32 values: normalize, write, quantize.
+        int nw = blockDim.x >> 5;
+        for (int b = warp; b < dim / 32; b += nw) {
+            int c = 32 * b + lane;
+            float v = xr[c] * scale * w[c];
+            yr[c] = v;
             quant_block32(v, xq + (size_t)blockIdx.x * dim + 32 * b, xs + (size_t)blockIdx.x * (dim / 32) + b);
         }
     } else {
@@ -62,6 +61,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_post(
     int n_heads, int n_kv_heads, int head_dim, int rot_dim, int interleaved,
     const float* inv_freq, const float* q_norm, const float* k_norm, float eps,
     const Batch* batch, const int* pos, u16* k_cache, u16* v_cache, int max_slots) {
+    wait_for_predecessor();
     __shared__ float s[256];
     int i = blockIdx.x, h = blockIdx.y;
     bool is_q = h < n_heads;
@@ -114,23 +114,22 @@ extern "C" __global__ void __launch_bounds__(128) qkv_post(
     }
 }
 
-// g = silu(g) · u, silu(x) = x / (1 + e^-x), one thread per 32 values (len a multiple of
-// 32); with xq/xs, also the int8 activations of the result.
+// g = silu(g) · u, silu(x) = x / (1 + e^-x), one warp per 32 values (len a multiple of 32);
+// with xq/xs, also the int8 activations of the result.
 extern "C" __global__ void swiglu(float* g, const float* u, long long blocks, i8* xq, float4* xs) {
-    long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    wait_for_predecessor();
+    long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (b >= blocks) return;
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        float x = g[32 * b + i];
-        v[i] = x / (1.0f + expf(-x)) * u[32 * b + i];
-        g[32 * b + i] = v[i];
-    }
+    long long c = 32 * b + (threadIdx.x & 31);
+    float x = g[c];
+    float v = x / (1.0f + expf(-x)) * u[c];
+    g[c] = v;
     if (xq) quant_block32(v, xq + 32 * b, xs + b);
 }
 
 // ids[i] = the index of row i's largest value (the first on ties); grid (n), block 1024.
 extern "C" __global__ void __launch_bounds__(1024) argmax(const float* logits, int vocab, u32* ids) {
+    wait_for_predecessor();
     __shared__ float bv[32];
     __shared__ int bi[32];
     const float* row = logits + (size_t)blockIdx.x * vocab;
@@ -170,6 +169,7 @@ extern "C" __global__ void __launch_bounds__(1024) argmax(const float* logits, i
 // back, k then v per layer: cache + (layer * 2 + {0, 1}) * layer_elems.
 extern "C" __global__ void kv_commit(u16* cache, long long head_elems, int n_kv_heads, int head_dim,
                                      int past, const int* path, int len) {
+    wait_for_predecessor();
     int layer = blockIdx.x / n_kv_heads, kh = blockIdx.x % n_kv_heads;
     for (int which = 0; which < 2; which++) {
         u16* base = cache + ((size_t)(layer * 2 + which) * n_kv_heads + kh) * head_elems;

@@ -77,6 +77,9 @@ pub struct Gpu {
     device: sys::CUdevice,
     ctx: sys::CUcontext,
     stream: sys::CUstream,
+    /// Launch kernels with programmatic dependent launch (each may start while the one
+    /// before it drains; every kernel waits for its predecessor's results first).
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: driver handles may be used from any thread once the context is made current there,
@@ -141,6 +144,9 @@ impl Gpu {
                 device,
                 ctx,
                 stream,
+                pdl: std::sync::atomic::AtomicBool::new(
+                    std::env::var("KASOKU_CUDA_PDL").map_or(capability.0 >= 9, |v| v != "0"),
+                ),
             }))
         }
     }
@@ -149,6 +155,20 @@ impl Gpu {
     pub fn bind(&self) -> Result<()> {
         // SAFETY: `ctx` is a retained primary context, alive as long as `self`.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+    }
+
+    /// Whether kernels launch with programmatic dependent launch (Hopper and later; on by
+    /// default there, `KASOKU_CUDA_PDL=0` turns it off).
+    pub fn dependent_launch(&self) -> bool {
+        self.pdl.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch on or off (ignored before compute capability 9).
+    pub fn set_dependent_launch(&self, on: bool) {
+        self.pdl.store(
+            on && self.capability.0 >= 9,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn stream(&self) -> sys::CUstream {
@@ -178,10 +198,11 @@ impl Gpu {
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
         self.bind()?;
         let mut ptr = 0;
-        // SAFETY: out-pointer to a local; the context is current. Zero-size allocations are
-        // rounded up (the driver refuses them).
+        // SAFETY: out-pointer to a local; the context is current. 64 bytes of slack past the
+        // end: kernels read 16-byte groups at unaligned addresses as aligned words, which
+        // may touch up to 4 bytes after a buffer's last block.
         check("cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, bytes.max(256))
+            sys::cuMemAlloc_v2(&mut ptr, bytes + 64)
         })?;
         Ok(DeviceBuffer {
             gpu: self.clone(),
@@ -231,6 +252,29 @@ impl Gpu {
     ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        if self.dependent_launch() {
+            // SAFETY: a zeroed attribute value is valid; we set the one field this id reads.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for cuLaunchKernel below; `config` and `attr` outlive the call.
+            return check("cuLaunchKernelEx", unsafe {
+                sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut())
+            });
         }
         // SAFETY: `f` is a function of a module loaded in this context; the caller built
         // `params` to match its signature (the typed wrappers in `kernels`).
