@@ -150,7 +150,7 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
             .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed)) % vocab)
             .collect()
     };
-    let mut st = m.new_state(1024)?;
+    let mut st = m.new_state(4200)?;
     let timer = Timer::new(gpu)?;
 
     // pp512: a fresh state each time.
@@ -272,7 +272,7 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     println!("  per step: {} layers of the above", m.config.n_layers);
 
     // The verify curve: a chain of k tokens after `depth` committed positions.
-    for depth in [1usize, 512] {
+    for depth in [1usize, 512, 4000] {
         st.reset();
         st.prefill(&m, &toks(depth, 7))?;
         let mut line = format!("verify depth {depth}:");
