@@ -27,6 +27,10 @@ pub enum Command {
         tokens: Vec<u32>,
         #[arg(long)]
         threads: Option<usize>,
+        /// cpu, cuda or cuda:N (default: the GPU when one is usable, else the CPU; the
+        /// choice is printed to stderr). The GPU runs GGUF files of dense models.
+        #[arg(long)]
+        device: Option<kasoku_cuda::Device>,
     },
     /// Describe a checkpoint: architecture, hyper-parameters, tensors, tokenizer, template.
     Inspect {

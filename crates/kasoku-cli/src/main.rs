@@ -101,6 +101,7 @@ fn run(cli: args::Cli) -> Result<()> {
             model,
             tokens,
             threads,
-        } => logits::logits(&model, &tokens, threads),
+            device,
+        } => logits::logits(&model, &tokens, threads, device),
     }
 }

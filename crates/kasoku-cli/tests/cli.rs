@@ -93,8 +93,11 @@ fn logits_match_the_transformers_reference() {
         &fixture("llama/tiny/model-f32.gguf"),
         "--tokens",
         &tokens.join(","),
+        "--device",
+        "cpu",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("device: cpu"), "{}", stderr(&out));
     let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ours["tokens"], reference["tokens"]);
     let (ours, theirs) = (
@@ -108,6 +111,42 @@ fn logits_match_the_transformers_reference() {
             assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{x} vs {y}");
         }
     }
+}
+
+/// The device flag: the default is the GPU where one is usable, else the CPU (stderr says
+/// which and why); an asked-for GPU that is not there is an error, not a silent fallback.
+#[test]
+fn logits_pick_a_device_and_say_which() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    let out = kasoku(&["logits", "--model", &model, "--tokens", "1,2,3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("device: cpu (") || err.contains("device: cuda:0"),
+        "{err}"
+    );
+    let cuda = kasoku(&[
+        "logits", "--model", &model, "--tokens", "1,2,3", "--device", "cuda",
+    ]);
+    if err.contains("device: cpu (") {
+        assert!(!cuda.status.success());
+        assert!(
+            stderr(&cuda).contains("no usable CUDA device"),
+            "{}",
+            stderr(&cuda)
+        );
+    } else {
+        assert!(cuda.status.success(), "{}", stderr(&cuda));
+    }
+    let bad = kasoku(&[
+        "logits", "--model", &model, "--tokens", "1", "--device", "tpu",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("expected cpu, cuda or cuda:N"),
+        "{}",
+        stderr(&bad)
+    );
 }
 
 #[test]
