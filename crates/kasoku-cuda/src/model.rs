@@ -24,7 +24,8 @@ use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
 use kasoku::quant::dequantize;
 
 use crate::kernels::{
-    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, Kernels, QkvPost,
+    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, Kernels, KvCommit,
+    QkvPost,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
@@ -235,7 +236,7 @@ pub fn check_config(c: &ModelConfig) -> Result<()> {
     }
     if c.head_dim > crate::kernels::MAX_HEAD_DIM
         || c.n_kv_heads == 0
-        || c.n_heads % c.n_kv_heads != 0
+        || !c.n_heads.is_multiple_of(c.n_kv_heads)
     {
         return Err(Error::Invalid(format!(
             "attention geometry {} heads / {} kv heads of {}",
@@ -649,16 +650,16 @@ impl CudaState {
         self.path_dev
             .write_async(0, &self.path_host, words.len() * 4)?;
         let c = &m.config;
-        m.kernels.kv_commit(
-            self.kv.ptr(),
-            self.max_slots * c.head_dim,
-            c.n_layers,
-            c.n_kv_heads,
-            c.head_dim,
-            self.len,
-            self.path_dev.ptr(),
-            path.len(),
-        )?;
+        m.kernels.kv_commit(&KvCommit {
+            cache: self.kv.ptr(),
+            head_elems: self.max_slots * c.head_dim,
+            layers: c.n_layers,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            past: self.len,
+            path: self.path_dev.ptr(),
+            len: path.len(),
+        })?;
         self.len += path.len();
         Ok(())
     }

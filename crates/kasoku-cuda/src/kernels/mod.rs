@@ -382,7 +382,7 @@ impl Kernels {
         if a.head_dim > MAX_HEAD_DIM
             || a.rot_dim > a.head_dim
             || a.n_kv_heads == 0
-            || a.n_heads % a.n_kv_heads != 0
+            || !a.n_heads.is_multiple_of(a.n_kv_heads)
         {
             return Err(Error::Invalid(format!("attention geometry {a:?}")));
         }
@@ -479,31 +479,44 @@ impl Kernels {
     }
 
     /// Moves slots `past + path[t]` to `past + t` in every layer's keys and values.
-    pub fn kv_commit(
-        &self,
-        cache: u64,
-        head_elems: usize,
-        layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        past: usize,
-        path: u64,
-        len: usize,
-    ) -> Result<()> {
+    pub fn kv_commit(&self, a: &KvCommit) -> Result<()> {
         let (he, nkv, hd, pa, l) = (
-            head_elems as i64,
-            n_kv_heads as i32,
-            head_dim as i32,
-            past as i32,
-            len as i32,
+            a.head_elems as i64,
+            a.n_kv_heads as i32,
+            a.head_dim as i32,
+            a.past as i32,
+            a.len as i32,
         );
         self.launch(
             "kv_commit",
-            ((layers * n_kv_heads) as u32, 1, 1),
+            ((a.layers * a.n_kv_heads) as u32, 1, 1),
             128,
-            &mut [p(&cache), p(&he), p(&nkv), p(&hd), p(&pa), p(&path), p(&l)],
+            &mut [
+                p(&a.cache),
+                p(&he),
+                p(&nkv),
+                p(&hd),
+                p(&pa),
+                p(&a.path),
+                p(&l),
+            ],
         )
     }
+}
+
+/// Parameters of [`Kernels::kv_commit`]: every layer's cache (`layers` × {keys, values} ×
+/// `n_kv_heads` × `head_elems` f16 values), the committed length and the accepted path.
+#[derive(Clone, Copy, Debug)]
+pub struct KvCommit {
+    pub cache: u64,
+    pub head_elems: usize,
+    pub layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub past: usize,
+    /// Device address of the path's node indices (i32).
+    pub path: u64,
+    pub len: usize,
 }
 
 /// Parameters of [`Kernels::qkv_post`] (device addresses as u64; 0 for none).
