@@ -1,6 +1,7 @@
 //! Command-line arguments of every `kasoku` subcommand.
 
 use clap::{Args, Parser, Subcommand};
+use kasoku::model::KvType;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -107,9 +108,12 @@ pub struct RunArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Context length (default: the model's, capped at 8192).
+    /// Context length (default: the model's own, shortened only when memory cannot hold it).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    /// How the KV cache stores keys and values: f32, f16 or q8_0 (llama.cpp's block format).
+    #[arg(long, default_value = "f16")]
+    pub cache_type: KvType,
     /// Print only the answer, no statistics or progress.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -136,6 +140,9 @@ pub struct BenchArgs {
     pub profile: bool,
     #[arg(long)]
     pub threads: Option<usize>,
+    /// How the KV cache stores keys and values: f32, f16 or q8_0.
+    #[arg(long, default_value = "f16")]
+    pub cache_type: KvType,
     /// Write the result as JSON to this file (also printed).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

@@ -57,7 +57,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     }
 
     let t = Instant::now();
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    model.set_kv_type(args.cache_type)?;
     let load_seconds = t.elapsed().as_secs_f64();
     let model: &Model = &model;
     let rss_after_load = current_rss_bytes();

@@ -7,22 +7,32 @@ use std::time::Instant;
 
 use anyhow::Result;
 use kasoku::engine::{self, GenerateOptions, LoadedModel, PromptOptions, SamplingParams, Session};
+use kasoku::model::KvType;
 use kasoku::tokenizer::ChatMessage;
 
 use crate::args::RunArgs;
 use crate::progress;
 
-/// Default context when the model's own is larger: bounds the KV cache's memory.
-const DEFAULT_CTX: usize = 8192;
-
 pub fn run(args: &RunArgs) -> Result<()> {
     let name = args.model.as_deref().unwrap_or(kasoku_fetch::DEFAULT_MODEL);
-    let model = load(name, args.threads, args.quiet)?;
-    let ctx = args
-        .ctx_size
-        .unwrap_or(model.model.config.max_context.clamp(1, DEFAULT_CTX));
+    let model = load(name, args.threads, args.cache_type, args.quiet)?;
+    let draft = args.spec.load_draft(args.cache_type, args.quiet)?;
+    let plan = engine::ContextRequest {
+        requested: args.ctx_size,
+        model_max: model.model.config.max_context,
+        kv_bytes_per_token: model.model.kv_bytes_per_token()
+            + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token()),
+        kv_type: args.cache_type,
+        sessions: 1,
+        other_bytes: 0,
+        available: engine::available_memory(),
+    }
+    .plan()?;
+    if let (Some(note), false) = (&plan.note, args.quiet) {
+        eprintln!("note: {note}");
+    }
+    let ctx = plan.tokens;
     let mut session = Session::new(Arc::clone(&model.model), ctx);
-    let draft = args.spec.load_draft(args.quiet)?;
     session.set_speculator(args.spec.speculator(&model.model, draft, ctx)?);
     let options = generate_options(args, &model)?;
     let prompt_options = PromptOptions {
@@ -57,8 +67,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
 }
 
-/// Resolves and loads a model with a progress line, after setting the thread count.
-pub fn load(name: &str, threads: Option<usize>, quiet: bool) -> Result<LoadedModel> {
+/// Resolves and loads a model (its KV caches as `kv_type`) with a progress line, after
+/// setting the thread count.
+pub fn load(
+    name: &str,
+    threads: Option<usize>,
+    kv_type: KvType,
+    quiet: bool,
+) -> Result<LoadedModel> {
     if let Some(n) = threads {
         kasoku::kernels::threads::set_threads(n);
     }
@@ -70,7 +86,7 @@ pub fn load(name: &str, threads: Option<usize>, quiet: bool) -> Result<LoadedMod
         s
     });
     let start = Instant::now();
-    let model = LoadedModel::load(&path)?;
+    let model = LoadedModel::load_with(&path, kv_type)?;
     if let Some(s) = spinner {
         s.finish_and_clear();
         let cfg = &model.model.config;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use kasoku::engine;
+use kasoku::model::KvType;
 use kasoku_server::{PrefixCacheConfig, Server, ServerConfig, Speculation};
 
 /// Arguments of `kasoku serve`.
@@ -37,9 +38,13 @@ pub struct ServeArgs {
     /// Requests waiting beyond the running ones before new ones get 503.
     #[arg(long, default_value_t = 64)]
     pub queue_size: usize,
-    /// Context length per session (default: the model's, capped at 8192).
+    /// Context length per session (default: the model's own, shortened only when memory
+    /// cannot hold every session's; a length that cannot fit is refused).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    /// How the KV caches store keys and values: f32, f16 or q8_0 (llama.cpp's block format).
+    #[arg(long, default_value = "f16")]
+    pub cache_type: KvType,
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -126,9 +131,12 @@ impl ServeArgs {
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let model = crate::run::load(&args.model, args.threads, false)?;
-    let draft = args.spec.load_draft(false)?;
+    let model = crate::run::load(&args.model, args.threads, args.cache_type, false)?;
+    let draft = args.spec.load_draft(args.cache_type, false)?;
     let server = Server::new(model, args.config(draft)?)?;
+    if let Some(note) = server.context_note() {
+        eprintln!("note: {note}");
+    }
     let addr = format!("{}:{}", args.host, args.port);
     let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
     eprintln!(

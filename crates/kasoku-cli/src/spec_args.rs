@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kasoku::engine::{build_speculator, SpecKind, Speculator};
 
-use kasoku::model::Model;
+use kasoku::model::{KvType, Model};
 use kasoku::quant::{requantize, DType};
 use kasoku::spec::PolicyConfig;
 
@@ -69,14 +69,18 @@ impl SpecArgs {
         }
     }
 
-    /// Loads the draft model, if one was named.
-    pub fn load_draft(&self, quiet: bool) -> Result<Option<Arc<Model>>> {
+    /// Loads the draft model, if one was named, with its KV caches as `kv_type` (f16 where its
+    /// head size cannot be stored so).
+    pub fn load_draft(&self, kv_type: KvType, quiet: bool) -> Result<Option<Arc<Model>>> {
         let Some(name) = &self.draft else {
             return Ok(None);
         };
         let path = progress::resolve_model(name, quiet)?;
-        let model = Model::load_with(&path, self.draft_format.0)
+        let mut model = Model::load_with(&path, self.draft_format.0)
             .with_context(|| format!("loading the draft model {}", path.display()))?;
+        if model.set_kv_type(kv_type).is_err() {
+            model.set_kv_type(KvType::F16)?;
+        }
         Ok(Some(Arc::new(model)))
     }
 

@@ -9,10 +9,6 @@ use kasoku::engine::{build_speculator, EngineError, SpecKind, Speculator};
 use kasoku::model::Model;
 use kasoku::spec::PolicyConfig;
 
-/// The context a session gets when the configuration names none and the model's own is larger:
-/// bounds each session's KV cache.
-pub const DEFAULT_CONTEXT: usize = 8192;
-
 /// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
 /// context. Real text averages 3-5 bytes per token (CJK ~3, code 3-6); only long runs of one
 /// character (Qwen2.5's longest token is 128 spaces) average more than 16. So a prompt that
@@ -26,9 +22,14 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 /// How a [`crate::Server`] runs. Every field has a default (see [`ServerConfig::default`]).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Tokens per session, prompt and answer together (`None`: the model's context, capped at
-    /// [`DEFAULT_CONTEXT`]).
+    /// Tokens per session, prompt and answer together (`None`: the model's own context,
+    /// shortened only when memory cannot hold every session's; see `kasoku::engine::context`).
+    /// A context that cannot fit in memory is refused by [`crate::Server::new`].
     pub context: Option<usize>,
+    /// Memory the KV caches and the prefix cache may plan for, in bytes (`None`: what the
+    /// system reports available at startup, MemAvailable; nothing is checked where it reports
+    /// nothing).
+    pub memory_available: Option<u64>,
     /// Sessions generating at once (`None`: one per 4 cores, at least 1). Each holds its own
     /// KV cache of `context` tokens.
     pub sessions: Option<usize>,
@@ -86,6 +87,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             context: None,
+            memory_available: None,
             sessions: None,
             queue_size: 64,
             prefix_cache: Some(PrefixCacheConfig::default()),
@@ -108,12 +110,6 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
-    /// The context of each session for a model whose own context is `model_max`.
-    pub fn context_for(&self, model_max: usize) -> usize {
-        self.context
-            .unwrap_or_else(|| model_max.clamp(1, DEFAULT_CONTEXT))
-    }
-
     /// Sessions generating at once.
     pub fn sessions(&self) -> usize {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -80,6 +80,7 @@ pub enum ServerError {
 pub struct Server {
     engine: Arc<Engine>,
     config: ServerConfig,
+    context_note: Option<String>,
     shutdown: ShutdownHandle,
 }
 
@@ -111,7 +112,20 @@ impl ShutdownHandle {
 impl Server {
     /// Checks `config` against `model` and builds the server (no thread or socket yet).
     pub fn new(model: LoadedModel, config: ServerConfig) -> Result<Server, ServerError> {
-        let ctx = config.context_for(model.model.config.max_context);
+        let draft = config.speculation.draft.as_ref();
+        let plan = engine::ContextRequest {
+            requested: config.context,
+            model_max: model.model.config.max_context,
+            kv_bytes_per_token: model.model.kv_bytes_per_token()
+                + draft.map_or(0, |d| d.kv_bytes_per_token()),
+            kv_type: model.model.kv_type(),
+            sessions: config.sessions(),
+            other_bytes: config.prefix_cache.map_or(0, |c| c.budget_bytes as u64),
+            available: config.memory_available.or_else(engine::available_memory),
+        }
+        .plan()
+        .map_err(|e| ServerError::Config(e.0))?;
+        let ctx = plan.tokens;
         if ctx < 2 {
             return Err(ServerError::Config(format!(
                 "the context must hold at least 2 tokens (got {ctx})"
@@ -157,8 +171,15 @@ impl Server {
         Ok(Server {
             engine,
             config,
+            context_note: plan.note,
             shutdown: ShutdownHandle::new(),
         })
+    }
+
+    /// Why the context is shorter than the model's own, when memory made it so (to tell the
+    /// user).
+    pub fn context_note(&self) -> Option<&str> {
+        self.context_note.as_deref()
     }
 
     /// The name `/v1/models` reports (and requests' `model` may use).

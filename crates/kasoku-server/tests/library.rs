@@ -1,11 +1,16 @@
 //! The server driven as a library, as another program would: `Server::new` over a loaded
 //! model, `serve` on a listener of our own, a completion over a socket, and a clean stop
-//! through the shutdown handle (the session threads exit and `serve` returns `Ok`).
+//! through the shutdown handle (the session threads exit and `serve` returns `Ok`); the
+//! context a model gets by default, and what memory does to it.
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use common::Running;
-use kasoku_server::{ServerConfig, ServerError};
+use kasoku::engine::LoadedModel;
+use kasoku::format::{write_gguf, GgufFile, MetaValue};
+use kasoku_server::{Server, ServerConfig, ServerError};
 use serde_json::json;
 
 #[test]
@@ -125,4 +130,141 @@ fn mutated_request_bodies_are_answered_never_panic() {
             }
         }
     }
+}
+
+/// The tiny llama fixture declaring a context of `ctx` tokens (its weights do not care), in a
+/// directory of its own that is removed on drop: a long-context model that prefills 16k
+/// tokens in moments.
+struct LongContextFixture(PathBuf);
+
+impl LongContextFixture {
+    fn new(ctx: u32) -> LongContextFixture {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("kasoku-long-context-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = GgufFile::open(common::fixture("llama/tiny/model-f32.gguf")).unwrap();
+        let mut meta = file.metadata().clone();
+        meta.insert("llama.context_length".into(), MetaValue::U32(ctx));
+        let meta: Vec<(String, MetaValue)> = meta.into_iter().collect();
+        let tensors: Vec<_> = file
+            .tensor_infos()
+            .iter()
+            .map(|t| {
+                let bytes = file.tensor(&t.name).unwrap().data.as_slice().to_vec();
+                (t.name.clone(), t.dtype, t.shape.clone(), bytes)
+            })
+            .collect();
+        write_gguf(dir.join("tiny-long.gguf"), &meta, &tensors).unwrap();
+        LongContextFixture(dir)
+    }
+
+    fn path(&self) -> PathBuf {
+        self.0.join("tiny-long.gguf")
+    }
+}
+
+impl Drop for LongContextFixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `n` token ids of the tiny vocabulary (no control tokens), from `seed`.
+fn token_ids(n: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            10 + ((x >> 33) % 360) as u32
+        })
+        .collect()
+}
+
+/// A model whose own context is 32768 tokens gets all of it by default: a 16384-token prompt
+/// is accepted whole, sent again (one token longer) it is served from the prefix cache, and a
+/// prompt the context cannot hold is refused, never cut.
+#[test]
+fn a_16k_prompt_fits_the_models_own_context_and_is_prefix_cached() {
+    let fixture = LongContextFixture::new(32768);
+    let config = ServerConfig {
+        sessions: Some(1),
+        model_id: Some("tiny".into()),
+        ..ServerConfig::default()
+    };
+    let server = Running::start_path(&fixture.path(), config);
+    let prompt = token_ids(16384, 7);
+    let complete = |prompt: &[u32]| {
+        let body = json!({
+            "model": "tiny",
+            "prompt": prompt,
+            "temperature": 0,
+            "max_tokens": 2,
+            "ignore_eos": true,
+        });
+        server.request("POST", "/v1/completions", Some(&body.to_string()))
+    };
+    let first = complete(&prompt);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let usage = &first.json()["usage"];
+    assert_eq!(usage["prompt_tokens"], 16384, "{usage}");
+    assert_eq!(usage["completion_tokens"], 2, "{usage}");
+    let mut longer = prompt.clone();
+    longer.push(42);
+    let second = complete(&longer);
+    assert_eq!(second.status, 200, "{}", second.body);
+    let usage = &second.json()["usage"];
+    assert_eq!(usage["prompt_tokens"], 16385, "{usage}");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 16384, "{usage}");
+    // A prompt as long as the context: refused with both numbers.
+    let whole = complete(&token_ids(32768, 8));
+    assert_eq!(whole.status, 400, "{}", whole.body);
+    let error = &whole.json()["error"];
+    assert_eq!(error["code"], "context_length_exceeded");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("32768"), "{message}");
+    server.stop().unwrap();
+}
+
+/// Memory decides the context: a default one is shortened to what the sessions' KV caches
+/// can fill (with a note saying so), an explicit one that cannot fit is refused with the
+/// numbers.
+#[test]
+fn memory_shortens_a_default_context_and_refuses_an_explicit_one() {
+    let fixture = LongContextFixture::new(32768);
+    let load = |path: &Path| LoadedModel::load(path).unwrap();
+    // f16, 2 layers × (keys, values) × 2 heads × 16 values × 2 bytes = 256 bytes a token.
+    assert_eq!(load(&fixture.path()).model.kv_bytes_per_token(), 256);
+    let config = ServerConfig {
+        sessions: Some(1),
+        prefix_cache: None,
+        memory_available: Some(4 << 20),
+        ..ServerConfig::default()
+    };
+    let server = Server::new(load(&fixture.path()), config.clone()).unwrap();
+    // 90% of 4 MiB over 256 bytes a token, down to a multiple of 1024.
+    assert_eq!(server.context(), 14336);
+    let note = server.context_note().expect("a note");
+    assert!(note.contains("32768") && note.contains("14336"), "{note}");
+    let explicit = ServerConfig {
+        context: Some(32768),
+        ..config
+    };
+    let err = Server::new(load(&fixture.path()), explicit)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("32768 tokens") && err.contains("8.0 MiB") && err.contains("--ctx-size"),
+        "{err}"
+    );
 }

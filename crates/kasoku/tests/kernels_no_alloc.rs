@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 use kasoku::kernels::activation::{sigmoid_gate, silu, swiglu_inplace};
-use kasoku::kernels::attention::{attend, attention, AttnArgs, AttnGeometry, TreeRows};
+use kasoku::kernels::attention::{
+    attend, attention, AttnArgs, AttnGeometry, BlockQ8_0, KvHeads, Stored, TreeRows,
+};
 use kasoku::kernels::conv1d::{causal_conv1d_silu, tree_conv1d_silu, tree_conv_commit, ConvTaps};
 use kasoku::kernels::gated_delta::tree::{replay, tree_recurrent};
 use kasoku::kernels::gated_delta::{
@@ -209,8 +211,8 @@ fn kernels_allocate_nothing_once_warmed_up() {
     let args = AttnArgs {
         geo,
         q: &q,
-        keys: &keys,
-        values: &keys,
+        keys: KvHeads::F32(&keys),
+        values: KvHeads::F32(&keys),
         past,
         scale: 0.088,
         tree: Some(TreeRows {
@@ -219,6 +221,25 @@ fn kernels_allocate_nothing_once_warmed_up() {
         }),
     };
     check("tree attention", allocations(|| attend(&args, &mut out)));
+    // Over f16 and q8_0 caches.
+    let halves: Vec<Vec<f16>> = cache.iter().map(|h| stored(h)).collect();
+    let blocks: Vec<Vec<BlockQ8_0>> = cache.iter().map(|h| stored(h)).collect();
+    let halves: Vec<&[f16]> = halves.iter().map(|h| &h[..]).collect();
+    let blocks: Vec<&[BlockQ8_0]> = blocks.iter().map(|h| &h[..]).collect();
+    for (name, heads) in [
+        ("f16", KvHeads::F16(&halves)),
+        ("q8_0", KvHeads::Q8_0(&blocks)),
+    ] {
+        let args = AttnArgs {
+            keys: heads,
+            values: heads,
+            ..args
+        };
+        check(
+            &format!("tree attention over a {name} cache"),
+            allocations(|| attend(&args, &mut out)),
+        );
+    }
 
     // Gated DeltaNet: decode, a verify-sized and a prefill-sized batch, a tree, a replay.
     let dims = GdnDims {
@@ -339,4 +360,11 @@ fn kernels_allocate_nothing_once_warmed_up() {
     );
 
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `x` stored as `S`.
+fn stored<S: Stored>(x: &[f32]) -> Vec<S> {
+    let mut out = vec![S::default(); x.len() / S::VALUES];
+    S::store(x, &mut out);
+    out
 }

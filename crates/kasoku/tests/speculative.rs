@@ -1,6 +1,7 @@
 //! Speculative decoding gives exactly the tokens plain decoding gives: every architecture's
 //! fixture (the Qwen3.5 hybrid included), greedy and sampled, with each drafter, over a few
-//! hundred tokens, with fixed and adaptive tree budgets.
+//! hundred tokens, with fixed and adaptive tree budgets, and with the KV cache stored in each
+//! format (f32, f16, and q8_0 where the head size allows it).
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use kasoku::constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
 use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator};
-use kasoku::model::{Model, TokenTree};
+use kasoku::model::{KvType, Model, TokenTree};
 use kasoku::quant::DType;
 use kasoku::spec::draft_model::DraftModelConfig;
 use kasoku::spec::{
@@ -20,6 +21,13 @@ const TOKENS: usize = 240;
 
 fn load(rel: &str) -> Arc<Model> {
     Arc::new(Model::load(common::fixture(rel)).unwrap())
+}
+
+/// The fixture with its KV caches stored as `kv`, or `None` when its head size cannot be.
+fn load_as(rel: &str, kv: KvType) -> Option<Arc<Model>> {
+    let mut model = Model::load(common::fixture(rel)).unwrap();
+    model.set_kv_type(kv).ok()?;
+    Some(Arc::new(model))
 }
 
 fn samplings() -> Vec<(&'static str, SamplingParams)> {
@@ -73,7 +81,24 @@ fn policies() -> Vec<PolicyConfig> {
 /// Runs plain and speculative decoding with drafters from `make` and compares the tokens;
 /// returns the draft tokens accepted over all runs.
 fn check(target_rel: &str, make: &dyn Fn(&Arc<Model>) -> Box<dyn Drafter>) -> usize {
-    let target = load(target_rel);
+    check_model(target_rel, load(target_rel), make)
+}
+
+/// [`check`] with the target's KV cache in every format it can be stored in.
+fn check_kv_types(target_rel: &str, make: &dyn Fn(&Arc<Model>) -> Box<dyn Drafter>) -> usize {
+    KvType::ALL
+        .into_iter()
+        .filter_map(|kv| load_as(target_rel, kv))
+        .map(|target| check_model(target_rel, target, make))
+        .sum()
+}
+
+fn check_model(
+    target_rel: &str,
+    target: Arc<Model>,
+    make: &dyn Fn(&Arc<Model>) -> Box<dyn Drafter>,
+) -> usize {
+    let kv = target.kv_type();
     let prompt: Vec<u32> = vec![1, 17, 9, 23, 42, 5, 17, 9];
     let mut accepted = 0;
     for (name, sampling) in samplings() {
@@ -83,7 +108,7 @@ fn check(target_rel: &str, make: &dyn Fn(&Arc<Model>) -> Box<dyn Drafter>) -> us
             let mut session = Session::new(target.clone(), 512);
             session.set_speculator(Some(Speculator::new(make(&target), policy)));
             let (spec, stats) = generate(&mut session, &prompt, &sampling);
-            assert_eq!(spec, plain, "{target_rel} {name} {policy:?}");
+            assert_eq!(spec, plain, "{target_rel} {kv} {name} {policy:?}");
             let stats = stats.expect("speculative statistics");
             accepted += stats.accepted_tokens();
             // A second answer in the same session (prefix reuse with a drafter) matches too.
@@ -91,7 +116,7 @@ fn check(target_rel: &str, make: &dyn Fn(&Arc<Model>) -> Box<dyn Drafter>) -> us
             prompt2.extend_from_slice(&plain[..20]);
             let (again, _) = generate(&mut session, &prompt2, &sampling);
             let (fresh, _) = generate(&mut Session::new(target.clone(), 512), &prompt2, &sampling);
-            assert_eq!(again, fresh, "{target_rel} {name}: second answer");
+            assert_eq!(again, fresh, "{target_rel} {kv} {name}: second answer");
         }
     }
     accepted
@@ -108,7 +133,7 @@ const FIXTURES: [&str; 4] = [
 fn ngram_speculation_equals_plain_decoding() {
     let mut accepted = 0;
     for f in FIXTURES {
-        accepted += check(f, &|_| Box::new(NgramDrafter::default()));
+        accepted += check_kv_types(f, &|_| Box::new(NgramDrafter::default()));
     }
     assert!(
         accepted > 0,
@@ -147,6 +172,17 @@ fn draft_model_speculation_equals_plain_decoding() {
     check("llama/tiny/model-f32.gguf", &|t| {
         Box::new(DraftModelDrafter::new(light.clone(), 512, t.config.vocab, config).unwrap())
     });
+    // A target and a draft (itself, with a reduced vocabulary) whose caches are f16 or q8_0.
+    let small = DraftModelConfig {
+        vocab_rows: 40,
+        ..config
+    };
+    for kv in [KvType::F16, KvType::Q8_0] {
+        let rel = "qwen3/tiny/model-f32.gguf";
+        check_model(rel, load_as(rel, kv).unwrap(), &|t| {
+            Box::new(DraftModelDrafter::new(t.clone(), 512, t.config.vocab, small).unwrap())
+        });
+    }
     // The draft model with prompt lookup's branches merged in (the default with --draft).
     check("llama/tiny/model-f32.gguf", &|t| {
         let d = DraftModelDrafter::new(draft.clone(), 512, t.config.vocab, config).unwrap();
@@ -157,7 +193,7 @@ fn draft_model_speculation_equals_plain_decoding() {
 
 #[test]
 fn mtp_speculation_equals_plain_decoding() {
-    let accepted = check("qwen3_5/tiny_mtp/model-f32.gguf", &|t| {
+    let accepted = check_kv_types("qwen3_5/tiny_mtp/model-f32.gguf", &|t| {
         Box::new(MtpDrafter::new(t.clone()).unwrap())
     });
     let _ = accepted; // random MTP weights rarely agree with the trunk; exactness is the point
@@ -295,8 +331,13 @@ impl TokenConstraint for NoRepeat {
 #[test]
 fn constrained_speculation_equals_constrained_plain_decoding() {
     let mut accepted = 0;
-    for rel in ["llama/tiny/model-f32.gguf", "qwen3_5/tiny/model-f32.gguf"] {
-        let target = load(rel);
+    for (rel, kv) in [
+        ("llama/tiny/model-f32.gguf", KvType::F32),
+        ("llama/tiny/model-f32.gguf", KvType::F16),
+        ("qwen3_5/tiny/model-f32.gguf", KvType::F32),
+        ("qwen3_5/tiny/model-f32.gguf", KvType::Q8_0),
+    ] {
+        let target = load_as(rel, kv).unwrap();
         let vocab = target.config.vocab;
         let constraint = Constraint::new(NoRepeat { vocab, last: None });
         let prompt: Vec<u32> = vec![1, 7, 11, 7, 40, 11, 53, 7];
@@ -324,7 +365,7 @@ fn constrained_speculation_equals_constrained_plain_decoding() {
                 let drafter = Box::new(NgramDrafter::default());
                 session.set_speculator(Some(Speculator::new(drafter, policy)));
                 let (spec, stats) = run(&mut session);
-                assert_eq!(spec, plain, "{rel} {name} {policy:?}");
+                assert_eq!(spec, plain, "{rel} {kv} {name} {policy:?}");
                 accepted += stats.unwrap().accepted_tokens();
             }
         }

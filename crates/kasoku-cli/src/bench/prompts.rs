@@ -40,9 +40,9 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
     }
     anyhow::ensure!(!list.is_empty(), "{}: no prompts", prompts.display());
 
-    let model = LoadedModel::load(model_path)
+    let model = LoadedModel::load_with(model_path, args.cache_type)
         .with_context(|| format!("loading {}", model_path.display()))?;
-    let draft = args.spec.load_draft(true)?;
+    let draft = args.spec.load_draft(args.cache_type, true)?;
     let ctx = 4096;
     let options = GenerateOptions {
         sampling: SamplingParams::default(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::GenerationDefaults;
-use crate::model::{Model, ModelError};
+use crate::model::{KvType, Model, ModelError};
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 
 /// A model ready to serve: weights, tokenizer and template, all shareable.
@@ -35,8 +35,15 @@ pub enum LoadError {
 }
 
 impl LoadedModel {
-    /// Loads a GGUF file or a Hugging Face directory.
+    /// Loads a GGUF file or a Hugging Face directory, with KV caches in f16 (the serving
+    /// default; see [`LoadedModel::load_with`]).
     pub fn load(path: impl AsRef<Path>) -> Result<LoadedModel, LoadError> {
+        LoadedModel::load_with(path, KvType::default())
+    }
+
+    /// [`LoadedModel::load`] with KV caches stored as `kv_type` (an error when the model's
+    /// head size cannot be stored so: q8_0 needs a multiple of 32).
+    pub fn load_with(path: impl AsRef<Path>, kv_type: KvType) -> Result<LoadedModel, LoadError> {
         let path = path.as_ref();
         let (tokenizer, template, defaults) = if path.is_dir() {
             let template = ChatTemplate::from_hf_dir(path).ok();
@@ -50,7 +57,8 @@ impl LoadedModel {
                 None,
             )
         };
-        let model = Model::load(path)?;
+        let mut model = Model::load(path)?;
+        model.set_kv_type(kv_type)?;
         // Vocabularies may be padded beyond the tokenizer (Qwen: 151936 rows, 151665 tokens),
         // never the other way round.
         if tokenizer.token_count() > model.config.vocab {

@@ -1,6 +1,7 @@
 //! Sessions, sampling, the decode loop and its statistics, and the text layer over them
 //! (chat templates, streaming, stop strings).
 
+pub mod context;
 pub mod loader;
 pub mod prefix_cache;
 pub mod sampler;
@@ -10,6 +11,7 @@ pub mod stats;
 pub mod stop;
 pub mod text;
 
+pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
 pub use loader::{LoadError, LoadedModel};
 pub use prefix_cache::PrefixCache;
 pub use sampler::SamplingParams;

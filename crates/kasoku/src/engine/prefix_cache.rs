@@ -112,7 +112,7 @@ pub fn state_bytes(state: &ModelState) -> usize {
         .layers
         .iter()
         .map(|l| match l {
-            LayerState::Kv(c) => 2 * c.len() * c.kv_dim() * 4,
+            LayerState::Kv(c) => c.bytes(),
             LayerState::Gdn(g) => (g.conv.len() + g.ssm.len()) * 4,
         })
         .sum()

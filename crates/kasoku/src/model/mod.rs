@@ -39,7 +39,7 @@ pub(crate) mod testing;
 pub use batch::{Batch, Logits, Output, Shape};
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
 pub use error::ModelError;
-pub use mixer::{Attention, GatedDeltaNet, GdnState, KvCache, Mixer};
+pub use mixer::{Attention, GatedDeltaNet, GdnState, KvCache, KvType, Mixer};
 pub use mtp::MtpHead;
 pub use norm::RmsNorm;
 pub use run::CHUNK;

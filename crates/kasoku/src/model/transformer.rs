@@ -18,7 +18,7 @@ use crate::quant::DType;
 use super::batch::{Batch, Logits, Output};
 use super::config::{Arch, LayerKind, ModelConfig};
 use super::embedding::Embedding;
-use super::mixer::{Attention, GatedDeltaNet, Mixer};
+use super::mixer::{Attention, GatedDeltaNet, KvType, Mixer};
 use super::mlp::Mlp;
 use super::mtp::MtpHead;
 use super::run::head_logits;
@@ -45,6 +45,8 @@ pub struct Model {
     pub head: MatMulWeight,
     /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
     pub mtp: Option<MtpHead>,
+    /// How new states' KV caches store keys and values ([`Model::set_kv_type`]).
+    kv_type: KvType,
 }
 
 impl Model {
@@ -165,7 +167,52 @@ impl Model {
             output_norm,
             head,
             mtp,
+            kv_type: KvType::F32,
         })
+    }
+
+    /// How the KV caches of new states store keys and values: f32 after loading (the exact
+    /// math the reference tests check), else what [`Model::set_kv_type`] chose.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// Makes the states created from now on store their KV caches as `kv_type` (every
+    /// attention layer's, the MTP block's included). q8_0 needs a head size that is a
+    /// multiple of 32 (an error says so otherwise).
+    pub fn set_kv_type(&mut self, kv_type: KvType) -> Result<(), ModelError> {
+        let hd = self.config.head_dim;
+        if kv_type.row_bytes(hd).is_none() {
+            return Err(ModelError::Unsupported(format!(
+                "a {kv_type} KV cache with head size {hd} (q8_0 stores blocks of 32 values; \
+                 use f16 or f32)"
+            )));
+        }
+        let mtp = self.mtp.as_mut().map(|m| &mut m.layer);
+        for layer in self.layers.iter_mut().chain(mtp) {
+            if let Mixer::Attention(a) = &mut layer.mixer {
+                a.kv_type = kv_type;
+            }
+        }
+        self.kv_type = kv_type;
+        Ok(())
+    }
+
+    /// Bytes of KV cache one position takes in a state (every attention layer, and the MTP
+    /// block's cache, which drafting keeps as long), in [`Model::kv_type`].
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let mtp = self.mtp.as_ref().map(|m| &m.layer);
+        self.layers
+            .iter()
+            .chain(mtp)
+            .filter_map(|l| match &l.mixer {
+                Mixer::Attention(a) => a
+                    .kv_type
+                    .row_bytes(a.geo.head_dim)
+                    .map(|row| 2 * a.geo.n_kv_heads * row),
+                Mixer::GatedDeltaNet(_) => None,
+            })
+            .sum()
     }
 
     /// An empty state that can hold up to `max_len` positions.

@@ -70,7 +70,7 @@ mod tests {
     use crate::model::state::LayerState;
     use crate::model::testing::{random_weights, tiny_config};
     use crate::model::tree::{TreeBuilder, NO_PARENT};
-    use crate::model::{Logits, ModelError};
+    use crate::model::{KvType, Logits, ModelError};
 
     fn models() -> Vec<(&'static str, Model)> {
         let mut out = Vec::new();
@@ -84,7 +84,16 @@ mod tests {
             out.push((name, Model::from_source(cfg, &src).unwrap()));
         }
         let hybrid = crate::model::golden::fixture_dir("qwen3_5/tiny").join("model-f32.gguf");
-        out.push(("qwen35 hybrid", Model::load(hybrid).unwrap()));
+        out.push(("qwen35 hybrid", Model::load(&hybrid).unwrap()));
+        // Caches stored as f16 and q8_0 (head size 32).
+        for (name, kv) in [
+            ("qwen35 hybrid, f16 cache", KvType::F16),
+            ("qwen35 hybrid, q8_0 cache", KvType::Q8_0),
+        ] {
+            let mut model = Model::load(&hybrid).unwrap();
+            model.set_kv_type(kv).unwrap();
+            out.push((name, model));
+        }
         out
     }
 
@@ -167,8 +176,10 @@ mod tests {
                     match (a, b) {
                         (LayerState::Kv(a), LayerState::Kv(b)) => {
                             for h in 0..a.n_kv_heads() {
-                                assert!(same_bits(a.keys(h), b.keys(h)), "{name} l{l} keys");
-                                assert!(same_bits(a.values(h), b.values(h)), "{name} l{l} v");
+                                let (ka, kb) = (a.keys_f32(h), b.keys_f32(h));
+                                let (va, vb) = (a.values_f32(h), b.values_f32(h));
+                                assert!(same_bits(&ka, &kb), "{name} l{l} keys");
+                                assert!(same_bits(&va, &vb), "{name} l{l} v");
                             }
                         }
                         (LayerState::Gdn(a), LayerState::Gdn(b)) => {

@@ -1,16 +1,18 @@
 //! AVX2/FMA attention tasks: the register- and cache-blocked task for head sizes that are
-//! multiples of 8 (up to 128), and the vector primitives of the per-key task.
+//! multiples of 8 (up to 128), and the vector primitives of the per-key task; both read f16
+//! and q8_0 rows with F16C and integer conversions, to the same values as the portable path.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::stored::{BlockQ8_0, Stored};
 use super::{Ctx, Ops, ROW_BLOCK};
 
 /// # Safety
-/// AVX2 and FMA must be available.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn task(
-    ctx: &Ctx,
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn task<S: Stored>(
+    ctx: &Ctx<S>,
     kvh: usize,
     rows: Range<usize>,
     keys: Range<usize>,
@@ -20,7 +22,7 @@ pub unsafe fn task(
     if ctx.hd.is_multiple_of(8) && ctx.hd <= BLOCKED_MAX_HEAD_DIM {
         blocked_task(ctx, kvh, rows, keys, dst, scores)
     } else {
-        super::task::<Avx2>(ctx, kvh, rows, keys, dst, scores)
+        super::task::<Avx2, S>(ctx, kvh, rows, keys, dst, scores)
     }
 }
 
@@ -49,11 +51,11 @@ const PREFETCH: usize = 4;
 /// beside it and a tree node gets the bits of a plain decode of its path.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `ctx.hd % 8 == 0`.
-#[target_feature(enable = "avx2,fma")]
+/// AVX2, FMA and F16C must be available; `ctx.hd % 8 == 0`.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // register blocks index several arrays at once
-unsafe fn blocked_task(
-    ctx: &Ctx,
+unsafe fn blocked_task<S: Stored>(
+    ctx: &Ctx<S>,
     kvh: usize,
     rows: Range<usize>,
     keys: Range<usize>,
@@ -68,9 +70,13 @@ unsafe fn blocked_task(
         q,
         keys: kc,
         values: vc,
+        units,
         ..
     } = *ctx;
     let (kc, vc) = (kc[kvh], vc[kvh]);
+    // The stored row at `pos`, and a row's bytes (for prefetching).
+    let row = |c: &[S], pos: usize| c.as_ptr().add(pos * units);
+    let row_bytes = units * std::mem::size_of::<S>();
     let slot = hd + 2;
     let width = keys.len();
     let n_q = rows.len() * group;
@@ -95,16 +101,15 @@ unsafe fn blocked_task(
     // Scores of the shared keys: KEYS keys × SCORE_HEADS heads per block.
     for j in (0..shared).step_by(KEYS) {
         let nk = (shared - j).min(KEYS);
-        let k: [*const f32; KEYS] =
-            std::array::from_fn(|t| kc.as_ptr().add((keys.start + j + t.min(nk - 1)) * hd));
+        let k: [*const S; KEYS] = std::array::from_fn(|t| row(kc, keys.start + j + t.min(nk - 1)));
         // The keys PREFETCH blocks ahead, and these keys' value rows, on their way.
-        let ahead = kc
-            .as_ptr()
-            .wrapping_add((keys.start + j + PREFETCH * KEYS) * hd);
-        let vrows = vc.as_ptr().add((keys.start + j) * hd);
-        for line in (0..nk * hd).step_by(16) {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-            _mm_prefetch::<_MM_HINT_T1>(vrows.add(line) as *const i8);
+        let ahead =
+            kc.as_ptr()
+                .wrapping_add((keys.start + j + PREFETCH * KEYS) * units) as *const i8;
+        let vrows = row(vc, keys.start + j) as *const i8;
+        for line in (0..nk * row_bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+            _mm_prefetch::<_MM_HINT_T1>(vrows.add(line));
         }
         for p in (0..n_q).step_by(SCORE_HEADS) {
             let heads: [usize; SCORE_HEADS] = std::array::from_fn(|h| (p + h).min(n_q - 1));
@@ -122,7 +127,7 @@ unsafe fn blocked_task(
     for (r, &len) in lens.iter().enumerate() {
         let i = rows.start + r;
         for j in shared..len {
-            let k = kc.as_ptr().add(ctx.slot(i, keys.start + j) * hd);
+            let k = row(kc, ctx.slot(i, keys.start + j));
             for g in 0..group {
                 let p = r * group + g;
                 scores[p * width + j] = dot_one(qp(p), k, hd) * scale;
@@ -145,9 +150,9 @@ unsafe fn blocked_task(
                 let nv = ((hd - d0) / 8).min(VALUE_DIMS / 8);
                 let mut acc = [[_mm256_setzero_ps(); VALUE_DIMS / 8]; VALUE_HEADS];
                 for j in 0..shared {
-                    let vrow = vc.as_ptr().add((keys.start + j) * hd + d0);
+                    let vrow = row(vc, keys.start + j);
                     let v: [__m256; VALUE_DIMS / 8] =
-                        std::array::from_fn(|u| _mm256_loadu_ps(vrow.add(8 * u.min(nv - 1))));
+                        std::array::from_fn(|u| S::load8(vrow, d0 + 8 * u.min(nv - 1)));
                     for (h, a) in acc.iter_mut().enumerate().take(nh) {
                         let w = _mm256_set1_ps(scores[(p0 + h) * width + j]);
                         for u in 0..nv {
@@ -168,11 +173,11 @@ unsafe fn blocked_task(
     for (r, &len) in lens.iter().enumerate() {
         let i = rows.start + r;
         for j in shared..len {
-            let v = &vc[ctx.slot(i, keys.start + j) * hd..][..hd];
+            let v = row(vc, ctx.slot(i, keys.start + j));
             for g in 0..group {
                 let p = r * group + g;
                 let w = scores[p * width + j];
-                axpy(&mut dst[p * slot + 2..(p + 1) * slot], w, v);
+                axpy_stored(&mut dst[p * slot + 2..(p + 1) * slot], w, v);
             }
         }
     }
@@ -183,17 +188,17 @@ unsafe fn blocked_task(
 /// accumulator summed by the same tree (`reduce`), so a pair's result depends on its two
 /// rows alone.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_block(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_block<S: Stored>(
     q: [*const f32; SCORE_HEADS],
-    k: [*const f32; KEYS],
+    k: [*const S; KEYS],
     hd: usize,
 ) -> [[f32; KEYS]; SCORE_HEADS] {
     let mut acc = [[_mm256_setzero_ps(); KEYS]; SCORE_HEADS];
     // Key by key, so that each key row is read in order.
     for t in 0..KEYS {
         for d in (0..hd).step_by(8) {
-            let kv = _mm256_loadu_ps(k[t].add(d));
+            let kv = S::load8(k[t], d);
             for h in 0..SCORE_HEADS {
                 acc[h][t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h].add(d)), kv, acc[h][t]);
             }
@@ -208,11 +213,11 @@ unsafe fn dot_block(
 
 /// One pair of [`dot_block`], with its arithmetic.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_one(q: *const f32, k: *const f32, hd: usize) -> f32 {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_one<S: Stored>(q: *const f32, k: *const S, hd: usize) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for d in (0..hd).step_by(8) {
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(k.add(d)), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), S::load8(k, d), acc);
     }
     let zero = _mm256_setzero_ps();
     _mm_cvtss_f32(reduce([acc, zero, zero, zero]))
@@ -246,6 +251,72 @@ impl Ops for Avx2 {
     fn exp_sum(x: &mut [f32], max: f32) -> f32 {
         // SAFETY: as above.
         unsafe { exp_sum(x, max) }
+    }
+
+    #[inline(always)]
+    fn load<S: Stored>(row: &[S], out: &mut [f32]) {
+        // SAFETY: as above (the task requires F16C too).
+        unsafe { load_row(row, out) }
+    }
+}
+
+/// The eight f16 values at `p` as f32 (exact).
+///
+/// # Safety
+/// F16C must be available; `p` must point at eight values.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn load8_f16(p: *const half::f16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// The eight values `at..at + 8` of the q8_0 block at `b` (`at % 8 == 0`): `d·q` in f32, one
+/// rounding, as [`BlockQ8_0`]'s portable conversion computes them.
+///
+/// # Safety
+/// AVX2 and F16C must be available; `b` must point at a block and `at + 8 <= 32`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn load8_q8_0(b: *const BlockQ8_0, at: usize) -> __m256 {
+    let d = _mm256_cvtph_ps(_mm_set1_epi16((*b).d.to_bits() as i16));
+    let q = _mm_loadl_epi64((*b).qs.as_ptr().add(at) as *const __m128i);
+    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
+}
+
+/// A stored row's values as f32, eight at a time (a tail of fewer than eight by the portable
+/// rule, which gives the same values).
+///
+/// # Safety
+/// AVX2 and F16C must be available; `row` holds at least `out.len()` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn load_row<S: Stored>(row: &[S], out: &mut [f32]) {
+    let n = out.len();
+    let whole = n - n % 8;
+    for d in (0..whole).step_by(8) {
+        _mm256_storeu_ps(out.as_mut_ptr().add(d), S::load8(row.as_ptr(), d));
+    }
+    if whole < n {
+        // Only formats of one value per element have such tails (blocks hold 32).
+        S::load(&row[whole / S::VALUES..], &mut out[whole..]);
+    }
+}
+
+/// `y += alpha · row` over a stored row of `y.len()` (a multiple of 8) values, with
+/// [`axpy`]'s arithmetic.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `y.len() % 8 == 0` and `row` holds `y.len()` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_stored<S: Stored>(y: &mut [f32], alpha: f32, row: *const S) {
+    let yp = y.as_mut_ptr();
+    let a = _mm256_set1_ps(alpha);
+    for i in (0..y.len()).step_by(8) {
+        _mm256_storeu_ps(
+            yp.add(i),
+            _mm256_fmadd_ps(a, S::load8(row, i), _mm256_loadu_ps(yp.add(i))),
+        );
     }
 }
 

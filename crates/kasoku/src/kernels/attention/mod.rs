@@ -1,11 +1,12 @@
 //! Multi-head causal attention of a batch of new tokens over a KV cache, with grouped-query
 //! heads (query head `h` reads KV head `h / (n_heads / n_kv_heads)`).
 //!
-//! The cache is head-major: for each KV head, `[position][head_dim]` f32 rows (contiguous, so
+//! The cache is head-major: for each KV head, `[position][head_dim]` rows (contiguous, so
 //! a task streams its keys and values; a position-major layout strides by a whole KV row per
-//! key and measured ~5x slower at head_dim 256). It already contains the new tokens' keys and
-//! values: new row `i` sits at position `past + i` and sees positions
-//! `0..=past + i` (the old cache plus the earlier new tokens). Scores and softmax are f32.
+//! key and measured ~5x slower at head_dim 256), stored as f32, f16 or q8_0 ([`stored`]) and
+//! read in that format. It already contains the new tokens' keys and values: new row `i` sits
+//! at position `past + i` and sees positions `0..=past + i` (the old cache plus the earlier
+//! new tokens). Scores and softmax are f32.
 //!
 //! Work is split into tasks of (KV head, block of new rows, chunk of keys). A task serves every
 //! query head of its KV head group, so each key and value row is read once per task however
@@ -24,8 +25,11 @@ use super::threads::{self, Blocks, Work};
 mod avx2;
 #[cfg(test)]
 mod bench;
+pub mod stored;
 #[cfg(test)]
 mod tests;
+
+pub use stored::{BlockQ8_0, KvHeads, Stored};
 
 /// Head counts and size of one attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,9 +60,9 @@ pub struct AttnArgs<'a> {
     /// The new rows' queries: `n × n_heads × head_dim`.
     pub q: &'a [f32],
     /// Per KV head, its keys: `[position][head_dim]`, the new rows' included.
-    pub keys: &'a [&'a [f32]],
-    /// Per KV head, its values, as `keys`.
-    pub values: &'a [&'a [f32]],
+    pub keys: KvHeads<'a>,
+    /// Per KV head, its values, as `keys` (in the same format).
+    pub values: KvHeads<'a>,
     /// Committed positions before the new rows.
     pub past: usize,
     /// The factor of the scores (usually `1 / sqrt(head_dim)`).
@@ -102,8 +106,8 @@ pub fn attention(
     let args = AttnArgs {
         geo,
         q,
-        keys,
-        values,
+        keys: KvHeads::F32(keys),
+        values: KvHeads::F32(values),
         past,
         scale,
         tree: None,
@@ -143,8 +147,8 @@ pub fn tree_attention_rows(
     let args = AttnArgs {
         geo,
         q,
-        keys,
-        values,
+        keys: KvHeads::F32(keys),
+        values: KvHeads::F32(values),
         past,
         scale,
         tree: Some(TreeRows { parents, first }),
@@ -219,13 +223,28 @@ fn attention_with(isa: Isa, args: &AttnArgs, out: &mut [f32]) {
     }
 }
 
-/// [`attention_with`] once the tree's paths are known.
+/// [`attention_with`] once the tree's paths are known: the keys' and values' format chosen.
 fn run(isa: Isa, args: &AttnArgs, tree: Option<&TreePaths>, out: &mut [f32]) {
+    match (args.keys, args.values) {
+        (KvHeads::F32(k), KvHeads::F32(v)) => run_stored(isa, args, k, v, tree, out),
+        (KvHeads::F16(k), KvHeads::F16(v)) => run_stored(isa, args, k, v, tree, out),
+        (KvHeads::Q8_0(k), KvHeads::Q8_0(v)) => run_stored(isa, args, k, v, tree, out),
+        _ => panic!("attention: keys and values stored in different formats"),
+    }
+}
+
+/// [`run`] over keys and values stored as `S`.
+fn run_stored<S: Stored>(
+    isa: Isa,
+    args: &AttnArgs,
+    keys: &[&[S]],
+    values: &[&[S]],
+    tree: Option<&TreePaths>,
+    out: &mut [f32],
+) {
     let AttnArgs {
         geo,
         q,
-        keys,
-        values,
         past,
         scale,
         ..
@@ -244,13 +263,18 @@ fn run(isa: Isa, args: &AttnArgs, tree: Option<&TreePaths>, out: &mut [f32]) {
         q.len().is_multiple_of(q_row) && out.len() == q.len(),
         "attention: q/out lengths"
     );
+    assert!(
+        hd.is_multiple_of(S::VALUES),
+        "attention: head_dim {hd} is not a whole number of the cache's blocks"
+    );
+    let units = hd / S::VALUES;
     let n = q.len() / q_row;
     // Cache rows the call may read: the context and every node up to the last row's.
     let total = past + tree.map_or(n, |t| t.first + n);
     assert!(
         keys.len() == n_kv_heads
             && values.len() == n_kv_heads
-            && keys.iter().chain(values).all(|h| h.len() >= total * hd),
+            && keys.iter().chain(values).all(|h| h.len() >= total * units),
         "attention: cache too short"
     );
     assert!(
@@ -289,10 +313,12 @@ fn run(isa: Isa, args: &AttnArgs, tree: Option<&TreePaths>, out: &mut [f32]) {
         q,
         keys,
         values,
+        units,
         tree,
     };
-    // A task's scores: every (row, head) of its block × its keys.
-    let scores_len = rows_per * group * chunk_len;
+    // A task's scores: every (row, head) of its block × its keys, then a key and a value row
+    // converted to f32.
+    let scores_len = rows_per * group * chunk_len + 2 * hd;
     scratch::with(&PARTIAL, |partial| {
         let partial = scratch::grow(partial, n_tasks * per_task);
         scratch::with(&SCORES, |scores| {
@@ -367,19 +393,21 @@ fn merge(partial: &[f32], geo: AttnGeometry, n: usize, split: &Split, out: &mut 
 }
 
 /// What every task reads.
-struct Ctx<'a> {
+struct Ctx<'a, S> {
     hd: usize,
     group: usize,
     q_row: usize,
     past: usize,
     scale: f32,
     q: &'a [f32],
-    keys: &'a [&'a [f32]],
-    values: &'a [&'a [f32]],
+    keys: &'a [&'a [S]],
+    values: &'a [&'a [S]],
+    /// Stored elements per row: `hd / S::VALUES`.
+    units: usize,
     tree: Option<&'a TreePaths<'a>>,
 }
 
-impl Ctx<'_> {
+impl<S: Stored> Ctx<'_, S> {
     /// The last position row `i` sees (its own).
     #[inline(always)]
     fn last_seen(&self, i: usize) -> usize {
@@ -405,13 +433,19 @@ impl Ctx<'_> {
             _ => p,
         }
     }
+
+    /// The stored row at `slot` of the head's rows `heads`.
+    #[inline(always)]
+    fn row<'b>(&self, heads: &'b [S], slot: usize) -> &'b [S] {
+        &heads[slot * self.units..][..self.units]
+    }
 }
 
 /// One task on the path `isa` allows, with `scores` of at least `rows × group × keys` values
-/// (see [`task`]).
-fn run_task(
+/// and two rows (see [`task`]).
+fn run_task<S: Stored>(
     isa: Isa,
-    ctx: &Ctx,
+    ctx: &Ctx<S>,
     kvh: usize,
     rows: std::ops::Range<usize>,
     keys: std::ops::Range<usize>,
@@ -426,7 +460,7 @@ fn run_task(
         return;
     }
     let _ = isa;
-    task::<Portable>(ctx, kvh, rows, keys, dst, scores);
+    task::<Portable, S>(ctx, kvh, rows, keys, dst, scores);
 }
 
 /// The vector primitives a task needs.
@@ -435,15 +469,29 @@ trait Ops {
     fn axpy(y: &mut [f32], alpha: f32, x: &[f32]);
     /// `x[i] = exp(x[i] - max)`, returns the sum.
     fn exp_sum(x: &mut [f32], max: f32) -> f32;
+    /// The stored row's values as f32 (as [`Stored::load`] converts them).
+    fn load<S: Stored>(row: &[S], out: &mut [f32]);
+}
+
+/// The row as f32: itself when stored as f32, else converted into `buf`.
+#[inline(always)]
+fn f32_row<'b, O: Ops, S: Stored>(row: &'b [S], buf: &'b mut [f32]) -> &'b [f32] {
+    match S::as_f32(row) {
+        Some(r) => r,
+        None => {
+            O::load(row, buf);
+            buf
+        }
+    }
 }
 
 /// Partial attention of the query heads of `kvh` for `rows` over the keys `keys`: for each
 /// (row, head) writes `[max score, Σ exp(score - max), Σ exp(score - max) · v]` to `dst`
 /// (max = -inf and sum = 0 when the row sees none of these keys). `scores` is work memory
-/// (every value read is written first).
+/// (every value read is written first): the scores, then two rows of `hd` values.
 #[inline(always)]
-fn task<O: Ops>(
-    ctx: &Ctx,
+fn task<O: Ops, S: Stored>(
+    ctx: &Ctx<S>,
     kvh: usize,
     rows: std::ops::Range<usize>,
     keys: std::ops::Range<usize>,
@@ -464,7 +512,9 @@ fn task<O: Ops>(
     let slot = hd + 2;
     let width = keys.len();
     let n_q = rows.len() * group;
-    let scores = &mut scores[..n_q * width];
+    let (scores, rest) = scores.split_at_mut(n_q * width);
+    let (kbuf, vbuf) = rest.split_at_mut(hd);
+    let vbuf = &mut vbuf[..hd];
     // Keys this (row, head) sees in the chunk: row i sees positions ≤ its own.
     let seen = |i: usize| ctx.seen(i, &keys);
     let max_seen = rows.clone().map(seen).max().unwrap_or(0);
@@ -473,7 +523,7 @@ fn task<O: Ops>(
             if j >= seen(i) {
                 continue;
             }
-            let k = &kc[ctx.slot(i, keys.start + j) * hd..][..hd];
+            let k = f32_row::<O, S>(ctx.row(kc, ctx.slot(i, keys.start + j)), kbuf);
             for g in 0..group {
                 let qv = &q[i * q_row + (kvh * group + g) * hd..][..hd];
                 scores[(r * group + g) * width + j] = O::dot(qv, k) * scale;
@@ -495,7 +545,7 @@ fn task<O: Ops>(
             if j >= seen(i) {
                 continue;
             }
-            let v = &vc[ctx.slot(i, keys.start + j) * hd..][..hd];
+            let v = f32_row::<O, S>(ctx.row(vc, ctx.slot(i, keys.start + j)), vbuf);
             for g in 0..group {
                 let w = scores[(r * group + g) * width + j];
                 let p = (r * group + g) * slot;
@@ -545,5 +595,10 @@ impl Ops for Portable {
             sum += *v;
         }
         sum
+    }
+
+    #[inline(always)]
+    fn load<S: Stored>(row: &[S], out: &mut [f32]) {
+        S::load(row, out)
     }
 }

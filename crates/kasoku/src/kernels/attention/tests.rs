@@ -39,8 +39,8 @@ pub(super) fn pm(
             let args = AttnArgs {
                 geo,
                 q,
-                keys: &kr,
-                values: &vr,
+                keys: KvHeads::F32(&kr),
+                values: KvHeads::F32(&vr),
                 past,
                 scale,
                 tree: None,
@@ -205,8 +205,8 @@ fn tree_nodes_equal_plain_decoding_of_their_paths() {
             let args = AttnArgs {
                 geo,
                 q: &q,
-                keys: &kr,
-                values: &vr,
+                keys: KvHeads::F32(&kr),
+                values: KvHeads::F32(&vr),
                 past,
                 scale: 0.2,
                 tree: Some(whole),
@@ -330,4 +330,170 @@ fn portable_and_avx2_agree() {
         return;
     }
     eprintln!("note: AVX2/FMA not available; only the portable path was tested");
+}
+
+/// `x` stored as `S`, and those stored values back as f32.
+fn stored<S: Stored>(x: &[f32]) -> (Vec<S>, Vec<f32>) {
+    let mut s = vec![S::default(); x.len() / S::VALUES];
+    S::store(x, &mut s);
+    let mut back = vec![0f32; x.len()];
+    S::load(&s, &mut back);
+    (s, back)
+}
+
+/// Per KV head, `x` (position-major) stored as `S`, and its dequantized f32 copy.
+fn stored_heads<S: Stored>(x: &[f32], n_kv: usize, hd: usize) -> (Vec<Vec<S>>, Vec<Vec<f32>>) {
+    head_major(x, n_kv, hd)
+        .iter()
+        .map(|h| stored::<S>(h))
+        .unzip()
+}
+
+/// Attention over an f16 or q8_0 cache gives, on every path, the bits of the same path over
+/// that cache dequantized to f32 (the stored rows are read directly, converted by one rule):
+/// decode rows, verification and prefill batches, trees, every blocked and per-key head size.
+#[test]
+fn stored_caches_equal_attention_over_their_dequantized_values() {
+    fn check<S: Stored>(name: &str) {
+        let parents = [usize::MAX, 0, 1, 1, 0, 4, 0, usize::MAX];
+        for &(nh, nkv, hd, past, n, tree) in &[
+            (4usize, 2usize, 32usize, 0usize, 5usize, false),
+            (12, 2, 64, 300, 1, false),
+            (12, 2, 64, 300, 8, true),
+            (6, 1, 128, 700, 3, false),
+            (8, 2, 128, 200, 90, false),
+            (4, 2, 256, 150, 2, false),
+            (4, 2, 96, 130, 8, true),
+        ] {
+            let geo = AttnGeometry {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let q = values(n * nh * hd, 30 + hd as u64);
+            let k = values((past + n) * nkv * hd, 31 + past as u64);
+            let v = values((past + n) * nkv * hd, 32 + n as u64);
+            let (ks, kf) = stored_heads::<S>(&k, nkv, hd);
+            let (vs, vf) = stored_heads::<S>(&v, nkv, hd);
+            let (ks, vs): (Vec<&[S]>, Vec<&[S]>) = (
+                ks.iter().map(|h| &h[..]).collect(),
+                vs.iter().map(|h| &h[..]).collect(),
+            );
+            let (kf, vf): (Vec<&[f32]>, Vec<&[f32]>) = (
+                kf.iter().map(|h| &h[..]).collect(),
+                vf.iter().map(|h| &h[..]).collect(),
+            );
+            let tree = tree.then(|| TreeRows {
+                parents: &parents[..n],
+                first: 0,
+            });
+            let mut want_portable = vec![0f32; q.len()];
+            for isa in Isa::available() {
+                let args = AttnArgs {
+                    geo,
+                    q: &q,
+                    keys: S::heads(&ks),
+                    values: S::heads(&vs),
+                    past,
+                    scale: 0.15,
+                    tree,
+                };
+                let (mut got, mut want) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                attention_with(isa, &args, &mut got);
+                let f32_args = AttnArgs {
+                    keys: KvHeads::F32(&kf),
+                    values: KvHeads::F32(&vf),
+                    ..args
+                };
+                attention_with(isa, &f32_args, &mut want);
+                let case = format!("{name} {nh}/{nkv}x{hd} past {past} n {n} {isa:?}");
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{case}: not the bits of the dequantized cache"
+                );
+                // The paths agree as they do over f32 caches.
+                if isa == Isa::PORTABLE {
+                    want_portable = got;
+                } else {
+                    for (x, y) in want_portable.iter().zip(&got) {
+                        assert!((x - y).abs() < 1e-5 * (1.0 + x.abs()), "{case}: {x} vs {y}");
+                    }
+                }
+            }
+        }
+    }
+    check::<half::f16>("f16");
+    check::<BlockQ8_0>("q8_0");
+}
+
+/// The AVX2 conversions of stored rows give the portable conversions' bits (f16 rows of any
+/// length, q8_0 blocks including zero and extreme scales).
+#[test]
+fn stored_rows_convert_alike_on_every_path() {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(isa) = Isa::available().find(|isa| isa.avx2()) {
+        let _ = isa;
+        for n in [1usize, 7, 8, 37, 64, 256] {
+            let mut x = values(n, 40 + n as u64);
+            x[0] = 65504.0 * 2.0; // beyond f16: stored as infinity
+            let (s, want) = stored::<half::f16>(&x);
+            let mut got = vec![0f32; n];
+            // SAFETY: `isa` has AVX2, FMA and F16C.
+            unsafe { avx2::load_row(&s, &mut got) };
+            assert!(got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        let mut x = values(128, 41);
+        x[32..64].iter_mut().for_each(|v| *v = 0.0);
+        x[64..96].iter_mut().for_each(|v| *v *= 1e4);
+        x[96..128].iter_mut().for_each(|v| *v *= 1e-6);
+        let (s, want) = stored::<BlockQ8_0>(&x);
+        let mut got = vec![0f32; 128];
+        // SAFETY: as above.
+        unsafe { avx2::load_row(&s, &mut got) };
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        return;
+    }
+    eprintln!("note: AVX2/FMA not available; only the portable path was tested");
+}
+
+/// q8_0 rows are stored exactly as GGML stores Q8_0 (its reference quantizer, byte for byte),
+/// within half a step of each value; f16 rows within half an f16 ulp.
+#[test]
+fn stored_formats_are_ggmls() {
+    let x = values(4 * 32, 50);
+    let (blocks, back) = stored::<BlockQ8_0>(&x);
+    let mut bytes = vec![0u8; 4 * 34];
+    crate::quant::legacy::quantize_q8_0(&x, &mut bytes);
+    let ours: Vec<u8> = blocks
+        .iter()
+        .flat_map(|b| {
+            let mut v = b.d.to_le_bytes().to_vec();
+            v.extend(b.qs.iter().map(|&q| q as u8));
+            v
+        })
+        .collect();
+    assert_eq!(ours, bytes);
+    assert_eq!(std::mem::size_of::<BlockQ8_0>(), 34);
+    for (xb, (b, yb)) in x.chunks(32).zip(blocks.iter().zip(back.chunks(32))) {
+        let step = b.d.to_f32();
+        for (a, y) in xb.iter().zip(yb) {
+            // Half a step, plus the scale's own f16 rounding over up to 127 steps.
+            assert!(
+                (a - y).abs() <= 0.5 * step + 127.0 * step * 4.9e-4,
+                "{a} vs {y}"
+            );
+        }
+    }
+    let (_, back) = stored::<half::f16>(&x);
+    for (a, y) in x.iter().zip(&back) {
+        assert!((a - y).abs() <= a.abs() * 4.9e-4 + 6e-8, "{a} vs {y}");
+    }
 }

@@ -1,4 +1,4 @@
-//! The attention mixer of every family, and its KV cache.
+//! The attention mixer of every family (its KV cache is [`super::kv_cache`]).
 //!
 //! One layer: Q/K/V projections (+ bias for Qwen2), optional per-head q/k RMSNorm (Qwen3,
 //! Qwen3.5), RoPE at the tokens' positions, append K/V to the cache, causal grouped-query
@@ -18,107 +18,7 @@ use super::super::batch::Pass;
 use super::super::trace::{Op, Trace};
 use super::super::weights::{self, MatrixRows};
 use super::super::{ModelConfig, ModelError, RmsNorm};
-
-/// Keys and values of one attention layer, f32, head-major: per KV head `[position][head_dim]`
-/// (each head's rows contiguous, which is what the attention kernel streams).
-#[derive(Clone, Debug)]
-pub struct KvCache {
-    head_dim: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-    len: usize,
-}
-
-impl KvCache {
-    /// An empty cache for `n_kv_heads` heads of `head_dim` values.
-    pub fn new(n_kv_heads: usize, head_dim: usize) -> KvCache {
-        KvCache {
-            head_dim,
-            keys: vec![Vec::new(); n_kv_heads],
-            values: vec![Vec::new(); n_kv_heads],
-            len: 0,
-        }
-    }
-
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn n_kv_heads(&self) -> usize {
-        self.keys.len()
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.head_dim
-    }
-
-    /// Values per position over all heads (`n_kv_heads × head_dim`).
-    pub fn kv_dim(&self) -> usize {
-        self.keys.len() * self.head_dim
-    }
-
-    /// Keys of KV head `h`, `len × head_dim`.
-    pub fn keys(&self, h: usize) -> &[f32] {
-        &self.keys[h]
-    }
-
-    /// Values of KV head `h`, `len × head_dim`.
-    pub fn values(&self, h: usize) -> &[f32] {
-        &self.values[h]
-    }
-
-    /// Appends rows of keys and values given position-major (`[position][kv_head][head_dim]`,
-    /// as projections produce them).
-    pub fn append(&mut self, keys: &[f32], values: &[f32]) {
-        let (d, hd) = (self.kv_dim(), self.head_dim);
-        assert!(
-            d > 0 && keys.len() == values.len() && keys.len().is_multiple_of(d),
-            "kv cache: bad rows"
-        );
-        for (krow, vrow) in keys.chunks_exact(d).zip(values.chunks_exact(d)) {
-            for h in 0..self.keys.len() {
-                self.keys[h].extend_from_slice(&krow[h * hd..(h + 1) * hd]);
-                self.values[h].extend_from_slice(&vrow[h * hd..(h + 1) * hd]);
-            }
-        }
-        self.len += keys.len() / d;
-    }
-
-    /// Keeps the first `len` positions.
-    pub fn truncate(&mut self, len: usize) {
-        let keep = len.min(self.len);
-        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
-            k.truncate(keep * self.head_dim);
-            v.truncate(keep * self.head_dim);
-        }
-        self.len = keep;
-    }
-
-    /// After a batch appended at `base`, keeps only the rows `base + accepted[i]` (in that
-    /// order, each index < the batch size, increasing) at positions `base + i`.
-    pub fn commit(&mut self, base: usize, accepted: &[usize]) {
-        let hd = self.head_dim;
-        for (i, &a) in accepted.iter().enumerate() {
-            assert!(
-                base + a < self.len,
-                "kv cache: accepted row {a} past the end"
-            );
-            if a != i {
-                let (src, dst) = ((base + a) * hd, (base + i) * hd);
-                for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
-                    k.copy_within(src..src + hd, dst);
-                    v.copy_within(src..src + hd, dst);
-                }
-            }
-        }
-        self.truncate(base + accepted.len());
-    }
-}
+use super::kv_cache::{KvCache, KvType};
 
 /// Weights and geometry of one attention layer.
 pub struct Attention {
@@ -135,6 +35,8 @@ pub struct Attention {
     /// Qwen3.5 output gate: q projection rows are `[query | gate]` per head.
     pub gated: bool,
     pub scale: f32,
+    /// How its caches store keys and values (see `Model::set_kv_type`).
+    pub kv_type: KvType,
 }
 
 /// An attention layer's q, k and v projections: one stacked matrix (one pass over the
@@ -280,6 +182,7 @@ impl Attention {
             },
             gated: cfg.attn_output_gate,
             scale: 1.0 / (hd as f32).sqrt(),
+            kv_type: KvType::F32,
         })
     }
 
@@ -288,8 +191,9 @@ impl Attention {
         self.geo.n_kv_heads * self.geo.head_dim
     }
 
+    /// An empty cache in this layer's [`KvType`].
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.geo.n_kv_heads, self.geo.head_dim)
+        KvCache::with_type(self.geo.n_kv_heads, self.geo.head_dim, self.kv_type)
     }
 
     /// Runs the pass's rows (`x`: `n × hidden`, already normed) at their positions, appends
@@ -374,20 +278,20 @@ impl Attention {
         tr.op(op("kv_append"), || cache.append(&k, &v));
 
         let mut att = vec![0f32; n * q_dim];
-        let kv_bytes = 2 * cache.len() * kv_dim * 4;
+        let kv_bytes = cache.bytes();
         tr.op(op("attention").reading(kv_bytes), || {
-            let keys: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.keys(h)).collect();
-            let values: Vec<&[f32]> = (0..n_kv_heads).map(|h| cache.values(h)).collect();
-            let args = AttnArgs {
-                geo: self.geo,
-                q: &q,
-                keys: &keys,
-                values: &values,
-                past,
-                scale: self.scale,
-                tree: pass.tree,
-            };
-            attend(&args, &mut att)
+            cache.with_heads(|keys, values| {
+                let args = AttnArgs {
+                    geo: self.geo,
+                    q: &q,
+                    keys,
+                    values,
+                    past,
+                    scale: self.scale,
+                    tree: pass.tree,
+                };
+                attend(&args, &mut att)
+            })
         });
         if let Some(g) = &gate {
             tr.op(op("attn_gate"), || sigmoid_gate(&mut att, g));
@@ -442,35 +346,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn kv_cache_append_truncate_commit() {
-        // 2 heads of 1 value; rows given position-major [h0, h1].
-        let mut c = KvCache::new(2, 1);
-        assert!(c.is_empty());
-        c.append(
-            &[0., 100., 1., 101., 2., 102.],
-            &[10., 110., 11., 111., 12., 112.],
-        );
-        assert_eq!((c.len(), c.kv_dim()), (3, 2));
-        assert_eq!(c.keys(0), &[0., 1., 2.]);
-        assert_eq!(c.keys(1), &[100., 101., 102.]);
-        // A batch of 4 at base 3; keep rows 1 and 3.
-        c.append(
-            &[3., 103., 4., 104., 5., 105., 6., 106.],
-            &[13., 113., 14., 114., 15., 115., 16., 116.],
-        );
-        c.commit(3, &[1, 3]);
-        assert_eq!(c.len(), 5);
-        assert_eq!(c.keys(0), &[0., 1., 2., 4., 6.]);
-        assert_eq!(c.keys(1), &[100., 101., 102., 104., 106.]);
-        assert_eq!(c.values(0), &[10., 11., 12., 14., 16.]);
-        assert_eq!(c.values(1), &[110., 111., 112., 114., 116.]);
-        c.truncate(1);
-        assert_eq!(
-            (c.keys(0), c.values(1), c.len()),
-            (&[0f32][..], &[110f32][..], 1)
-        );
     }
 }

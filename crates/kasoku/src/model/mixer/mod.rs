@@ -3,14 +3,16 @@
 //! (a chain, a tree, or more nodes of a pending tree) and one `commit` of a tree path. This
 //! file is the one place where a mixer meets its state.
 //!
-//! - [`attention`]: (gated) multi-head attention with a KV cache.
+//! - [`attention`]: (gated) multi-head attention over a KV cache ([`kv_cache`]).
 //! - [`gated_delta_net`]: Qwen3.5's linear-attention layers with recurrent + conv state.
 
 pub mod attention;
 pub mod gated_delta_net;
+pub mod kv_cache;
 
-pub use attention::{Attention, KvCache};
+pub use attention::Attention;
 pub use gated_delta_net::{GatedDeltaNet, GdnState};
+pub use kv_cache::{KvCache, KvType};
 
 use super::batch::Pass;
 use super::config::LayerKind;
