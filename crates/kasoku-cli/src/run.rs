@@ -38,6 +38,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let prompt_options = PromptOptions {
         raw: args.raw,
         think: args.think,
+        context: Some(ctx),
     };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

@@ -22,7 +22,7 @@ fn greedy_fibonacci_is_valid_python() {
         &[ChatMessage::new("user", prompt_text)],
         &PromptOptions {
             raw: true,
-            think: false,
+            ..Default::default()
         },
     )
     .unwrap();

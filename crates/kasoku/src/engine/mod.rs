@@ -20,4 +20,6 @@ pub use sampler::SamplingParams;
 pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 pub use speculative::{build_speculator, SpecKind, Speculator};
 pub use stats::GenerationStats;
-pub use text::{generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError};
+pub use text::{
+    generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError, PROMPT_BYTES_PER_TOKEN,
+};
