@@ -114,7 +114,7 @@ impl Session {
 
     /// Context capacity in tokens.
     pub fn ctx_size(&self) -> usize {
-        self.state.max_len
+        self.state.max_len()
     }
 
     /// Tokens currently in the cache.
@@ -124,7 +124,7 @@ impl Session {
 
     /// Forgets everything in the cache.
     pub fn reset(&mut self) {
-        self.state = self.model.new_state(self.state.max_len);
+        self.state = self.model.new_state(self.state.max_len());
         self.tokens.clear();
     }
 
