@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::sampler::{self, ParamError, SamplingParams};
 use super::speculative::Speculator;
 use super::stats::GenerationStats;
 use crate::constraint::{Constraint, ConstraintError, TokenConstraint};
 use crate::model::{Batch, Logits, Model, ModelError, ModelState, Output};
+use crate::sampler::{self, ParamError, SamplingParams};
 
 /// What to generate.
 #[derive(Clone, Debug)]

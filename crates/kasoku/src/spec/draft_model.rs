@@ -346,7 +346,7 @@ mod tests {
         let mut logits = model.forward(&mut st, &seq, Logits::Last).unwrap();
         let mut greedy = Vec::new();
         for _ in 0..24 {
-            let t = crate::engine::sampler::argmax(&logits);
+            let t = crate::sampler::argmax(&logits);
             greedy.push(t);
             logits = model.forward(&mut st, &[t], Logits::Last).unwrap();
         }

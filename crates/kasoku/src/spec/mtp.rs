@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
-use crate::engine::sampler::argmax;
 use crate::model::{Model, ModelState, Output, TokenTree};
+use crate::sampler::argmax;
 
 /// The MTP drafter.
 pub struct MtpDrafter {
