@@ -17,24 +17,10 @@ use anyhow::Result;
 use clap::Parser;
 
 fn main() {
-    keep_freed_memory();
     let cli = args::Cli::parse();
     if let Err(err) = run(cli) {
         eprintln!("error: {err:#}");
         std::process::exit(1);
-    }
-}
-
-/// A forward pass allocates buffers of megabytes (verifying 8 draft tokens of a 152k-vocabulary
-/// model returns 4.9 MB of logits). glibc would give such blocks back to the OS on free and
-/// fault fresh zeroed pages in on the next pass (~4% of an 8-token verification); keeping up
-/// to 256 MiB of freed memory in the heap avoids that. Peak memory is unchanged.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only adjusts allocator thresholds; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
 }
 

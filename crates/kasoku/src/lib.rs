@@ -7,9 +7,11 @@
 //! - [`kernels`]: CPU compute (quantized matmul, norms, RoPE, attention, Gated DeltaNet, conv1d).
 //! - [`model`]: architectures assembled from parts, per-layer state, tree verification.
 //! - [`constraint`]: the hook of constrained decoding (which tokens may come next).
+//! - [`sampler`]: the pure sampler (penalties, top-k/p, min-p, temperature, a draw keyed by
+//!   seed and position), below both of the next two.
 //! - [`spec`]: speculative decoding's drafters, acceptance rule and budget policy (its
-//!   acceptance walk calls the engine's pure sampler).
-//! - [`engine`]: sessions, sampling, the decode loop, statistics.
+//!   acceptance walk calls the sampler).
+//! - [`engine`]: sessions, the decode loop, statistics.
 //!
 //! Fetching models by name lives in the `kasoku-fetch` crate, serving them over HTTP in
 //! `kasoku-server`.
@@ -20,6 +22,7 @@ pub mod format;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod sampler;
 pub mod spec;
 #[cfg(test)]
 mod test_util;

@@ -200,11 +200,11 @@ fn draft_model_speculation_equals_plain_decoding() {
 #[test]
 fn mtp_speculation_equals_plain_decoding() {
     let accepted = check_kv_types("qwen3_5/tiny_mtp/model-f32.gguf", &|t| {
-        Box::new(MtpDrafter::new(t.clone()).unwrap())
+        Box::new(MtpDrafter::new(t.clone(), 512).unwrap())
     });
     let _ = accepted; // random MTP weights rarely agree with the trunk; exactness is the point
     let hf = check("qwen3_5/tiny_mtp", &|t| {
-        Box::new(MtpDrafter::new(t.clone()).unwrap())
+        Box::new(MtpDrafter::new(t.clone(), 512).unwrap())
     });
     let _ = hf;
 }

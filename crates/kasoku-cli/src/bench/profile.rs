@@ -114,7 +114,7 @@ pub fn decode_profile(model: &Model, context: &[u32], ctx: usize, steps: usize) 
         forward_total += t.elapsed();
         let t = Instant::now();
         for _ in 0..n {
-            anyhow::ensure!(state.len() < state.max_len, "profile: context full");
+            anyhow::ensure!(state.len() < state.max_len(), "profile: context full");
             let batch = Batch::chain(std::slice::from_ref(&next)).logits(Logits::Last);
             model.run_traced(&mut state, &batch, &mut out, &mut timers)?;
             next = timers.op(Op::new("argmax", None, 1), || argmax(&out.logits));

@@ -5,18 +5,19 @@ pub mod context;
 pub mod loader;
 pub mod logprobs;
 pub mod prefix_cache;
-pub mod sampler;
 pub mod session;
 pub mod speculative;
 pub mod stats;
 pub mod stop;
 pub mod text;
 
+/// The sampler sits below `spec` and `engine` (see [`crate::sampler`]); re-exported here.
+pub use crate::sampler;
+pub use crate::sampler::SamplingParams;
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
 pub use loader::{LoadError, LoadedModel};
 pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
-pub use sampler::SamplingParams;
 pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 pub use speculative::{build_speculator, SpecKind, Speculator};
 pub use stats::GenerationStats;

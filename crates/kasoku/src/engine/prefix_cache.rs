@@ -16,7 +16,7 @@ use super::session::{
     Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session,
 };
 use super::stats::GenerationStats;
-use crate::model::{Batch, GdnState, LayerState, Logits, ModelState};
+use crate::model::{Batch, Checkpoint, Logits, ModelState};
 
 /// Default checkpoint spacing for recurrent states, in prompt tokens.
 pub const DEFAULT_BLOCK: usize = 256;
@@ -47,46 +47,6 @@ struct Entry {
     last_used: u64,
 }
 
-/// The recurrent layers' states of a hybrid model after `len` tokens.
-#[derive(Clone, Debug)]
-pub struct Checkpoint {
-    len: usize,
-    layers: Vec<(usize, GdnState)>,
-}
-
-impl Checkpoint {
-    /// The recurrent layers of `state`, at its current length.
-    pub fn of(state: &ModelState) -> Checkpoint {
-        Checkpoint {
-            len: state.len(),
-            layers: state
-                .layers
-                .iter()
-                .enumerate()
-                .filter_map(|(i, l)| match l {
-                    LayerState::Gdn(g) => Some((i, g.clone())),
-                    LayerState::Kv(_) => None,
-                })
-                .collect(),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|(_, g)| (g.conv.len() + g.ssm.len()) * 4)
-            .sum()
-    }
-}
-
 /// A prefix taken from the cache.
 #[derive(Debug)]
 pub struct Restored {
@@ -108,52 +68,18 @@ pub struct PrefixCacheStats {
     pub hits: u64,
 }
 
-/// Bytes a state holds (KV rows, recurrent and conv states).
-pub fn state_bytes(state: &ModelState) -> usize {
-    state
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerState::Kv(c) => c.bytes(),
-            LayerState::Gdn(g) => (g.conv.len() + g.ssm.len()) * 4,
-        })
-        .sum()
-}
-
-/// Whether a state can be cut back to a shorter prefix (every layer is attention).
-pub fn is_rewindable(state: &ModelState) -> bool {
-    state.layers.iter().all(|l| matches!(l, LayerState::Kv(_)))
-}
-
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Cuts `state` back to `len` tokens: KV caches truncated; recurrent layers, if any, taken
-/// from `checkpoint` (which must be at `len`).
+/// Cuts `state` back to `len` tokens: to `checkpoint` when it is at `len` (a hybrid model's
+/// recurrent layers), else by truncation (attention-only models).
 fn rewind(state: &mut ModelState, len: usize, checkpoint: Option<&Checkpoint>) -> bool {
     if len == state.len() {
         return true;
     }
-    if len > state.len() {
-        return false;
-    }
     match checkpoint {
-        Some(cp) if cp.len == len => {
-            for (i, g) in &cp.layers {
-                match state.layers.get_mut(*i) {
-                    Some(layer @ LayerState::Gdn(_)) => *layer = LayerState::Gdn(g.clone()),
-                    _ => return false,
-                }
-            }
-            for layer in &mut state.layers {
-                if let LayerState::Kv(c) = layer {
-                    c.truncate(len);
-                }
-            }
-            state.len = len;
-            true
-        }
+        Some(cp) if cp.len() == len => state.restore(cp),
         _ => state.truncate(len),
     }
 }
@@ -162,12 +88,12 @@ impl Entry {
     /// How many tokens of `prompt` (at most `limit`) this entry can supply.
     fn usable(&self, prompt: &[u32], limit: usize) -> usize {
         let common = common_prefix(&self.tokens, prompt).min(limit);
-        if common == self.tokens.len() || is_rewindable(&self.state) {
+        if common == self.tokens.len() || self.state.is_rewindable() {
             return common;
         }
         self.checkpoints
             .iter()
-            .map(|c| c.len)
+            .map(|c| c.len())
             .filter(|&l| l <= common)
             .max()
             .unwrap_or(0)
@@ -175,8 +101,8 @@ impl Entry {
 
     fn has_prefix_at(&self, len: usize) -> bool {
         len == self.tokens.len()
-            || is_rewindable(&self.state)
-            || self.checkpoints.iter().any(|c| c.len == len)
+            || self.state.is_rewindable()
+            || self.checkpoints.iter().any(|c| c.len() == len)
     }
 }
 
@@ -230,8 +156,8 @@ impl PrefixCache {
         self.clock += 1;
         let entry = &mut self.entries[index];
         entry.last_used = self.clock;
-        let mut state = entry.state.clone();
-        let checkpoint = entry.checkpoints.iter().find(|c| c.len == len);
+        let mut state = entry.state.fork();
+        let checkpoint = entry.checkpoints.iter().find(|c| c.len() == len);
         if !rewind(&mut state, len, checkpoint) {
             return None;
         }
@@ -239,7 +165,7 @@ impl PrefixCache {
         let checkpoints = entry
             .checkpoints
             .iter()
-            .filter(|c| c.len <= len)
+            .filter(|c| c.len() <= len)
             .cloned()
             .collect();
         Some(Restored {
@@ -263,10 +189,10 @@ impl PrefixCache {
         state: ModelState,
         mut checkpoints: Vec<Checkpoint>,
     ) {
-        checkpoints.retain(|c| c.len > 0 && c.len < tokens.len());
-        checkpoints.sort_by_key(|c| c.len);
-        checkpoints.dedup_by_key(|c| c.len);
-        let bytes = state_bytes(&state) + checkpoints.iter().map(Checkpoint::bytes).sum::<usize>();
+        checkpoints.retain(|c| !c.is_empty() && c.len() < tokens.len());
+        checkpoints.sort_by_key(|c| c.len());
+        checkpoints.dedup_by_key(|c| c.len());
+        let bytes = state.bytes() + checkpoints.iter().map(Checkpoint::bytes).sum::<usize>();
         if tokens.is_empty() || tokens.len() != state.len() || !self.fits(bytes) {
             return;
         }
@@ -287,7 +213,7 @@ impl PrefixCache {
             let redundant = e.tokens.len() < new.tokens.len()
                 && new.tokens.starts_with(&e.tokens)
                 && new.has_prefix_at(e.tokens.len())
-                && e.checkpoints.iter().all(|c| new.has_prefix_at(c.len));
+                && e.checkpoints.iter().all(|c| new.has_prefix_at(c.len()));
             if redundant {
                 freed += e.bytes;
             }
@@ -346,7 +272,7 @@ impl Session {
         let start = Instant::now();
         // The last prompt token is always computed by `generate`: it yields the first logits.
         let limit = prompt.len() - 1;
-        let rewindable = is_rewindable(&self.state);
+        let rewindable = self.state.is_rewindable();
         let mut checkpoints = match cache {
             Some(cache) => self.restore_prefix(cache, prompt, limit, rewindable),
             None => {
@@ -356,8 +282,8 @@ impl Session {
         };
         let reused = self.tokens.len();
         let checkpointing = cache.is_some() && !rewindable;
-        if checkpointing && reused > 0 && !checkpoints.iter().any(|c| c.len == reused) {
-            checkpoints.push(Checkpoint::of(&self.state));
+        if checkpointing && reused > 0 && !checkpoints.iter().any(|c| c.len() == reused) {
+            checkpoints.push(self.state.checkpoint());
         }
 
         // Prefill up to `limit` in blocks; recurrent states are checkpointed at block ends.
@@ -391,7 +317,7 @@ impl Session {
             self.tokens.extend_from_slice(&prompt[pos..next]);
             pos = next;
             if checkpointing {
-                checkpoints.push(Checkpoint::of(&self.state));
+                checkpoints.push(self.state.checkpoint());
             }
         }
         let own_prefill = start.elapsed();
@@ -428,10 +354,13 @@ impl Session {
         let found = lock(cache).lookup(prompt, limit, own);
         match found {
             Some(mut r) => {
-                r.state.max_len = self.state.max_len;
-                self.state = r.state;
-                self.tokens = prompt[..r.len].to_vec();
-                return r.checkpoints;
+                // The entry may come from a session of another context size.
+                if r.state.set_max_len(self.ctx_size()) {
+                    self.state = r.state;
+                    self.tokens = prompt[..r.len].to_vec();
+                    return r.checkpoints;
+                }
+                self.reset();
             }
             None if own < self.tokens.len() => {
                 if own > 0 && self.state.truncate(own) {
@@ -447,7 +376,7 @@ impl Session {
 
     /// Puts a copy of the current state into `cache` (if it fits and is new).
     fn store(&self, cache: &Mutex<PrefixCache>, checkpoints: Vec<Checkpoint>) {
-        let bytes = state_bytes(&self.state);
+        let bytes = self.state.bytes();
         if !lock(cache).fits(bytes) {
             return;
         }
@@ -516,9 +445,9 @@ mod tests {
             if hybrid {
                 // One entry: the whole state once, plus the recurrent layers at 16, 32, 48, 49.
                 let st = lock(&cache).stats();
-                let whole = state_bytes(&s1.state);
+                let whole = s1.state.bytes();
                 assert_eq!(st.entries, 1);
-                let recurrent = Checkpoint::of(&s1.state).bytes();
+                let recurrent = s1.state.checkpoint().bytes();
                 assert_eq!(st.bytes, whole + 4 * recurrent);
             }
             let second = run(&mut s2, Some(&cache), &b);
@@ -597,7 +526,7 @@ mod tests {
         let model = fixture("llama/tiny/model-f32.gguf");
         let mut s = Session::new(Arc::clone(&model), 128);
         let probe = run(&mut s, None, &prompt(20, 0));
-        let per_token = state_bytes(&s.state) / s.tokens.len();
+        let per_token = s.state.bytes() / s.tokens.len();
         drop(probe);
         // Room for about two 26-token snapshots.
         let cache = Mutex::new(PrefixCache::new(per_token * 55, 16));

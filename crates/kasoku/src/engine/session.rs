@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
-use super::sampler::{self, ParamError, SamplingParams};
 use super::speculative::Speculator;
 use super::stats::GenerationStats;
 use crate::constraint::{Constraint, ConstraintError, TokenConstraint};
 use crate::model::{Batch, Logits, Model, ModelError, ModelState, Output};
+use crate::sampler::{self, ParamError, SamplingParams};
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]
@@ -130,7 +130,7 @@ impl Session {
 
     /// Context capacity in tokens.
     pub fn ctx_size(&self) -> usize {
-        self.state.max_len
+        self.state.max_len()
     }
 
     /// Tokens currently in the cache.
@@ -140,7 +140,7 @@ impl Session {
 
     /// Forgets everything in the cache.
     pub fn reset(&mut self) {
-        self.state = self.model.new_state(self.state.max_len);
+        self.state = self.model.new_state(self.state.max_len());
         self.tokens.clear();
     }
 

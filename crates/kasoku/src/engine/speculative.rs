@@ -239,7 +239,7 @@ pub fn build_speculator(
     let drafter: Box<dyn Drafter> = match kind {
         SpecKind::None => return Ok(None),
         SpecKind::Ngram => Box::new(NgramDrafter::default()),
-        SpecKind::Mtp => Box::new(MtpDrafter::new(target.clone())?),
+        SpecKind::Mtp => Box::new(MtpDrafter::new(target.clone(), ctx_size)?),
         SpecKind::Draft => match draft {
             Some(d) => draft_model(d)?,
             None => {
@@ -250,7 +250,7 @@ pub fn build_speculator(
         },
         SpecKind::Auto => match draft {
             Some(d) => draft_model(d)?,
-            None if target.mtp.is_some() => Box::new(MtpDrafter::new(target.clone())?),
+            None if target.mtp.is_some() => Box::new(MtpDrafter::new(target.clone(), ctx_size)?),
             None => Box::new(NgramDrafter::default()),
         },
     };

@@ -4,6 +4,7 @@ use crate::format::Claims;
 use crate::kernels::activation::swiglu_inplace;
 use crate::kernels::matmul::{matmul, matmul_many, MatMulWeight};
 
+use super::scratch::carve;
 use super::trace::{Op, Trace};
 use super::{weights, ModelError};
 
@@ -29,31 +30,31 @@ impl Mlp {
         })
     }
 
-    /// `out = down(silu(gate(x)) · up(x))` for `n` rows of `x`, the steps of layer `layer`
-    /// seen by `tr`.
+    /// `out = down(silu(gate(x)) · up(x))` for `n` rows of `x` (intermediates carved from
+    /// `work`), the steps of layer `layer` seen by `tr`.
     pub(crate) fn run<T: Trace>(
         &self,
         x: &[f32],
         n: usize,
         out: &mut [f32],
+        work: &mut Vec<f32>,
         layer: usize,
         tr: &mut T,
     ) {
         let ffn = self.gate.rows;
-        let mut g = vec![0f32; n * ffn];
-        let mut u = vec![0f32; n * ffn];
+        let [g, u] = carve(work, [n * ffn, n * ffn]);
         let op = |name| Op::new(name, Some(layer), n);
         let gate_up = op("ffn_gate_up")
             .matmul(self.gate.dtype)
             .reading(self.gate.size_bytes() + self.up.size_bytes());
         // Gate and up in one job: the pool synchronises once for both.
         tr.op(gate_up, || {
-            matmul_many(&[&self.gate, &self.up], x, n, &mut [&mut g, &mut u])
+            matmul_many(&[&self.gate, &self.up], x, n, &mut [&mut *g, &mut *u])
         });
-        tr.op(op("swiglu"), || swiglu_inplace(&mut g, &u));
+        tr.op(op("swiglu"), || swiglu_inplace(g, u));
         let down = op("ffn_down")
             .matmul(self.down.dtype)
             .reading(self.down.size_bytes());
-        tr.op(down, || matmul(&self.down, &g, n, out));
+        tr.op(down, || matmul(&self.down, g, n, out));
     }
 }

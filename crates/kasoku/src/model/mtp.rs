@@ -33,7 +33,8 @@ use super::batch::{Output, Pass};
 use super::config::{Arch, ModelConfig};
 use super::mixer::{Attention, Mixer};
 use super::mlp::Mlp;
-use super::run::{head_logits, run_layers, Taps, CHUNK};
+use super::run::{head_logits, run_layers, Buffers, Taps, CHUNK};
+use super::scratch::{carve, rows, Scratch};
 use super::state::{LayerState, ModelState};
 use super::trace::{NoTrace, Op, Trace};
 use super::transformer::{Layer, Model};
@@ -206,8 +207,8 @@ impl MtpHead {
         state.discard_pending();
         for (toks, hid) in tokens.chunks(CHUNK).zip(hidden.chunks(CHUNK * h)) {
             let m = self.chunk(model, state, toks, hid, tr);
-            head_logits(&model.head, &m, toks.len(), &mut out.logits, tr);
-            out.hidden.extend_from_slice(&m);
+            head_logits(&model.head, m, toks.len(), &mut out.logits, tr);
+            out.hidden.extend_from_slice(m);
         }
         Ok(())
     }
@@ -233,49 +234,62 @@ impl MtpHead {
         Ok((out.hidden, out.logits))
     }
 
-    /// One chunk of rows: returns the normed output hidden rows.
-    fn chunk<T: Trace>(
+    /// One chunk of rows: returns the normed output hidden rows (in the state's scratch).
+    fn chunk<'s, T: Trace>(
         &self,
         model: &Model,
-        state: &mut ModelState,
+        state: &'s mut ModelState,
         tokens: &[u32],
         hidden: &[f32],
         tr: &mut T,
-    ) -> Vec<f32> {
+    ) -> &'s [f32] {
         let (h, n) = (self.hidden, tokens.len());
         let op = |name| Op::new(name, Some(self.index), n);
-        let mut emb = vec![0f32; n * h];
-        let row_bytes = model.embedding.row_bytes();
-        tr.op(op("embed").reading(n * row_bytes), || {
-            model.embedding.lookup(tokens, &mut emb)
-        });
-        let mut cat = vec![0f32; n * 2 * h];
-        tr.op(op("mtp_norms"), || {
-            let mut e = vec![0f32; n * h];
-            self.enorm.forward(&emb, &mut e);
-            let mut hh = vec![0f32; n * h];
-            self.hnorm.forward(hidden, &mut hh);
-            for ((row, e), hh) in cat
-                .chunks_exact_mut(2 * h)
-                .zip(e.chunks_exact(h))
-                .zip(hh.chunks_exact(h))
-            {
-                row[..h].copy_from_slice(e);
-                row[h..].copy_from_slice(hh);
-            }
-        });
-        let mut x = vec![0f32; n * h];
-        let eh = op("eh_proj")
-            .matmul(self.eh_proj.dtype)
-            .reading(self.eh_proj.size_bytes());
-        tr.op(eh, || matmul(&self.eh_proj, &cat, n, &mut x));
+        let ModelState {
+            layers,
+            len,
+            scratch,
+            ..
+        } = state;
+        let Scratch {
+            positions,
+            x,
+            normed,
+            delta,
+            work,
+        } = scratch;
+        {
+            let [emb, e, hh, cat] = carve(work, [n * h, n * h, n * h, n * 2 * h]);
+            let row_bytes = model.embedding.row_bytes();
+            tr.op(op("embed").reading(n * row_bytes), || {
+                model.embedding.lookup(tokens, emb)
+            });
+            tr.op(op("mtp_norms"), || {
+                self.enorm.forward(emb, e);
+                self.hnorm.forward(hidden, hh);
+                for ((row, e), hh) in cat
+                    .chunks_exact_mut(2 * h)
+                    .zip(e.chunks_exact(h))
+                    .zip(hh.chunks_exact(h))
+                {
+                    row[..h].copy_from_slice(e);
+                    row[h..].copy_from_slice(hh);
+                }
+            });
+            let x = rows(x, n * h);
+            let eh = op("eh_proj")
+                .matmul(self.eh_proj.dtype)
+                .reading(self.eh_proj.size_bytes());
+            tr.op(eh, || matmul(&self.eh_proj, cat, n, x));
+        }
 
-        let past = state.len;
-        let positions: Vec<usize> = (past..past + n).collect();
+        let past = *len;
+        positions.clear();
+        positions.extend(past..past + n);
         let pass = Pass {
             n,
             past,
-            positions: &positions,
+            positions,
             tree: None,
         };
         let taps = Taps {
@@ -283,19 +297,18 @@ impl MtpHead {
             start: 0,
             out: &mut [],
         };
-        let layers = std::slice::from_ref(&self.layer);
-        run_layers(
-            layers,
-            &mut state.layers,
-            self.index,
-            &mut x,
-            &pass,
-            taps,
-            tr,
-        );
-        state.len += n;
-        let mut normed = vec![0f32; n * h];
-        tr.op(op("output_norm"), || self.out_norm.forward(&x, &mut normed));
+        let mut buffers = Buffers {
+            x,
+            normed,
+            delta,
+            work,
+        };
+        let block = std::slice::from_ref(&self.layer);
+        run_layers(block, layers, self.index, &mut buffers, &pass, taps, tr);
+        *len += n;
+        let normed = rows(buffers.normed, n * h);
+        let x = &buffers.x[..n * h];
+        tr.op(op("output_norm"), || self.out_norm.forward(x, normed));
         normed
     }
 }

@@ -16,7 +16,8 @@
 use super::batch::{Batch, Logits, Output, Pass, Shape};
 use super::config::LayerKind;
 use super::mixer::Mixer;
-use super::state::{LayerState, ModelState, PendingTree};
+use super::scratch::{rows, Scratch};
+use super::state::{LayerState, ModelState};
 use super::trace::{NoTrace, Op, Trace};
 use super::transformer::{Layer, Model};
 use super::ModelError;
@@ -62,20 +63,45 @@ impl Model {
                 if n == 0 {
                     return Ok(());
                 }
-                let past = state.len;
-                let positions: Vec<usize> = depths.iter().map(|d| past + d).collect();
+                let ModelState {
+                    layers,
+                    len,
+                    pending,
+                    scratch,
+                    ..
+                } = state;
+                let past = *len;
+                pending.parents.clear();
+                pending.parents.extend_from_slice(parents);
+                pending.depths.clear();
+                pending.depths.extend_from_slice(depths);
+                pending.active = true;
+                let Scratch {
+                    positions,
+                    x,
+                    normed,
+                    delta,
+                    work,
+                } = scratch;
+                positions.clear();
+                positions.extend(depths.iter().map(|d| past + d));
                 let pass = Pass {
                     n,
                     past,
-                    positions: &positions,
-                    tree: Some(TreeRows { parents, first: 0 }),
+                    positions,
+                    tree: Some(TreeRows {
+                        parents: &pending.parents,
+                        first: 0,
+                    }),
                 };
-                let x = self.pass(&mut state.layers, batch, &pass, 0, out, tr);
-                state.pending = Some(PendingTree {
-                    parents: parents.to_vec(),
-                    depths: depths.to_vec(),
-                });
-                self.outputs(&x, n, batch, true, out, tr);
+                let mut buffers = Buffers {
+                    x,
+                    normed,
+                    delta,
+                    work,
+                };
+                self.pass(layers, batch, &pass, 0, &mut buffers, out, tr);
+                self.outputs(&mut buffers, n, batch, true, out, tr);
                 Ok(())
             }
             Shape::Grow { parents } => self.run_grow(state, batch, parents, out, tr),
@@ -92,23 +118,43 @@ impl Model {
         state.discard_pending();
         self.check(state, batch.tokens)?;
         let n_chunks = batch.len().div_ceil(CHUNK);
+        let ModelState {
+            layers,
+            len,
+            scratch,
+            ..
+        } = state;
+        let Scratch {
+            positions,
+            x,
+            normed,
+            delta,
+            work,
+        } = scratch;
+        let mut buffers = Buffers {
+            x,
+            normed,
+            delta,
+            work,
+        };
         for (c, chunk) in batch.tokens.chunks(CHUNK).enumerate() {
             let n = chunk.len();
-            let past = state.len;
-            let positions: Vec<usize> = (past..past + n).collect();
+            let past = *len;
+            positions.clear();
+            positions.extend(past..past + n);
             let pass = Pass {
                 n,
                 past,
-                positions: &positions,
+                positions,
                 tree: None,
             };
             let part = Batch {
                 tokens: chunk,
                 ..*batch
             };
-            let x = self.pass(&mut state.layers, &part, &pass, c * CHUNK, out, tr);
-            state.len += n;
-            self.outputs(&x, n, batch, c + 1 == n_chunks, out, tr);
+            self.pass(layers, &part, &pass, c * CHUNK, &mut buffers, out, tr);
+            *len += n;
+            self.outputs(&mut buffers, n, batch, c + 1 == n_chunks, out, tr);
         }
         Ok(())
     }
@@ -123,11 +169,11 @@ impl Model {
         tr: &mut T,
     ) -> Result<(), ModelError> {
         let tokens = batch.tokens;
-        let Some(pending) = &state.pending else {
+        if !state.pending.active {
             return Err(ModelError::StateMismatch(
                 "growing a tree without a verified one".into(),
             ));
-        };
+        }
         if self
             .layers
             .iter()
@@ -137,7 +183,7 @@ impl Model {
                 "growing a verified tree through recurrent layers".into(),
             ));
         }
-        let first = pending.parents.len();
+        let first = state.pending.parents.len();
         if parents.len() != tokens.len() || parents.iter().enumerate().any(|(k, &p)| p >= first + k)
         {
             return Err(ModelError::StateMismatch(
@@ -154,46 +200,62 @@ impl Model {
             layers,
             len,
             pending,
+            scratch,
             ..
         } = state;
-        let pending = pending.as_mut().expect("checked above");
         for &p in parents {
             let d = pending.depths[p] + 1;
             pending.parents.push(p);
             pending.depths.push(d);
         }
         let past = *len;
-        let positions: Vec<usize> = pending.depths[first..].iter().map(|d| past + d).collect();
+        let Scratch {
+            positions,
+            x,
+            normed,
+            delta,
+            work,
+        } = scratch;
+        positions.clear();
+        positions.extend(pending.depths[first..].iter().map(|d| past + d));
         let pass = Pass {
             n,
             past,
-            positions: &positions,
+            positions,
             tree: Some(TreeRows {
                 parents: &pending.parents,
                 first,
             }),
         };
-        let x = self.pass(layers, batch, &pass, 0, out, tr);
-        self.outputs(&x, n, batch, true, out, tr);
+        let mut buffers = Buffers {
+            x,
+            normed,
+            delta,
+            work,
+        };
+        self.pass(layers, batch, &pass, 0, &mut buffers, out, tr);
+        self.outputs(&mut buffers, n, batch, true, out, tr);
         Ok(())
     }
 
-    /// Embeds the rows and runs them through the layers; returns their hidden rows. Taps go
-    /// to `out.taps` from row `start` on.
+    /// Embeds the rows into `buf.x` and runs them through the layers, leaving their hidden
+    /// rows there. Taps go to `out.taps` from row `start` on.
+    #[allow(clippy::too_many_arguments)]
     fn pass<T: Trace>(
         &self,
         states: &mut [LayerState],
         batch: &Batch,
         pass: &Pass,
         start: usize,
+        buf: &mut Buffers,
         out: &mut Output,
         tr: &mut T,
-    ) -> Vec<f32> {
+    ) {
         let (n, h) = (pass.n, self.config.hidden);
-        let mut x = vec![0f32; n * h];
+        let x = rows(buf.x, n * h);
         let row_bytes = self.embedding.row_bytes();
         tr.op(Op::new("embed", None, n).reading(n * row_bytes), || {
-            self.embedding.lookup(batch.tokens, &mut x)
+            self.embedding.lookup(batch.tokens, x)
         });
         let taps = batch.taps;
         out.taps.resize((start + n) * taps.len() * h, 0.0);
@@ -202,15 +264,14 @@ impl Model {
             start,
             out: &mut out.taps,
         };
-        run_layers(&self.layers, states, 0, &mut x, pass, tapped, tr);
-        x
+        run_layers(&self.layers, states, 0, buf, pass, tapped, tr);
     }
 
-    /// What the host asked for of the hidden rows `x` (`n × hidden`, before the output
-    /// norm) of one chunk (`last`: the batch's last).
+    /// What the host asked for of the hidden rows in `buf.x` (`n × hidden`, before the
+    /// output norm) of one chunk (`last`: the batch's last).
     fn outputs<T: Trace>(
         &self,
-        x: &[f32],
+        buf: &mut Buffers,
         n: usize,
         batch: &Batch,
         last: bool,
@@ -218,27 +279,28 @@ impl Model {
         tr: &mut T,
     ) {
         let h = self.config.hidden;
+        let x = &buf.x[..n * h];
         let head = batch.head.unwrap_or(&self.head);
         let norm_op = |rows| Op::new("output_norm", None, rows);
         if batch.hidden || batch.logits == Logits::All {
-            let mut normed = vec![0f32; n * h];
-            tr.op(norm_op(n), || self.output_norm.forward(x, &mut normed));
+            let normed = rows(buf.normed, n * h);
+            tr.op(norm_op(n), || self.output_norm.forward(x, normed));
             if batch.hidden {
-                out.hidden.extend_from_slice(&normed);
+                out.hidden.extend_from_slice(normed);
             }
             match batch.logits {
-                Logits::All => head_logits(head, &normed, n, &mut out.logits, tr),
+                Logits::All => head_logits(head, normed, n, &mut out.logits, tr),
                 Logits::Last if last => {
                     head_logits(head, &normed[(n - 1) * h..], 1, &mut out.logits, tr)
                 }
                 _ => {}
             }
         } else if batch.logits == Logits::Last && last {
-            let mut normed = vec![0f32; h];
+            let normed = rows(buf.normed, h);
             tr.op(norm_op(1), || {
-                self.output_norm.forward(&x[(n - 1) * h..], &mut normed)
+                self.output_norm.forward(&x[(n - 1) * h..], normed)
             });
-            head_logits(head, &normed, 1, &mut out.logits, tr);
+            head_logits(head, normed, 1, &mut out.logits, tr);
         }
     }
 
@@ -327,31 +389,45 @@ pub(crate) struct Taps<'a> {
     pub(crate) out: &'a mut [f32],
 }
 
-/// The layer loop: `x` (`n × hidden`, the embedded rows) through every layer of `layers`
-/// (numbered from `first_layer` for the trace), each layer's state advanced or holding the
-/// pass's tree nodes. The one place where a decoder block is written.
+/// The activation buffers of a pass (a state's [`Scratch`] but its positions, which the
+/// [`Pass`] borrows).
+pub(crate) struct Buffers<'a> {
+    /// The residual stream: the embedded rows in, the last layer's outputs out.
+    pub(crate) x: &'a mut Vec<f32>,
+    pub(crate) normed: &'a mut Vec<f32>,
+    pub(crate) delta: &'a mut Vec<f32>,
+    /// What each part of a layer carves its intermediates from.
+    pub(crate) work: &'a mut Vec<f32>,
+}
+
+/// The layer loop: the rows in `buf.x` (`n × hidden`, embedded) through every layer of
+/// `layers` (numbered from `first_layer` for the trace), each layer's state advanced or
+/// holding the pass's tree nodes. The one place where a decoder block is written.
 pub(crate) fn run_layers<T: Trace>(
     layers: &[Layer],
     states: &mut [LayerState],
     first_layer: usize,
-    x: &mut [f32],
+    buf: &mut Buffers,
     pass: &Pass,
     taps: Taps,
     tr: &mut T,
 ) {
     let n = pass.n;
-    let h = x.len() / n;
-    let mut normed = vec![0f32; n * h];
-    let mut delta = vec![0f32; n * h];
+    let Some(h) = layers.first().map(|l| l.attn_norm.dim()) else {
+        return;
+    };
+    let x = &mut buf.x[..n * h];
+    let normed = rows(buf.normed, n * h);
+    let delta = rows(buf.delta, n * h);
     for (i, (layer, st)) in layers.iter().zip(states.iter_mut()).enumerate() {
         let l = first_layer + i;
         let op = |name| Op::new(name, Some(l), n);
-        tr.op(op("attn_norm"), || layer.attn_norm.forward(x, &mut normed));
-        layer.mixer.run(st, &normed, pass, &mut delta, l, tr);
-        tr.op(op("residual"), || add(x, &delta));
-        tr.op(op("ffn_norm"), || layer.ffn_norm.forward(x, &mut normed));
-        layer.mlp.run(&normed, n, &mut delta, l, tr);
-        tr.op(op("residual"), || add(x, &delta));
+        tr.op(op("attn_norm"), || layer.attn_norm.forward(x, normed));
+        layer.mixer.run(st, normed, pass, delta, buf.work, l, tr);
+        tr.op(op("residual"), || add(x, delta));
+        tr.op(op("ffn_norm"), || layer.ffn_norm.forward(x, normed));
+        layer.mlp.run(normed, n, delta, buf.work, l, tr);
+        tr.op(op("residual"), || add(x, delta));
         for (k, _) in taps.layers.iter().enumerate().filter(|(_, &t)| t == l) {
             for (r, row) in x.chunks_exact(h).enumerate() {
                 let at = ((taps.start + r) * taps.layers.len() + k) * h;

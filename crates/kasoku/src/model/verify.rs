@@ -40,20 +40,20 @@ impl Model {
     /// the one before; the root alone is a path): the state then holds exactly what plain
     /// decoding of those tokens would have left. Other nodes are dropped.
     pub fn commit(&self, state: &mut ModelState, path: &[usize]) -> Result<(), ModelError> {
-        let Some(pending) = state.pending.take() else {
+        if !state.pending.active {
             return Err(ModelError::StateMismatch(
                 "commit without a verified tree".into(),
             ));
-        };
-        if !pending.is_root_path(path) {
+        }
+        if !state.pending.is_root_path(path) {
             let len = state.len;
-            state.pending = Some(pending);
             state.discard_pending();
             debug_assert_eq!(state.len, len);
             return Err(ModelError::StateMismatch(format!(
                 "commit: {path:?} is not a path from the root of the verified tree"
             )));
         }
+        state.pending.active = false;
         let base = state.len;
         for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
             layer.mixer.commit(st, base, path);

@@ -5,8 +5,8 @@
 //! a sample of plain decoding, whatever the drafter proposed (the "sample, then match" rule).
 
 use crate::constraint::{ConstraintError, TokenConstraint};
-use crate::engine::sampler::{self, SamplingParams};
 use crate::model::TokenTree;
+use crate::sampler::{self, SamplingParams};
 
 /// The outcome of a pass.
 #[derive(Clone, Debug, PartialEq, Eq)]

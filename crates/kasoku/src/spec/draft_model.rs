@@ -100,7 +100,7 @@ impl DraftModelDrafter {
             if self.state.truncate(common) {
                 self.fed.truncate(common);
             } else {
-                self.state = self.model.new_state(self.state.max_len);
+                self.state = self.model.new_state(self.state.max_len());
                 self.fed.clear();
             }
         }
@@ -216,7 +216,7 @@ impl Drafter for DraftModelDrafter {
         self.last_tree = None;
         let room = self
             .state
-            .max_len
+            .max_len()
             .saturating_sub(self.fed.len() + missing.len());
         let budget = req.budget.min(room);
         let mut builder = TreeBuilder::new(missing[0]);
@@ -346,7 +346,7 @@ mod tests {
         let mut logits = model.forward(&mut st, &seq, Logits::Last).unwrap();
         let mut greedy = Vec::new();
         for _ in 0..24 {
-            let t = crate::engine::sampler::argmax(&logits);
+            let t = crate::sampler::argmax(&logits);
             greedy.push(t);
             logits = model.forward(&mut st, &[t], Logits::Last).unwrap();
         }

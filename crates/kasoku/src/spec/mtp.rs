@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
-use crate::engine::sampler::argmax;
 use crate::model::{Model, ModelState, Output, TokenTree};
+use crate::sampler::argmax;
 
 /// The MTP drafter.
 pub struct MtpDrafter {
@@ -21,26 +21,32 @@ pub struct MtpDrafter {
     last_hidden: Option<Vec<f32>>,
     /// Cache rows before the current draft (the draft's own rows come after).
     base: usize,
+    /// Rows the head's cache holds at most: the target's context (a draft never takes the
+    /// target past it).
+    ctx_size: usize,
     /// Stop the chain when the head's top probability falls under this.
     pub min_prob: f32,
 }
 
 impl MtpDrafter {
-    /// A drafter for `model`, which must have an MTP head.
-    pub fn new(model: Arc<Model>) -> Result<MtpDrafter, DraftError> {
+    /// A drafter for `model`, which must have an MTP head, drafting for a target with a
+    /// context of `ctx_size` tokens.
+    pub fn new(model: Arc<Model>, ctx_size: usize) -> Result<MtpDrafter, DraftError> {
         let Some(mtp) = &model.mtp else {
             return Err(DraftError::Incompatible(
                 "this checkpoint has no multi-token-prediction head".into(),
             ));
         };
-        // No bound of its own: the head's rows follow the target's, plus a draft's.
-        let cache = mtp.new_state(usize::MAX);
+        // The head's rows follow the target's, plus a draft's, which stays within the
+        // target's context.
+        let cache = mtp.new_state(ctx_size);
         Ok(MtpDrafter {
             model,
             cache,
             out: Output::default(),
             last_hidden: None,
             base: 0,
+            ctx_size,
             min_prob: 0.0,
         })
     }
@@ -73,7 +79,7 @@ impl Drafter for MtpDrafter {
         // Rows pair token x_{j+1} with hidden h_j; only the newly computed part of the prompt
         // has hidden states, so the head restarts from there.
         let h = self.model.config.hidden;
-        self.cache = self.mtp().new_state(usize::MAX);
+        self.cache = self.mtp().new_state(self.ctx_size);
         self.base = 0;
         self.last_hidden = None;
         let Some(hidden) = features.hidden.filter(|x| x.len() >= h) else {

@@ -15,6 +15,7 @@ use crate::kernels::rope::Rope;
 use crate::quant::DType;
 
 use super::super::batch::Pass;
+use super::super::scratch::carve;
 use super::super::trace::{Op, Trace};
 use super::super::weights::{self, MatrixRows};
 use super::super::{ModelConfig, ModelError, RmsNorm};
@@ -94,33 +95,45 @@ impl Projections {
         }
     }
 
-    /// `(x·Wqᵀ, x·Wkᵀ, x·Wvᵀ)` for the `n` rows of `x`.
-    fn project(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// Values of the stacked product of `n` rows that [`Projections::project`] needs as
+    /// room (0 for separate matrices).
+    fn stacked_len(&self, n: usize) -> usize {
+        match self {
+            Projections::Stacked { w, .. } => n * w.rows,
+            Projections::Separate { .. } => 0,
+        }
+    }
+
+    /// `q = x·Wqᵀ, k = x·Wkᵀ, v = x·Wvᵀ` for the `n` rows of `x` (`all`: room for the stacked
+    /// product, [`Projections::stacked_len`]).
+    fn project(
+        &self,
+        x: &[f32],
+        n: usize,
+        all: &mut [f32],
+        q: &mut [f32],
+        k: &mut [f32],
+        v: &mut [f32],
+    ) {
         match self {
             &Projections::Stacked { ref w, q_rows } => {
                 let kv_rows = (w.rows - q_rows) / 2;
-                let mut all = vec![0f32; n * w.rows];
-                matmul(w, x, n, &mut all);
-                let (mut q, mut k, mut v) = (
-                    Vec::with_capacity(n * q_rows),
-                    Vec::with_capacity(n * kv_rows),
-                    Vec::with_capacity(n * kv_rows),
-                );
-                for row in all.chunks_exact(w.rows) {
+                matmul(w, x, n, all);
+                for (((row, q), k), v) in all
+                    .chunks_exact(w.rows)
+                    .zip(q.chunks_exact_mut(q_rows))
+                    .zip(k.chunks_exact_mut(kv_rows))
+                    .zip(v.chunks_exact_mut(kv_rows))
+                {
                     let (rq, rest) = row.split_at(q_rows);
                     let (rk, rv) = rest.split_at(kv_rows);
-                    q.extend_from_slice(rq);
-                    k.extend_from_slice(rk);
-                    v.extend_from_slice(rv);
+                    q.copy_from_slice(rq);
+                    k.copy_from_slice(rk);
+                    v.copy_from_slice(rv);
                 }
-                (q, k, v)
             }
             Projections::Separate { wq, wk, wv } => {
-                let mut q = vec![0f32; n * wq.rows];
-                let mut k = vec![0f32; n * wk.rows];
-                let mut v = vec![0f32; n * wv.rows];
-                matmul_many(&[wq, wk, wv], x, n, &mut [&mut q, &mut k, &mut v]);
-                (q, k, v)
+                matmul_many(&[wq, wk, wv], x, n, &mut [q, k, v]);
             }
         }
     }
@@ -197,17 +210,19 @@ impl Attention {
     }
 
     /// Runs the pass's rows (`x`: `n × hidden`, already normed) at their positions, appends
-    /// their keys and values to `cache` and writes the layer's output (`n × hidden`) to `out`.
-    /// Chain rows see the cache and the rows before them; tree nodes see the committed
-    /// positions and their ancestors, and their keys and values wait past the committed end,
-    /// uncommitted: [`KvCache::commit`] keeps the accepted ones, [`KvCache::truncate`] drops
-    /// them all.
+    /// their keys and values to `cache` and writes the layer's output (`n × hidden`) to `out`;
+    /// intermediates are carved from `work`. Chain rows see the cache and the rows before
+    /// them; tree nodes see the committed positions and their ancestors, and their keys and
+    /// values wait past the committed end, uncommitted: [`KvCache::commit`] keeps the accepted
+    /// ones, [`KvCache::truncate`] drops them all.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
         cache: &mut KvCache,
         x: &[f32],
         pass: &Pass,
         out: &mut [f32],
+        work: &mut Vec<f32>,
         layer: usize,
         tr: &mut T,
     ) {
@@ -219,6 +234,8 @@ impl Attention {
         let (n, past, positions) = (pass.n, pass.past, pass.positions);
         let q_dim = n_heads * hd;
         let kv_dim = n_kv_heads * hd;
+        let q_rows = if self.gated { 2 * q_dim } else { q_dim };
+        let split = if self.gated { n * q_dim } else { 0 };
         let first = pass.tree.map_or(0, |t| t.first);
         assert_eq!(
             cache.len(),
@@ -226,18 +243,29 @@ impl Attention {
             "attention: the cache holds other rows"
         );
         let op = |name| Op::new(name, Some(layer), n);
+        let [all, q_raw, k, v, q_split, gate, att] = carve(
+            work,
+            [
+                self.qkv.stacked_len(n),
+                n * q_rows,
+                n * kv_dim,
+                n * kv_dim,
+                split,
+                split,
+                n * q_dim,
+            ],
+        );
 
         let qkv_op = op("qkv")
             .matmul(self.qkv.dtype())
             .reading(self.qkv.size_bytes());
-        let (mut q_raw, mut k, mut v) = tr.op(qkv_op, || self.qkv.project(x, n));
-        debug_assert_eq!(k.len(), n * kv_dim);
+        tr.op(qkv_op, || self.qkv.project(x, n, all, q_raw, k, v));
         if self.bq.is_some() {
             tr.op(op("qkv_bias"), || {
                 for (buf, bias) in [
-                    (&mut q_raw, &self.bq),
-                    (&mut k, &self.bk),
-                    (&mut v, &self.bv),
+                    (&mut *q_raw, &self.bq),
+                    (&mut *k, &self.bk),
+                    (&mut *v, &self.bv),
                 ] {
                     if let Some(b) = bias {
                         for row in buf.chunks_exact_mut(b.len()) {
@@ -248,58 +276,55 @@ impl Attention {
             });
         }
         // Qwen3.5: per head, the first hd values are the query, the next hd the gate.
-        let (mut q, gate) = if self.gated {
+        let (q, gate) = if self.gated {
             tr.op(op("q_gate_split"), || {
-                let mut q = vec![0f32; n * q_dim];
-                let mut g = vec![0f32; n * q_dim];
                 for (i, pair) in q_raw.chunks_exact(2 * hd).enumerate() {
-                    q[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
-                    g[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
+                    q_split[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
+                    gate[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
                 }
-                (q, Some(g))
-            })
+            });
+            (q_split, Some(&*gate))
         } else {
             (q_raw, None)
         };
         if self.q_norm.is_some() || self.k_norm.is_some() {
             tr.op(op("qk_norm"), || {
                 if let Some(norm) = &self.q_norm {
-                    norm.forward_inplace(&mut q);
+                    norm.forward_inplace(q);
                 }
                 if let Some(norm) = &self.k_norm {
-                    norm.forward_inplace(&mut k);
+                    norm.forward_inplace(k);
                 }
             });
         }
         tr.op(op("rope"), || {
-            self.rope.apply(&mut q, n_heads, positions);
-            self.rope.apply(&mut k, n_kv_heads, positions);
+            self.rope.apply(q, n_heads, positions);
+            self.rope.apply(k, n_kv_heads, positions);
         });
-        tr.op(op("kv_append"), || cache.append(&k, &v));
+        tr.op(op("kv_append"), || cache.append(k, v));
 
-        let mut att = vec![0f32; n * q_dim];
         let kv_bytes = cache.bytes();
         tr.op(op("attention").reading(kv_bytes), || {
             cache.with_heads(|keys, values| {
                 let args = AttnArgs {
                     geo: self.geo,
-                    q: &q,
+                    q,
                     keys,
                     values,
                     past,
                     scale: self.scale,
                     tree: pass.tree,
                 };
-                attend(&args, &mut att)
+                attend(&args, att)
             })
         });
-        if let Some(g) = &gate {
-            tr.op(op("attn_gate"), || sigmoid_gate(&mut att, g));
+        if let Some(g) = gate {
+            tr.op(op("attn_gate"), || sigmoid_gate(att, g));
         }
         let wo = op("attn_out")
             .matmul(self.wo.dtype)
             .reading(self.wo.size_bytes());
-        tr.op(wo, || matmul(&self.wo, &att, n, out));
+        tr.op(wo, || matmul(&self.wo, att, n, out));
     }
 }
 
@@ -337,11 +362,18 @@ mod tests {
                 wk: new(kv_rows, &bk),
                 wv: new(kv_rows, &bv),
             };
+            let project = |p: &Projections, x: &[f32], n: usize| {
+                let mut all = vec![0f32; p.stacked_len(n)];
+                let mut q = vec![0f32; n * q_rows];
+                let (mut k, mut v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
+                p.project(x, n, &mut all, &mut q, &mut k, &mut v);
+                (q, k, v)
+            };
             for n in [1, 5] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() - 0.5).collect();
                 assert_eq!(
-                    stacked.project(&x, n),
-                    separate.project(&x, n),
+                    project(&stacked, &x, n),
+                    project(&separate, &x, n),
                     "{dtype} n={n}"
                 );
             }

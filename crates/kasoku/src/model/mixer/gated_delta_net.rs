@@ -15,7 +15,7 @@
 //!
 //! Per-sequence state ([`GdnState`]): the last `K−1` conv inputs (time-major rows, oldest
 //! first) and the recurrent state (`nv × dk × dv`, f32). A draft tree is verified without
-//! writing either ([`GatedDeltaNet::forward_tree`]); the accepted path is then committed by
+//! writing either ([`GatedDeltaNet::run`] of a tree); the accepted path is then committed by
 //! taking the conv rows of the path and replaying `S ← e^{g}·S + k ⊗ δ` per accepted node
 //! ([`GatedDeltaNet::commit`], see `kernels::gated_delta::tree`).
 
@@ -29,6 +29,7 @@ use crate::kernels::norm::rmsnorm_inplace;
 
 use super::super::batch::Pass;
 use super::super::config::SourceKind;
+use super::super::scratch::{carve, rows};
 use super::super::trace::{NoTrace, Op, Trace};
 use super::super::{weights, ModelConfig, ModelError};
 
@@ -56,21 +57,47 @@ pub struct GatedDeltaNet {
 }
 
 /// Per-sequence state of one Gated DeltaNet layer.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct GdnState {
     /// The last `K−1` inputs of the conv (pre-activation q,k,v channels): `(K−1) × conv_dim`,
     /// oldest row first; zeros for a fresh sequence.
-    pub conv: Vec<f32>,
+    pub(crate) conv: Vec<f32>,
     /// Recurrent state: `nv × dk × dv` (key dimension first), f32.
-    pub ssm: Vec<f32>,
-    /// What the last tree pass left for its commit (`None` without a pending tree).
-    pending: Option<GdnPending>,
+    pub(crate) ssm: Vec<f32>,
+    /// What the last tree pass left for its commit (its buffers kept from tree to tree).
+    pending: GdnPending,
+}
+
+/// A copy of the committed state; the pending tree's data comes along only while one is
+/// pending.
+impl Clone for GdnState {
+    fn clone(&self) -> GdnState {
+        GdnState {
+            conv: self.conv.clone(),
+            ssm: self.ssm.clone(),
+            pending: if self.pending.active {
+                self.pending.clone()
+            } else {
+                GdnPending::default()
+            },
+        }
+    }
 }
 
 impl GdnState {
     /// Forgets the pending tree's commit data.
     pub(crate) fn discard_pending(&mut self) {
-        self.pending = None;
+        self.pending.active = false;
+    }
+
+    /// Bytes of the recurrent and conv states.
+    pub(crate) fn bytes(&self) -> usize {
+        (self.conv.len() + self.ssm.len()) * 4
+    }
+
+    /// Whether `other` is a state of a layer of the same shape.
+    pub(crate) fn same_shape(&self, other: &GdnState) -> bool {
+        self.conv.len() == other.conv.len() && self.ssm.len() == other.ssm.len()
     }
 }
 
@@ -149,143 +176,146 @@ impl GatedDeltaNet {
         GdnState {
             conv: vec![0.0; self.conv.state_len()],
             ssm: vec![0.0; self.dims.state_len()],
-            pending: None,
+            pending: GdnPending::default(),
         }
     }
 
-    /// Mixes the pass's rows (`x`: one normed row each) into `out`: a chain advances `state`
-    /// past them ([`GatedDeltaNet::forward`]); tree nodes (a whole tree: this layer cannot
-    /// grow one) are computed from the committed state along their own paths and their
-    /// commit data waits in `state` ([`GatedDeltaNet::forward_tree`]).
+    /// Mixes the pass's rows (`x`: one normed row each) into `out`, intermediates carved
+    /// from `work`: a chain advances `state` past them; tree nodes (a whole tree: this layer
+    /// cannot grow one) are computed from the committed state along their own paths, with
+    /// the bits plain decoding of each path gives, and what [`GatedDeltaNet::commit`] needs
+    /// to advance along an accepted path waits in `state`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
         state: &mut GdnState,
         x: &[f32],
         pass: &Pass,
         out: &mut [f32],
+        work: &mut Vec<f32>,
         layer: usize,
         tr: &mut T,
     ) {
-        match pass.tree {
-            None => self.forward_traced(state, x, pass.n, out, layer, tr),
-            Some(tree) => {
-                assert_eq!(
-                    tree.first, 0,
-                    "gated delta net: a tree grows only in attention"
-                );
-                let p = self.forward_tree(state, x, tree.parents, out, layer, tr);
-                state.pending = Some(p);
-            }
-        }
-    }
-
-    /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
-    /// `state` advances past the tokens.
-    pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
-        self.forward_traced(state, x, n, out, 0, &mut NoTrace)
-    }
-
-    fn forward_traced<T: Trace>(
-        &self,
-        state: &mut GdnState,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        layer: usize,
-        tr: &mut T,
-    ) {
+        let n = pass.n;
         self.check(state, x, n, out);
         if n == 0 {
             return;
         }
+        let tree = pass.tree.map(|t| {
+            assert_eq!(
+                t.first, 0,
+                "gated delta net: a tree grows only in attention"
+            );
+            t.parents
+        });
+        let GdnDims { nk, nv, dk, dv, .. } = self.dims;
+        let (kd, vd, cd) = (nk * dk, nv * dv, self.conv_dim());
         let op = |name| Op::new(name, Some(layer), n);
-        let p = self.project(x, n, layer, tr);
-        // Short causal conv + SiLU over [q | k | v].
-        let mut conv_out = vec![0f32; n * self.conv_dim()];
-        tr.op(op("conv1d"), || {
-            causal_conv1d_silu(&self.conv, &mut state.conv, &p.mixed, n, &mut conv_out)
-        });
-        let (q, k, v, g, beta) = tr.op(op("ssm_inputs"), || {
-            self.recurrence_inputs(&conv_out, &p, n)
-        });
-        let mut o = vec![0f32; n * self.dims.nv * self.dims.dv];
-        let inputs = GdnInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
+        let GdnState { conv, ssm, pending } = state;
+        // A chain's projections, keys and decays are intermediates; a tree's are its commit
+        // data, kept in the state.
+        let own = |len: usize| if tree.is_some() { 0 } else { len };
+        let [z, b, a, conv_out, q, v, beta, o, mixed, k, g] = carve(
+            work,
+            [
+                n * vd,
+                n * nv,
+                n * nv,
+                n * cd,
+                n * kd,
+                n * vd,
+                n * nv,
+                n * vd,
+                own(n * cd),
+                own(n * kd),
+                own(n * nv),
+            ],
+        );
+        let (mixed, k, g, deltas) = match tree {
+            None => (mixed, k, g, &mut [][..]),
+            Some(parents) => {
+                pending.active = true;
+                pending.parents.clear();
+                pending.parents.extend_from_slice(parents);
+                (
+                    rows(&mut pending.mixed, n * cd),
+                    rows(&mut pending.k, n * kd),
+                    rows(&mut pending.g, n * nv),
+                    rows(&mut pending.deltas, n * vd),
+                )
+            }
         };
-        let state_bytes = state.ssm.len() * 4;
-        tr.op(op("gated_delta").reading(state_bytes), || {
-            gated_delta::gated_delta(&self.dims, &inputs, n, &mut state.ssm, &mut o)
+
+        // The four input projections.
+        let proj = |name, w: &MatMulWeight| {
+            Op::new(name, Some(layer), n)
+                .matmul(w.dtype)
+                .reading(w.size_bytes())
+        };
+        tr.op(proj("ssm_qkv", &self.qkv), || {
+            matmul(&self.qkv, x, n, mixed)
         });
-        self.output(o, &p.z, n, out, layer, tr);
+        tr.op(proj("ssm_z", &self.gate), || matmul(&self.gate, x, n, z));
+        tr.op(proj("ssm_beta", &self.beta), || matmul(&self.beta, x, n, b));
+        tr.op(proj("ssm_alpha", &self.alpha), || {
+            matmul(&self.alpha, x, n, a)
+        });
+        // Short causal conv + SiLU over [q | k | v].
+        tr.op(op("conv1d"), || match tree {
+            None => causal_conv1d_silu(&self.conv, conv, mixed, n, conv_out),
+            Some(parents) => tree_conv1d_silu(&self.conv, conv, mixed, parents, conv_out),
+        });
+        // Contiguous q, k, v (q and k l2-normalised per head, q scaled) and the gates.
+        tr.op(op("ssm_inputs"), || {
+            for (t, row) in conv_out.chunks_exact(cd).enumerate() {
+                q[t * kd..(t + 1) * kd].copy_from_slice(&row[..kd]);
+                k[t * kd..(t + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
+                v[t * vd..(t + 1) * vd].copy_from_slice(&row[2 * kd..]);
+            }
+            l2norm_heads(q, dk, 1.0 / (dk as f32).sqrt());
+            l2norm_heads(k, dk, 1.0);
+            gates(a, b, &self.ssm_a, &self.dt_bias, g, beta);
+        });
+        let inputs = GdnInputs { q, k, v, g, beta };
+        let state_bytes = ssm.len() * 4;
+        tr.op(op("gated_delta").reading(state_bytes), || match tree {
+            None => gated_delta::gated_delta(&self.dims, &inputs, n, ssm, o),
+            Some(parents) => tree_recurrent(&self.dims, &inputs, parents, ssm, o, deltas),
+        });
+        // Gated RMSNorm per value head, then the output projection.
+        tr.op(op("ssm_norm_gate"), || {
+            rmsnorm_inplace(o, &self.norm, self.eps);
+            for (v, &zg) in o.iter_mut().zip(&*z) {
+                *v *= silu(zg);
+            }
+        });
+        let op_out = op("ssm_out")
+            .matmul(self.out.dtype)
+            .reading(self.out.size_bytes());
+        tr.op(op_out, || matmul(&self.out, o, n, out));
     }
 
-    /// Mixes the nodes of a token tree (`x`: one normed row per node; `parents[i] < i`, or
-    /// `usize::MAX` for the root) without touching `state`: node `i`'s output is computed from
-    /// the committed state along its own path, with the bits plain decoding of that path
-    /// gives. Returns what [`GatedDeltaNet::commit`] needs to advance along an accepted path.
-    fn forward_tree<T: Trace>(
-        &self,
-        state: &GdnState,
-        x: &[f32],
-        parents: &[usize],
-        out: &mut [f32],
-        layer: usize,
-        tr: &mut T,
-    ) -> GdnPending {
-        let n = parents.len();
-        self.check(state, x, n, out);
-        let op = |name| Op::new(name, Some(layer), n);
-        let p = self.project(x, n, layer, tr);
-        let mut conv_out = vec![0f32; n * self.conv_dim()];
-        tr.op(op("conv1d"), || {
-            tree_conv1d_silu(&self.conv, &state.conv, &p.mixed, parents, &mut conv_out)
-        });
-        let (q, k, v, g, beta) = tr.op(op("ssm_inputs"), || {
-            self.recurrence_inputs(&conv_out, &p, n)
-        });
-        let vd = self.dims.nv * self.dims.dv;
-        let mut o = vec![0f32; n * vd];
-        let mut deltas = vec![0f32; n * vd];
-        let inputs = GdnInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
+    /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
+    /// `state` advances past the tokens. (A convenience of tests: it allocates its
+    /// intermediates.)
+    pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
+        let positions: Vec<usize> = (0..n).collect();
+        let pass = Pass {
+            n,
+            past: 0,
+            positions: &positions,
+            tree: None,
         };
-        let state_bytes = state.ssm.len() * 4;
-        tr.op(op("gated_delta").reading(state_bytes), || {
-            tree_recurrent(
-                &self.dims,
-                &inputs,
-                parents,
-                &state.ssm,
-                &mut o,
-                &mut deltas,
-            )
-        });
-        self.output(o, &p.z, n, out, layer, tr);
-        GdnPending {
-            parents: parents.to_vec(),
-            mixed: p.mixed,
-            k,
-            g,
-            deltas,
-        }
+        self.run(state, x, &pass, out, &mut Vec::new(), 0, &mut NoTrace)
     }
 
     /// Advances `state` along `path` (node indices of its pending tree, root first, each a
     /// child of the one before): the recurrent state replays each node's update, the conv
     /// state becomes the path's last inputs. The pending tree is consumed.
     pub(crate) fn commit(&self, state: &mut GdnState, path: &[usize]) {
-        let pending = state
-            .pending
-            .take()
-            .expect("gated delta net: no pending tree");
+        assert!(state.pending.active, "gated delta net: no pending tree");
+        state.pending.active = false;
+        let pending = &state.pending;
         let GdnDims { nk, nv, dk, dv, .. } = self.dims;
         let (kd, vd) = (nk * dk, nv * dv);
         for &i in path {
@@ -316,97 +346,14 @@ impl GatedDeltaNet {
             "gated delta net: state of another layer shape"
         );
     }
-
-    /// The four input projections of `n` rows.
-    fn project<T: Trace>(&self, x: &[f32], n: usize, layer: usize, tr: &mut T) -> Projected {
-        let GdnDims { nv, dv, .. } = self.dims;
-        let mut p = Projected {
-            mixed: vec![0f32; n * self.conv_dim()],
-            z: vec![0f32; n * nv * dv],
-            b: vec![0f32; n * nv],
-            a: vec![0f32; n * nv],
-        };
-        let op = |name, w: &MatMulWeight| {
-            Op::new(name, Some(layer), n)
-                .matmul(w.dtype)
-                .reading(w.size_bytes())
-        };
-        tr.op(op("ssm_qkv", &self.qkv), || {
-            matmul(&self.qkv, x, n, &mut p.mixed)
-        });
-        tr.op(op("ssm_z", &self.gate), || {
-            matmul(&self.gate, x, n, &mut p.z)
-        });
-        tr.op(op("ssm_beta", &self.beta), || {
-            matmul(&self.beta, x, n, &mut p.b)
-        });
-        tr.op(op("ssm_alpha", &self.alpha), || {
-            matmul(&self.alpha, x, n, &mut p.a)
-        });
-        p
-    }
-
-    /// Splits the conv output into contiguous q, k, v (q and k l2-normalised per head, q
-    /// scaled), and computes the gates: `(q, k, v, g, β)`.
-    #[allow(clippy::type_complexity)]
-    fn recurrence_inputs(
-        &self,
-        conv_out: &[f32],
-        p: &Projected,
-        n: usize,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-        let GdnDims { nk, nv, dk, dv, .. } = self.dims;
-        let (kd, vd, cd) = (nk * dk, nv * dv, self.conv_dim());
-        let (mut q, mut k, mut v) = (vec![0f32; n * kd], vec![0f32; n * kd], vec![0f32; n * vd]);
-        for t in 0..n {
-            let row = &conv_out[t * cd..(t + 1) * cd];
-            q[t * kd..(t + 1) * kd].copy_from_slice(&row[..kd]);
-            k[t * kd..(t + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
-            v[t * vd..(t + 1) * vd].copy_from_slice(&row[2 * kd..]);
-        }
-        l2norm_heads(&mut q, dk, 1.0 / (dk as f32).sqrt());
-        l2norm_heads(&mut k, dk, 1.0);
-        let (mut g, mut beta) = (vec![0f32; n * nv], vec![0f32; n * nv]);
-        gates(&p.a, &p.b, &self.ssm_a, &self.dt_bias, &mut g, &mut beta);
-        (q, k, v, g, beta)
-    }
-
-    /// Gated RMSNorm per value head, then the output projection.
-    fn output<T: Trace>(
-        &self,
-        mut o: Vec<f32>,
-        z: &[f32],
-        n: usize,
-        out: &mut [f32],
-        layer: usize,
-        tr: &mut T,
-    ) {
-        tr.op(Op::new("ssm_norm_gate", Some(layer), n), || {
-            rmsnorm_inplace(&mut o, &self.norm, self.eps);
-            for (v, &zg) in o.iter_mut().zip(z) {
-                *v *= silu(zg);
-            }
-        });
-        let op = Op::new("ssm_out", Some(layer), n)
-            .matmul(self.out.dtype)
-            .reading(self.out.size_bytes());
-        tr.op(op, || matmul(&self.out, &o, n, out));
-    }
-}
-
-/// The projections of a batch.
-struct Projected {
-    /// `[q | k | v]` before the conv: `n × conv_dim`.
-    mixed: Vec<f32>,
-    z: Vec<f32>,
-    b: Vec<f32>,
-    a: Vec<f32>,
 }
 
 /// What a tree pass leaves for [`GatedDeltaNet::commit`]: per node, the conv inputs, the
 /// normalised key, the log-decays and the deltas of the recurrence.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct GdnPending {
+    /// Whether a tree is pending (the buffers hold it).
+    active: bool,
     parents: Vec<usize>,
     mixed: Vec<f32>,
     k: Vec<f32>,

@@ -10,6 +10,9 @@ use half::f16;
 
 use crate::kernels::attention::{BlockQ8_0, KvHeads, Stored};
 
+/// KV heads whose lists [`KvCache::with_heads`] keeps on the stack.
+pub const INLINE_HEADS: usize = 64;
+
 /// How a KV cache stores its rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KvType {
@@ -108,6 +111,20 @@ impl Heads {
             }
         }
         each!(self, h => push(h, row, hd))
+    }
+
+    /// Room for `rows` positions per head, where the allocator grants it.
+    fn reserve(&mut self, rows: usize, hd: usize) {
+        fn reserve<S: Stored>(heads: &mut [Vec<S>], rows: usize, hd: usize) {
+            let units = rows.saturating_mul(hd / S::VALUES);
+            for h in heads {
+                let more = units.saturating_sub(h.len());
+                // Refused (too large for the address space or the allocator): the head grows
+                // as rows arrive instead.
+                let _ = h.try_reserve_exact(more);
+            }
+        }
+        each!(self, h => reserve(h, rows, hd))
     }
 
     /// Keeps the first `rows` positions.
@@ -218,16 +235,36 @@ impl KvCache {
         self.values.dequantized(h)
     }
 
-    /// Runs `f` over the stored keys and values, as the attention kernel reads them.
+    /// Room for `positions` rows in all, so that appending up to there allocates nothing
+    /// (where the allocator grants it; otherwise the cache grows as rows arrive).
+    pub fn reserve(&mut self, positions: usize) {
+        self.keys.reserve(positions, self.head_dim);
+        self.values.reserve(positions, self.head_dim);
+    }
+
+    /// Runs `f` over the stored keys and values, as the attention kernel reads them. The
+    /// lists of heads live on the stack up to [`INLINE_HEADS`] heads (every released model;
+    /// more are listed on the heap).
     pub fn with_heads<R>(&self, f: impl FnOnce(KvHeads, KvHeads) -> R) -> R {
         fn call<S: Stored, R>(
             keys: &[Vec<S>],
             values: &[Vec<S>],
             f: impl FnOnce(KvHeads, KvHeads) -> R,
         ) -> R {
-            let keys: Vec<&[S]> = keys.iter().map(|h| &h[..]).collect();
-            let values: Vec<&[S]> = values.iter().map(|h| &h[..]).collect();
-            f(S::heads(&keys), S::heads(&values))
+            if keys.len() > INLINE_HEADS || values.len() > INLINE_HEADS {
+                let keys: Vec<&[S]> = keys.iter().map(|h| &h[..]).collect();
+                let values: Vec<&[S]> = values.iter().map(|h| &h[..]).collect();
+                return f(S::heads(&keys), S::heads(&values));
+            }
+            let mut k: [&[S]; INLINE_HEADS] = [&[]; INLINE_HEADS];
+            let mut v: [&[S]; INLINE_HEADS] = [&[]; INLINE_HEADS];
+            for (slot, h) in k.iter_mut().zip(keys) {
+                *slot = h;
+            }
+            for (slot, h) in v.iter_mut().zip(values) {
+                *slot = h;
+            }
+            f(S::heads(&k[..keys.len()]), S::heads(&v[..values.len()]))
         }
         match (&self.keys, &self.values) {
             (Heads::F32(k), Heads::F32(v)) => call(k, v, f),

@@ -35,7 +35,7 @@ impl Mixer {
     }
 
     /// A fresh (empty) state for this layer.
-    pub fn new_state(&self) -> LayerState {
+    pub(crate) fn new_state(&self) -> LayerState {
         match self {
             Mixer::Attention(a) => LayerState::Kv(a.new_cache()),
             Mixer::GatedDeltaNet(g) => LayerState::Gdn(g.new_state()),
@@ -43,20 +43,27 @@ impl Mixer {
     }
 
     /// Mixes the pass's rows (`x`: `n × hidden`, normed) into `out` (`n × hidden`): a chain
-    /// advances `state` past them, tree nodes wait in it for [`Mixer::commit`]. The model
-    /// checked that `state` belongs to this layer and that the pass suits it.
+    /// advances `state` past them, tree nodes wait in it for [`Mixer::commit`]. Intermediates
+    /// are carved from `work`. The model checked that `state` belongs to this layer and that
+    /// the pass suits it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
         state: &mut LayerState,
         x: &[f32],
         pass: &Pass,
         out: &mut [f32],
+        work: &mut Vec<f32>,
         layer: usize,
         tr: &mut T,
     ) {
         match (self, state) {
-            (Mixer::Attention(a), LayerState::Kv(cache)) => a.run(cache, x, pass, out, layer, tr),
-            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => g.run(s, x, pass, out, layer, tr),
+            (Mixer::Attention(a), LayerState::Kv(cache)) => {
+                a.run(cache, x, pass, out, work, layer, tr)
+            }
+            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => {
+                g.run(s, x, pass, out, work, layer, tr)
+            }
             _ => unreachable!("the model matched every layer with its state"),
         }
     }
