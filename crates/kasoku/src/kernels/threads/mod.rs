@@ -52,6 +52,8 @@ struct Pool {
     threads: AtomicUsize,
     /// Workers started so far (each has an index `0..spawned`).
     spawned: Mutex<usize>,
+    /// Workers whose thread is running (its start-up, which allocates, is over).
+    running: AtomicUsize,
     /// Set while a job is being published or run.
     busy: AtomicBool,
     /// Workers (by index) allowed into the current job.
@@ -83,6 +85,7 @@ fn pool() -> &'static Pool {
         Pool {
             threads: AtomicUsize::new(n),
             spawned: Mutex::new(0),
+            running: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             allowed: AtomicUsize::new(0),
             state: AtomicU64::new(0),
@@ -155,6 +158,12 @@ impl Pool {
                 .expect("spawn worker thread");
             *spawned += 1;
         }
+        // Wait until every worker runs: a thread's start-up allocates, and it must not happen
+        // later, inside some pass that the caller ran alone while the worker was not yet
+        // scheduled (passes allocate nothing once warmed up).
+        while self.running.load(Ordering::Acquire) < *spawned {
+            std::thread::yield_now();
+        }
     }
 
     /// Publishes `job` for `workers` workers, takes part, and waits for it to finish.
@@ -204,6 +213,7 @@ impl Pool {
     }
 
     fn worker(&self, index: usize) {
+        self.running.fetch_add(1, Ordering::Release);
         let mut seen = self.state.load(Ordering::SeqCst) >> EPOCH_SHIFT;
         loop {
             let epoch = self.wait_for_epoch(seen);
