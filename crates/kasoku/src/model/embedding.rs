@@ -2,7 +2,7 @@
 //! (no scaling). The bytes stay in the checkpoint's memory map.
 
 use crate::format::{Claims, RawTensor};
-use crate::quant::{dequantize, DType};
+use crate::quant::dequantize;
 
 use super::ModelError;
 
@@ -47,10 +47,6 @@ impl Embedding {
     /// Bytes of one stored row.
     pub fn row_bytes(&self) -> usize {
         self.row_bytes
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.tensor.dtype
     }
 
     /// Writes the rows of `tokens` into `out` (`tokens.len() × dim`). Ids must be `< vocab`.

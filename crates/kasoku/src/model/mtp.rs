@@ -43,16 +43,16 @@ use super::{weights, ModelError, RmsNorm};
 /// The weights of the MTP block (one layer).
 pub struct MtpHead {
     /// `nextn.eh_proj` (HF `mtp.fc`): `[hidden, 2 · hidden]`.
-    pub eh_proj: MatMulWeight,
+    pub(crate) eh_proj: MatMulWeight,
     /// `nextn.enorm` (HF `mtp.pre_fc_norm_embedding`).
-    pub enorm: RmsNorm,
+    pub(crate) enorm: RmsNorm,
     /// `nextn.hnorm` (HF `mtp.pre_fc_norm_hidden`).
-    pub hnorm: RmsNorm,
+    pub(crate) hnorm: RmsNorm,
     /// A decoder block of the trunk's kind: gated attention (`attn_norm`, its own KV cache)
     /// and the MLP (`post_attention_norm`, HF `post_attention_layernorm`).
-    pub layer: Layer,
+    pub(crate) layer: Layer,
     /// `nextn.shared_head_norm` (HF `mtp.norm`).
-    pub out_norm: RmsNorm,
+    pub(crate) out_norm: RmsNorm,
     hidden: usize,
     /// The block's index, `blk.{n_layers}` (for traces).
     index: usize,

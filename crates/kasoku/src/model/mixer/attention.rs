@@ -69,14 +69,6 @@ impl Projections {
         })
     }
 
-    /// The packed matrices (for byte counts).
-    pub fn matrices(&self) -> Vec<&MatMulWeight> {
-        match self {
-            Projections::Stacked { w, .. } => vec![w],
-            Projections::Separate { wq, wk, wv } => vec![wq, wk, wv],
-        }
-    }
-
     /// The format of the (first) matrix.
     pub fn dtype(&self) -> DType {
         match self {
@@ -197,6 +189,19 @@ impl Attention {
             scale: 1.0 / (hd as f32).sqrt(),
             kv_type: KvType::F32,
         })
+    }
+
+    /// The packed matrices by part name (`attn_qkv` stacked, else `attn_q`, `attn_k`,
+    /// `attn_v`; then `attn_output`).
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+        let mut out = match &self.qkv {
+            Projections::Stacked { w, .. } => vec![("attn_qkv", w)],
+            Projections::Separate { wq, wk, wv } => {
+                vec![("attn_q", wq), ("attn_k", wk), ("attn_v", wv)]
+            }
+        };
+        out.push(("attn_output", &self.wo));
+        out
     }
 
     /// `n_kv_heads × head_dim`: the width of a KV cache row.

@@ -30,7 +30,7 @@ use crate::kernels::norm::rmsnorm_inplace;
 use super::super::batch::Pass;
 use super::super::config::SourceKind;
 use super::super::scratch::{carve, rows};
-use super::super::trace::{NoTrace, Op, Trace};
+use super::super::trace::{Op, Trace};
 use super::super::{weights, ModelConfig, ModelError};
 
 /// Weights of one Gated DeltaNet layer. Immutable; shared by every sequence.
@@ -161,9 +161,15 @@ impl GatedDeltaNet {
         })
     }
 
-    /// Head counts and sizes.
-    pub fn dims(&self) -> GdnDims {
-        self.dims
+    /// The packed matrices by part name, in forward order.
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+        vec![
+            ("attn_qkv", &self.qkv),
+            ("attn_gate", &self.gate),
+            ("ssm_beta", &self.beta),
+            ("ssm_alpha", &self.alpha),
+            ("ssm_out", &self.out),
+        ]
     }
 
     /// Channels of the conv: `2·nk·dk + nv·dv`.
@@ -298,6 +304,7 @@ impl GatedDeltaNet {
     /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
     /// `state` advances past the tokens. (A convenience of tests: it allocates its
     /// intermediates.)
+    #[cfg(test)]
     pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
         let positions: Vec<usize> = (0..n).collect();
         let pass = Pass {
@@ -306,7 +313,7 @@ impl GatedDeltaNet {
             positions: &positions,
             tree: None,
         };
-        self.run(state, x, &pass, out, &mut Vec::new(), 0, &mut NoTrace)
+        self.run(state, x, &pass, out, &mut Vec::new(), 0, &mut super::super::NoTrace)
     }
 
     /// Advances `state` along `path` (node indices of its pending tree, root first, each a
