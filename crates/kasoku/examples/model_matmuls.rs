@@ -30,7 +30,10 @@ fn main() {
         .matrices()
         .into_iter()
         .map(|(name, w)| {
-            let role = name.splitn(3, '.').nth(2).map_or(name.clone(), str::to_string);
+            let role = name
+                .splitn(3, '.')
+                .nth(2)
+                .map_or(name.clone(), str::to_string);
             let role = if name.starts_with("blk.") { role } else { name };
             (role, w)
         })

@@ -1,6 +1,8 @@
 //! Text in, text out: renders chat prompts through the model's template, generates with a
 //! `Session`, and streams the answer as text that respects UTF-8 boundaries and stop strings.
 
+#![warn(missing_docs)]
+
 use serde_json::Map;
 
 use super::loader::LoadedModel;
@@ -17,12 +19,16 @@ pub struct PromptOptions {
     pub think: bool,
 }
 
+/// Why a text generation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
+    /// Generating.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// Rendering or tokenizing the prompt.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A chat was asked of a model that ships no chat template.
     #[error("this model has no chat template; use a raw prompt (--raw)")]
     NoTemplate,
 }

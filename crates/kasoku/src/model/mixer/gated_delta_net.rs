@@ -313,7 +313,15 @@ impl GatedDeltaNet {
             positions: &positions,
             tree: None,
         };
-        self.run(state, x, &pass, out, &mut Vec::new(), 0, &mut super::super::NoTrace)
+        self.run(
+            state,
+            x,
+            &pass,
+            out,
+            &mut Vec::new(),
+            0,
+            &mut super::super::NoTrace,
+        )
     }
 
     /// Advances `state` along `path` (node indices of its pending tree, root first, each a

@@ -200,12 +200,9 @@ impl KvCache {
         self.len
     }
 
-
     pub fn n_kv_heads(&self) -> usize {
         self.keys.len()
     }
-
-
 
     /// Values per position over all heads (`n_kv_heads × head_dim`).
     pub fn kv_dim(&self) -> usize {
