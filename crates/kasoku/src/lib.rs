@@ -49,6 +49,7 @@
 //! Fetching models by name lives in the `kasoku-fetch` crate, serving them over HTTP in
 //! `kasoku-server`.
 
+pub mod backend;
 pub mod constraint;
 pub mod engine;
 pub mod format;
