@@ -38,6 +38,8 @@
 //! - [`format`](mod@format): GGUF and safetensors readers, HF config.json, strict tensor claiming.
 //! - [`tokenizer`]: tokenizers from GGUF metadata or tokenizer.json, chat templates.
 //! - [`kernels`]: CPU compute (quantized matmul, norms, RoPE, attention, Gated DeltaNet, conv1d).
+//! - [`backend`]: the `Backend` trait (one method per kernel family), the CPU backend over
+//!   `kernels` and the f64 reference backend the backends are tested against.
 //! - [`model`]: architectures assembled from parts, per-layer state, tree verification.
 //! - [`constraint`]: the hook of constrained decoding (which tokens may come next).
 //! - [`sampler`]: the pure sampler (penalties, top-k/p, min-p, temperature, a draw keyed by
