@@ -3,15 +3,16 @@
 //! `MatMulWeight` (packed 8 rows interleaved per format family), KV views `KvHeads`.
 
 use super::{
-    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, Norm, RopeArgs,
+    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, MatMulMany, Norm,
+    NormInPlace, RopeArgs,
 };
-use crate::kernels::activation::{sigmoid_gate, swiglu_inplace};
+use crate::kernels::activation::{sigmoid_gate, silu, swiglu_inplace};
 use crate::kernels::attention::{attend, AttnArgs, KvHeads};
 use crate::kernels::conv1d::{causal_conv1d_silu, tree_conv1d_silu, tree_conv_commit};
 use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
-use crate::kernels::gated_delta::{gated_delta, GdnInputs};
-use crate::kernels::matmul::{matmul, MatMulError, MatMulWeight};
-use crate::kernels::norm::rmsnorm;
+use crate::kernels::gated_delta::{gated_delta, gates, l2norm_heads, GdnInputs};
+use crate::kernels::matmul::{matmul, matmul_many, MatMulError, MatMulWeight};
+use crate::kernels::norm::{rmsnorm, rmsnorm_inplace};
 use crate::quant::{dequantize, DType};
 
 /// The CPU backend (the worker pool and the instruction set are process-wide).
@@ -38,6 +39,11 @@ impl Backend for Cpu {
         matmul(a.w, a.x, a.n, a.y)
     }
 
+    #[inline]
+    fn matmul_many(&self, a: MatMulMany<'_, '_, Self>) {
+        matmul_many(a.ws, a.x, a.n, a.ys)
+    }
+
     fn gather(&self, a: Gather<'_, Self>) {
         let row_bytes = a
             .dtype
@@ -55,6 +61,11 @@ impl Backend for Cpu {
     }
 
     #[inline]
+    fn rmsnorm_inplace(&self, a: NormInPlace<'_, Self>) {
+        rmsnorm_inplace(a.x, a.weight, a.eps)
+    }
+
+    #[inline]
     fn rope(&self, a: RopeArgs<'_, Self>) {
         a.rope.apply(a.x, a.heads, a.positions)
     }
@@ -64,6 +75,18 @@ impl Backend for Cpu {
         match a {
             Activation::SwiGlu { gate, up } => swiglu_inplace(gate, up),
             Activation::SigmoidGate { x, gate } => sigmoid_gate(x, gate),
+            Activation::SiluGate { x, gate } => {
+                for (v, &g) in x.iter_mut().zip(gate) {
+                    *v *= silu(g);
+                }
+            }
+            Activation::Add { x, d } => x.iter_mut().zip(d).for_each(|(a, d)| *a += d),
+            Activation::AddBias { x, bias } => {
+                for row in x.chunks_exact_mut(bias.len()) {
+                    row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+                }
+            }
+            Activation::L2Norm { x, dim, scale } => l2norm_heads(x, dim, scale),
         }
     }
 
@@ -99,6 +122,14 @@ impl Backend for Cpu {
                 out,
                 deltas,
             } => tree_recurrent(&dims, &inputs(&i), parents, state, out, deltas),
+            DeltaNet::Gates {
+                a,
+                b,
+                ssm_a,
+                dt_bias,
+                g,
+                beta,
+            } => gates(a, b, ssm_a, dt_bias, g, beta),
             DeltaNet::Replay {
                 dims,
                 state,

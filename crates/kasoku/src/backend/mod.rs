@@ -13,15 +13,21 @@
 //!
 //! `tests.rs` runs every kernel family of every backend against the reference on random
 //! shapes (llama.cpp's `test-backend-ops` in spirit): matmul on every weight format at several
-//! row counts, RMSNorm, RoPE in both layouts, the activations, attention over f32 / f16 / q8_0
-//! caches as a chain and as a tree, Gated DeltaNet recurrent / chunked / tree / replay, conv1d
-//! plain / tree / commit, the embedding gather.
+//! row counts (and several matrices in one job), RMSNorm (and in place), RoPE in both
+//! layouts, the activations (SwiGLU, the sigmoid and SiLU gates, adds, biases, l2 norms),
+//! attention over f32 / f16 / q8_0 caches as a chain and as a tree, Gated DeltaNet gates /
+//! recurrent / chunked / tree / replay, conv1d plain / tree / commit, the embedding gather.
 //!
-//! The model still calls `crate::kernels` directly; moving its parts onto a `B: Backend`
-//! (with the scratch buffers as `B::Buffer`) is the next step of issue 13.3.
+//! The model's parts call their kernels through this interface on [`cpu::Cpu`] (static
+//! dispatch, a direct call each); making them generic over `B: Backend` (weights as
+//! `B::Weight`, the scratch as `B::Buffer`, KV caches and recurrent states behind backend
+//! types) is the remaining step of issue 13.3.
 
 pub mod cpu;
 pub mod reference;
+
+pub use cpu::Cpu;
+pub use reference::Reference;
 #[cfg(test)]
 mod tests;
 
@@ -54,11 +60,19 @@ pub trait Backend: Send + Sync {
     /// `y[r][j] = Σ_c x[r][c] · W[j][c]` for every row `r < n` ([`MatMul`]).
     fn matmul(&self, args: MatMul<'_, Self>);
 
+    /// Several products over the same rows in one job ([`MatMulMany`]); each output as
+    /// [`Backend::matmul`] of its matrix alone gives it.
+    fn matmul_many(&self, args: MatMulMany<'_, '_, Self>);
+
     /// Rows of an embedding table stored as `dtype` ([`Gather`]), as f32.
     fn gather(&self, args: Gather<'_, Self>);
 
     /// RMSNorm of each row ([`Norm`]).
     fn rmsnorm(&self, args: Norm<'_, Self>);
+
+    /// RMSNorm of each row in place ([`NormInPlace`]; per-head q/k norms, Gated DeltaNet's
+    /// output norm).
+    fn rmsnorm_inplace(&self, args: NormInPlace<'_, Self>);
 
     /// Rotary embedding of each head of each row at its position ([`RopeArgs`]), in place.
     fn rope(&self, args: RopeArgs<'_, Self>);
@@ -89,6 +103,28 @@ pub struct MatMul<'a, B: Backend + ?Sized> {
     pub n: usize,
     /// `n × rows`, overwritten.
     pub y: &'a mut B::Buffer,
+}
+
+/// Products of several matrices (of equal `cols`) with the same `n` rows.
+pub struct MatMulMany<'a, 'b, B: Backend + ?Sized> {
+    /// The matrices.
+    pub ws: &'a [&'a B::Weight],
+    /// `n × cols`.
+    pub x: &'a B::Buffer,
+    /// Rows of `x`.
+    pub n: usize,
+    /// One output per matrix, `n × rows` each, overwritten.
+    pub ys: &'a mut [&'b mut B::Buffer],
+}
+
+/// RMSNorm of the rows of `x` (rows of `weight.len()` values) in place.
+pub struct NormInPlace<'a, B: Backend + ?Sized> {
+    /// The rows, normalised in place.
+    pub x: &'a mut B::Buffer,
+    /// One weight per value of a row.
+    pub weight: &'a [f32],
+    /// Added to the mean square.
+    pub eps: f32,
 }
 
 /// An embedding gather: row `tokens[i]` of a `vocab × dim` table into row `i` of `out`.
@@ -144,6 +180,37 @@ pub enum Activation<'a, B: Backend + ?Sized> {
         x: &'a mut B::Buffer,
         /// The gate.
         gate: &'a B::Buffer,
+    },
+    /// `x[i] = x[i] · silu(gate[i])` (Gated DeltaNet's output gate).
+    SiluGate {
+        /// The values gated in place.
+        x: &'a mut B::Buffer,
+        /// The gate.
+        gate: &'a B::Buffer,
+    },
+    /// `x[i] += d[i]` (the residual stream).
+    Add {
+        /// The sum, in place.
+        x: &'a mut B::Buffer,
+        /// What is added.
+        d: &'a B::Buffer,
+    },
+    /// `x[r][j] += bias[j]` for every row `r` (projection biases).
+    AddBias {
+        /// Rows of `bias.len()` values, in place.
+        x: &'a mut B::Buffer,
+        /// One value per column.
+        bias: &'a [f32],
+    },
+    /// Each `dim`-vector of `x` scaled to unit l2 norm (`x · rsqrt(Σx² + 1e-6)`), times
+    /// `scale` (Gated DeltaNet's q and k).
+    L2Norm {
+        /// The vectors, in place.
+        x: &'a mut B::Buffer,
+        /// Values per vector.
+        dim: usize,
+        /// The factor after normalising.
+        scale: f32,
     },
 }
 
@@ -210,6 +277,22 @@ pub enum DeltaNet<'a, B: Backend + ?Sized> {
         out: &'a mut B::Buffer,
         /// `n × nv × dv` deltas for [`DeltaNet::Replay`], overwritten.
         deltas: &'a mut B::Buffer,
+    },
+    /// The gates of `n` rows from the projections `a`, `b` (`n × nv` each):
+    /// `g = ssm_a · softplus(a + dt_bias)` and `β = sigmoid(b)`, per value head.
+    Gates {
+        /// `n × nv` alpha projections.
+        a: &'a B::Buffer,
+        /// `n × nv` beta projections.
+        b: &'a B::Buffer,
+        /// `−exp(A_log)` per value head.
+        ssm_a: &'a [f32],
+        /// Per value head.
+        dt_bias: &'a [f32],
+        /// `n × nv` log-decays, overwritten.
+        g: &'a mut B::Buffer,
+        /// `n × nv` strengths, overwritten.
+        beta: &'a mut B::Buffer,
     },
     /// `S ← e^g · S + k ⊗ δ` for one accepted node.
     Replay {

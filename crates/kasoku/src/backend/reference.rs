@@ -5,7 +5,8 @@
 //! oracle the backends are tested against (`tests.rs`), not a way to run a model.
 
 use super::{
-    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, Norm, RopeArgs,
+    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, MatMulMany, Norm,
+    NormInPlace, RopeArgs,
 };
 use crate::kernels::attention::{KvHeads, Stored};
 use crate::kernels::conv1d::ConvTaps;
@@ -75,6 +76,17 @@ impl Backend for Reference {
         }
     }
 
+    fn matmul_many(&self, a: MatMulMany<'_, '_, Self>) {
+        for (w, y) in a.ws.iter().zip(a.ys.iter_mut()) {
+            self.matmul(MatMul {
+                w,
+                x: a.x,
+                n: a.n,
+                y,
+            });
+        }
+    }
+
     fn gather(&self, a: Gather<'_, Self>) {
         let row_bytes = a
             .dtype
@@ -95,6 +107,16 @@ impl Backend for Reference {
                 *y = (x as f64 * inv * w as f64) as f32;
             }
         }
+    }
+
+    fn rmsnorm_inplace(&self, a: NormInPlace<'_, Self>) {
+        let x = a.x.to_vec();
+        self.rmsnorm(Norm {
+            x: &x,
+            weight: a.weight,
+            eps: a.eps,
+            out: a.x,
+        });
     }
 
     fn rope(&self, a: RopeArgs<'_, Self>) {
@@ -129,6 +151,31 @@ impl Backend for Reference {
             Activation::SigmoidGate { x, gate } => {
                 for (v, &g) in x.iter_mut().zip(gate) {
                     *v = (*v as f64 * sigmoid(g as f64)) as f32;
+                }
+            }
+            Activation::SiluGate { x, gate } => {
+                for (v, &g) in x.iter_mut().zip(gate) {
+                    let g = g as f64;
+                    *v = (*v as f64 * g * sigmoid(g)) as f32;
+                }
+            }
+            Activation::Add { x, d } => {
+                for (v, &d) in x.iter_mut().zip(d) {
+                    *v = (*v as f64 + d as f64) as f32;
+                }
+            }
+            Activation::AddBias { x, bias } => {
+                for row in x.chunks_exact_mut(bias.len()) {
+                    for (v, &b) in row.iter_mut().zip(bias) {
+                        *v = (*v as f64 + b as f64) as f32;
+                    }
+                }
+            }
+            Activation::L2Norm { x, dim, scale } => {
+                for v in x.chunks_exact_mut(dim) {
+                    let ss: f64 = v.iter().map(|&x| (x as f64).powi(2)).sum();
+                    let f = scale as f64 / (ss + 1e-6).sqrt();
+                    v.iter_mut().for_each(|x| *x = (*x as f64 * f) as f32);
                 }
             }
         }
@@ -240,6 +287,24 @@ impl Backend for Reference {
                     for (d, &v) in deltas[node * vd..(node + 1) * vd].iter_mut().zip(&delta) {
                         *d = v as f32;
                     }
+                }
+            }
+            DeltaNet::Gates {
+                a,
+                b,
+                ssm_a,
+                dt_bias,
+                g,
+                beta,
+            } => {
+                let nv = ssm_a.len();
+                for i in 0..a.len() {
+                    let h = i % nv;
+                    let x = a[i] as f64 + dt_bias[h] as f64;
+                    // softplus, written out: log(1 + e^x).
+                    let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+                    g[i] = (ssm_a[h] as f64 * softplus) as f32;
+                    beta[i] = (1.0 / (1.0 + (-(b[i] as f64)).exp())) as f32;
                 }
             }
             DeltaNet::Replay {

@@ -117,6 +117,46 @@ fn matmul_every_format() {
                 );
             }
         }
+        // Several matrices in one job give each matrix's own product.
+        let (r2, cols) = (8, 256);
+        let (b1, b2) = (
+            matrix_bytes(&mut rng, dtype, 16, cols),
+            matrix_bytes(&mut rng, dtype, r2, cols),
+        );
+        let x = rng.vec(3 * cols, 1.0);
+        let many = |b: &dyn Fn(&mut [f32], &mut [f32])| {
+            let (mut y1, mut y2) = (vec![f32::NAN; 3 * 16], vec![f32::NAN; 3 * r2]);
+            b(&mut y1, &mut y2);
+            (y1, y2)
+        };
+        let (c1, c2) = (
+            Cpu.pack(dtype, 16, cols, &b1).unwrap(),
+            Cpu.pack(dtype, r2, cols, &b2).unwrap(),
+        );
+        let (f1, f2) = (
+            Reference.pack(dtype, 16, cols, &b1).unwrap(),
+            Reference.pack(dtype, r2, cols, &b2).unwrap(),
+        );
+        let (cy1, cy2) = many(&|y1, y2| {
+            Cpu.matmul_many(MatMulMany {
+                ws: &[&c1, &c2],
+                x: &x,
+                n: 3,
+                ys: &mut [y1, y2],
+            })
+        });
+        let (ry1, ry2) = many(&|y1, y2| {
+            Reference.matmul_many(MatMulMany {
+                ws: &[&f1, &f2],
+                x: &x,
+                n: 3,
+                ys: &mut [y1, y2],
+            })
+        });
+        assert_eq!(cy1, matmul_out(&Cpu, &c1, &x, 3, 16), "matmul_many {dtype}");
+        let tol = if dtype.is_quantized() { 3e-2 } else { 1e-5 };
+        close(&format!("matmul_many {dtype} 1"), &cy1, &ry1, tol);
+        close(&format!("matmul_many {dtype} 2"), &cy2, &ry2, tol);
         // Wrong sizes are refused by both.
         assert!(Cpu.pack(dtype, 2, 256, &[0; 3]).is_err());
         assert!(Reference.pack(dtype, 2, 256, &[0; 3]).is_err());
@@ -182,6 +222,19 @@ fn gather_rmsnorm_rope_activations() {
             })
         });
         close(&format!("rmsnorm d={d}"), &c, &r, 1e-5);
+        let (mut ci, mut ri) = (x.clone(), x.clone());
+        Cpu.rmsnorm_inplace(NormInPlace {
+            x: &mut ci,
+            weight: &w,
+            eps: 1e-6,
+        });
+        Reference.rmsnorm_inplace(NormInPlace {
+            x: &mut ri,
+            weight: &w,
+            eps: 1e-6,
+        });
+        assert_eq!(ci, c, "rmsnorm in place d={d}");
+        close(&format!("rmsnorm in place d={d}"), &ci, &ri, 1e-5);
     }
     // RoPE, both layouts, whole and partial rotation.
     for layout in [RopeLayout::Neox, RopeLayout::Interleaved] {
@@ -228,6 +281,45 @@ fn gather_rmsnorm_rope_activations() {
         gate: &g,
     });
     close("sigmoid gate", &c, &r, 1e-5);
+    let (mut c, mut r) = (u.clone(), u.clone());
+    Cpu.activation(Activation::SiluGate {
+        x: &mut c,
+        gate: &g,
+    });
+    Reference.activation(Activation::SiluGate {
+        x: &mut r,
+        gate: &g,
+    });
+    close("silu gate", &c, &r, 1e-5);
+    let (mut c, mut r) = (u.clone(), u.clone());
+    Cpu.activation(Activation::Add { x: &mut c, d: &g });
+    Reference.activation(Activation::Add { x: &mut r, d: &g });
+    close("add", &c, &r, 1e-7);
+    let bias = rng.vec(30, 1.0);
+    let (mut c, mut r) = (u.clone(), u.clone());
+    Cpu.activation(Activation::AddBias {
+        x: &mut c,
+        bias: &bias,
+    });
+    Reference.activation(Activation::AddBias {
+        x: &mut r,
+        bias: &bias,
+    });
+    close("bias", &c, &r, 1e-7);
+    for (dim, scale) in [(10, 1.0), (30, 0.25)] {
+        let (mut c, mut r) = (u.clone(), u.clone());
+        Cpu.activation(Activation::L2Norm {
+            x: &mut c,
+            dim,
+            scale,
+        });
+        Reference.activation(Activation::L2Norm {
+            x: &mut r,
+            dim,
+            scale,
+        });
+        close(&format!("l2 norm {dim}"), &c, &r, 1e-6);
+    }
 }
 
 /// Per KV head, `rows` random rows of `hd` values stored as `S`.

@@ -24,9 +24,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::{Backend, Cpu, MatMul};
 use crate::format::hf_names::mtp_name;
 use crate::format::{Claims, RawTensor, SourceOrigin, TensorSource};
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 
 use super::batch::{Output, Pass};
@@ -280,7 +281,14 @@ impl MtpHead {
             let eh = op("eh_proj")
                 .matmul(self.eh_proj.dtype)
                 .reading(self.eh_proj.size_bytes());
-            tr.op(eh, || matmul(&self.eh_proj, cat, n, x));
+            tr.op(eh, || {
+                Cpu.matmul(MatMul {
+                    w: &self.eh_proj,
+                    x: cat,
+                    n,
+                    y: x,
+                })
+            });
         }
 
         let past = *len;
