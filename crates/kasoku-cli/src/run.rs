@@ -38,6 +38,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let prompt_options = PromptOptions {
         raw: args.raw,
         think: args.think,
+        context: Some(ctx),
     };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -122,6 +123,7 @@ fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptio
         engine::stop_tokens(model)
     };
     Ok(GenerateOptions {
+        logprobs: None,
         sampling,
         max_tokens: args.max_tokens,
         stop_tokens,

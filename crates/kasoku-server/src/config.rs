@@ -9,12 +9,8 @@ use kasoku::engine::{build_speculator, EngineError, SpecKind, Speculator};
 use kasoku::model::Model;
 use kasoku::spec::PolicyConfig;
 
-/// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
-/// context. Real text averages 3-5 bytes per token (CJK ~3, code 3-6); only long runs of one
-/// character (Qwen2.5's longest token is 128 spaces) average more than 16. So a prompt that
-/// could fit is not refused in practice, while a 4 MB prompt costs nothing (tokenizing runs at
-/// about 1 MB/s on one core here, and a prompt of 8192 tokens is at most 128 KiB).
-pub const PROMPT_BYTES_PER_TOKEN: usize = 16;
+/// The default bound on prompt bytes per context token (the engine's; see there why 16).
+pub use kasoku::engine::PROMPT_BYTES_PER_TOKEN;
 
 /// The largest request head (request line and headers) the server reads; more is refused.
 pub const MAX_HEADER_BYTES: usize = 64 << 10;

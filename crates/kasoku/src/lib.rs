@@ -24,9 +24,9 @@
 //! # }
 //! ```
 //!
-//! `examples/embed.rs` is the same as a program. [`Session::generate`] streams token ids
-//! instead of text; [`Session::generate_cached`] shares prompt prefixes between sessions
-//! through a [`engine::PrefixCache`]; [`engine::build_speculator`] turns on speculative
+//! `examples/embed.rs` is the same as a program. [`Session::generate`] streams tokens
+//! ([`Emitted`]) instead of text; [`Session::generate_cached`] shares prompt prefixes between
+//! sessions through a [`engine::PrefixCache`]; [`engine::build_speculator`] turns on speculative
 //! decoding (the answer stays the one plain decoding gives). The items above are the facade;
 //! the modules below are the engine's layers, public for the server, the CLI, the CUDA
 //! backend and benchmarks.
@@ -65,8 +65,9 @@ mod test_util;
 pub mod tokenizer;
 
 pub use engine::{
-    generate_text, prompt_tokens, stop_tokens, EngineError, FinishReason, Flow, GenerateOptions,
-    Generation, GenerationStats, LoadError, LoadedModel, PromptOptions, Session, TextError,
+    generate_text, prompt_tokens, stop_tokens, Emitted, EngineError, FinishReason, Flow,
+    GenerateOptions, Generation, GenerationStats, LoadError, LoadedModel, PromptOptions, Session,
+    TextError,
 };
 pub use model::KvType;
 pub use sampler::SamplingParams;

@@ -27,8 +27,8 @@ fn tokens_stream_as_sampled_and_statistics_count_them() {
     options.stop_tokens.clear(); // run to the length limit
     let mut streamed = Vec::new();
     let first = session
-        .generate(&prompt, &options, &mut |t| {
-            streamed.push(t);
+        .generate(&prompt, &options, &mut |e| {
+            streamed.push(e.token);
             Flow::Continue
         })
         .unwrap();

@@ -444,6 +444,56 @@ fn huge_ids_in_tokenizer_json_are_refused() {
     assert!(e.contains("4000000000") && e.contains("limit"), "{e}");
 }
 
+/// The llama fixture's tokenizer.json with `edit` applied, alone in a scratch directory.
+fn edited_tokenizer_json(tag: &str, edit: impl FnOnce(&mut Value)) -> Scratch {
+    let dir = Scratch::new(tag);
+    let text = std::fs::read_to_string(common::fixture("llama/tiny/tokenizer.json")).unwrap();
+    let mut tok: Value = serde_json::from_str(&text).unwrap();
+    edit(&mut tok);
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    dir
+}
+
+/// A SentencePiece "precompiled" normalizer whose character map declares an empty trie (the 4
+/// bytes of a zero length, base64): the `tokenizers` library loads it and then indexes the empty
+/// trie, out of bounds, whenever it normalizes text.
+fn empty_precompiled_normalizer(tok: &mut Value) {
+    tok["normalizer"] = json!({"type": "Precompiled", "precompiled_charsmap": "AAAAAA=="});
+}
+
+#[test]
+fn a_tokenizer_json_that_panics_the_library_on_encode_gives_errors() {
+    let dir = edited_tokenizer_json("panic-encode", empty_precompiled_normalizer);
+    // Saying whether prompts start with BOS spares the loader its probe encode (next test).
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"add_bos_token": false}"#,
+    )
+    .unwrap();
+    let t = Tokenizer::from_hf_dir(&dir.0).unwrap();
+    for parse_special in [true, false] {
+        let e = t.encode("hello", parse_special).unwrap_err().to_string();
+        assert!(
+            e.contains("panicked") && e.contains("index out of bounds"),
+            "{e}"
+        );
+    }
+    // Still usable for what does not go through the library's encoder.
+    assert_eq!(t.decode(&[71, 68]), "he");
+}
+
+#[test]
+fn a_tokenizer_json_that_panics_the_library_at_load_is_an_error() {
+    // Without add_bos_token the loader encodes a probe text to see whether the post-processor
+    // puts BOS first: that encode panics inside the library.
+    let dir = edited_tokenizer_json("panic-load", empty_precompiled_normalizer);
+    let e = Tokenizer::from_hf_dir(&dir.0).unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.json") && e.contains("panicked"),
+        "{e}"
+    );
+}
+
 #[test]
 fn eos_ids_beyond_u32_are_not_truncated() {
     let dir = Scratch::new("eos");

@@ -22,11 +22,12 @@ fn greedy_fibonacci_is_valid_python() {
         &[ChatMessage::new("user", prompt_text)],
         &PromptOptions {
             raw: true,
-            think: false,
+            ..Default::default()
         },
     )
     .unwrap();
     let options = GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams::default(),
         max_tokens: 160,
         stop_tokens: engine::stop_tokens(&model),

@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use kasoku::engine::{
-    self, EngineError, FinishReason, Flow, GenerateOptions, LoadedModel, SamplingParams, Session,
+    self, EngineError, FinishReason, Flow, GenerateOptions, LoadedModel, PromptOptions,
+    SamplingParams, Session,
 };
 use kasoku::tokenizer::ChatMessage;
 
@@ -17,6 +18,7 @@ fn tiny(rel: &str) -> LoadedModel {
 
 fn options(temperature: f32, seed: u64, max_tokens: usize) -> GenerateOptions {
     GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams {
             temperature,
             top_k: 40,
@@ -114,6 +116,7 @@ fn stop_tokens_max_tokens_and_callback_stop() {
     assert_eq!(free.len(), 10);
     // Stopping on the third generated token: two tokens come out, finish reason stop.
     let stop = GenerateOptions {
+        logprobs: None,
         stop_tokens: vec![free[2]],
         ..opts.clone()
     };
@@ -169,6 +172,7 @@ fn bad_input_is_an_error_and_the_session_still_works() {
         .generate(&out_of_vocab, &opts, &mut |_| Flow::Continue)
         .is_err());
     let bad = GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams {
             top_p: 0.0,
             ..Default::default()
@@ -180,6 +184,37 @@ fn bad_input_is_an_error_and_the_session_still_works() {
         Err(EngineError::Param(_))
     ));
     assert_eq!(run(&mut session, &[1, 2, 3], &opts).len(), 4);
+}
+
+#[test]
+fn a_prompt_longer_than_its_context_can_hold_is_refused_untokenized() {
+    let model = tiny("llama/tiny");
+    let bound = 256 * engine::PROMPT_BYTES_PER_TOKEN;
+    let at = |raw: bool| PromptOptions {
+        raw,
+        context: Some(256),
+        ..Default::default()
+    };
+    // 4 MB would take seconds to tokenize; refused at once, raw or through the template.
+    let huge = vec![ChatMessage::new("user", "a".repeat(4 << 20))];
+    for raw in [true, false] {
+        let start = std::time::Instant::now();
+        let e = engine::prompt_tokens(&model, &huge, &at(raw)).unwrap_err();
+        assert!(
+            matches!(e, engine::TextError::PromptTooLong { bytes, context: 256 } if bytes >= 4 << 20),
+            "{e}"
+        );
+        assert!(e.to_string().contains("not tokenized"), "{e}");
+        assert!(start.elapsed().as_millis() < 500, "{:?}", start.elapsed());
+    }
+    // At the bound a raw prompt is tokenized; the template's own text counts too.
+    let edge = vec![ChatMessage::new("user", "a".repeat(bound))];
+    assert!(engine::prompt_tokens(&model, &edge, &at(true)).is_ok());
+    let e = engine::prompt_tokens(&model, &edge, &at(false)).unwrap_err();
+    assert!(
+        matches!(e, engine::TextError::PromptTooLong { bytes, .. } if bytes > bound),
+        "{e}"
+    );
 }
 
 #[test]

@@ -111,7 +111,7 @@ impl LoadedModel {
             sampling,
             max_tokens,
             stop_tokens: stop_tokens(self),
-            constraint: None,
+            ..GenerateOptions::default()
         }
     }
 }

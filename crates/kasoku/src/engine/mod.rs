@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod loader;
+pub mod logprobs;
 pub mod prefix_cache;
 pub mod session;
 pub mod speculative;
@@ -15,8 +16,11 @@ pub use crate::sampler;
 pub use crate::sampler::SamplingParams;
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
 pub use loader::{LoadError, LoadedModel};
+pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
-pub use session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
+pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 pub use speculative::{build_speculator, SpecKind, Speculator};
 pub use stats::GenerationStats;
-pub use text::{generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError};
+pub use text::{
+    generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError, PROMPT_BYTES_PER_TOKEN,
+};

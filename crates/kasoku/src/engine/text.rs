@@ -10,6 +10,13 @@ use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
 use super::stop::StopMatcher;
 use crate::tokenizer::{ChatMessage, TokenizerError};
 
+/// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
+/// context. Real text averages 3-5 bytes per token (CJK ~3, code 3-6); only long runs of one
+/// character (Qwen2.5's longest token is 128 spaces) average more than 16. So a prompt that
+/// could fit is not refused in practice, while a 4 MB prompt costs nothing (tokenizing runs at
+/// about 1 MB/s on one core here, and a prompt of 8192 tokens is at most 128 KiB).
+pub const PROMPT_BYTES_PER_TOKEN: usize = 16;
+
 /// How to turn a conversation into prompt tokens.
 #[derive(Clone, Debug, Default)]
 pub struct PromptOptions {
@@ -17,6 +24,10 @@ pub struct PromptOptions {
     pub raw: bool,
     /// `enable_thinking` for templates that support it.
     pub think: bool,
+    /// The context the prompt must fit in, in tokens: a prompt text (messages, then the
+    /// rendered template) longer than [`PROMPT_BYTES_PER_TOKEN`] bytes per context token is
+    /// refused before it is tokenized. `None`: unbounded.
+    pub context: Option<usize>,
 }
 
 /// Why a text generation failed.
@@ -31,6 +42,18 @@ pub enum TextError {
     /// A chat was asked of a model that ships no chat template.
     #[error("this model has no chat template; use a raw prompt (--raw)")]
     NoTemplate,
+    #[error(
+        "the prompt has {bytes} bytes, more than a context of {context} tokens can hold \
+         ({} bytes at {PROMPT_BYTES_PER_TOKEN} per token); it was not tokenized",
+        context.saturating_mul(PROMPT_BYTES_PER_TOKEN)
+    )]
+    /// The prompt's text is longer than the context could hold in any tokenization.
+    PromptTooLong {
+        /// Bytes of the prompt's text.
+        bytes: usize,
+        /// The context, in tokens.
+        context: usize,
+    },
 }
 
 /// The prompt tokens for a conversation (ending with a user turn), ready for generation.
@@ -40,17 +63,26 @@ pub fn prompt_tokens(
     options: &PromptOptions,
 ) -> Result<Vec<u32>, TextError> {
     let tokenizer = &model.tokenizer;
+    let fits = |bytes: usize| match options.context {
+        Some(context) if bytes > context.saturating_mul(PROMPT_BYTES_PER_TOKEN) => {
+            Err(TextError::PromptTooLong { bytes, context })
+        }
+        _ => Ok(()),
+    };
     if options.raw {
         let text: String = messages
             .last()
             .map(|m| m.content.clone())
             .unwrap_or_default();
+        fits(text.len())?;
         return Ok(tokenizer.encode_with_bos(&text, true)?);
     }
     let template = model.template.as_ref().ok_or(TextError::NoTemplate)?;
+    fits(messages.iter().map(|m| m.content.len()).sum())?;
     let mut extra = Map::new();
     extra.insert("enable_thinking".into(), options.think.into());
     let text = template.render(messages, true, &extra)?;
+    fits(text.len())?;
     Ok(tokenizer.encode_with_bos(&text, true)?)
 }
 
@@ -84,8 +116,8 @@ pub fn generate_text(
             on_text(piece);
         }
     };
-    let generation = session.generate(prompt, options, &mut |token| {
-        let piece = decoder.push(token);
+    let generation = session.generate(prompt, options, &mut |emitted| {
+        let piece = decoder.push(emitted.token);
         let released = stops.push(&piece);
         emit(&released, &mut answer);
         if stops.stopped() {

@@ -5,11 +5,21 @@
 //! (Python `json.dumps` output: `", "`/`": "` separators, no HTML escaping, non-ASCII kept),
 //! and the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, plus any
 //! extra ones (`enable_thinking`, `tools`...).
+//!
+//! A template is code from the checkpoint, so rendering is bounded: every render gets
+//! [`RENDER_FUEL`] (minijinja's fuel: one unit per VM instruction, so loops end), all value
+//! output, captured (`{% set x %}`, macros) or not, counts against [`MAX_RENDERED_BYTES`], and so
+//! does the rendered text itself; a `tojson` indent is at most [`MAX_INDENT`] characters; a
+//! panic inside minijinja becomes an error. minijinja itself refuses ranges over 100000 items and
+//! repeated strings over 100 MB. What these bounds do not cover: a handful of instructions that
+//! each build a huge value without writing it (string concatenation doubling a 100 MB string,
+//! raw template text captured in a loop).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use minijinja::value::{Kwargs, Value};
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::value::{Kwargs, Object, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Output, State};
 use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
@@ -36,6 +46,16 @@ impl ChatMessage {
 }
 
 const NAME: &str = "chat_template";
+
+/// The work one render may do, in minijinja fuel (VM instructions). Real templates use ~30 per
+/// message (500 messages and a tool: 9510-15785, see the tests), so conversations far longer
+/// than any context render well within it, while a runaway loop stops within ~0.5 s.
+pub const RENDER_FUEL: u64 = 5_000_000;
+/// The most text one render may write (values and template text, captured or not).
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+/// The longest `tojson` indent or separator (Python allows any; an indent of 10**9 spaces per
+/// level would be an attack).
+pub const MAX_INDENT: usize = 64;
 
 /// A compiled chat template with the BOS/EOS texts it may refer to.
 pub struct ChatTemplate {
@@ -72,6 +92,8 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
         env.add_function("strftime_now", strftime_now);
+        env.set_fuel(Some(RENDER_FUEL));
+        env.set_formatter(bounded_formatter);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TokenizerError::Template {
                 source_name: origin.clone(),
@@ -163,11 +185,21 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos_token.clone().into());
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
-        let template = self.env.get_template(NAME).expect("added in new()");
-        template.render(ctx).map_err(|e| TokenizerError::Template {
+        let failed = |reason| TokenizerError::Template {
             source_name: self.origin.clone(),
-            reason: describe(&e),
+            reason,
+        };
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| failed(describe(&e)))?;
+        let mut out = BoundedText::default();
+        super::guard::guarded("rendering", || {
+            template.render_captured_to(ctx, &mut out).map(drop)
         })
+        .map_err(failed)?
+        .map_err(|e| failed(describe(&e)))?;
+        String::from_utf8(out.text).map_err(|e| failed(format!("rendered invalid UTF-8: {e}")))
     }
 
     /// The template's Jinja source.
@@ -193,6 +225,109 @@ fn describe(e: &Error) -> String {
         source = cause.source();
     }
     s
+}
+
+fn too_long() -> String {
+    format!("the rendered text is over the limit of {MAX_RENDERED_BYTES} bytes")
+}
+
+/// The rendered text, refusing to grow past [`MAX_RENDERED_BYTES`].
+#[derive(Default)]
+struct BoundedText {
+    text: Vec<u8>,
+}
+
+impl std::io::Write for BoundedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > MAX_RENDERED_BYTES {
+            return Err(std::io::Error::other(too_long()));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes of value output one render has written so far (kept in the render's state).
+#[derive(Debug, Default)]
+struct Written(AtomicUsize);
+
+impl Object for Written {}
+
+/// A writer that stops once the render's value output would pass [`MAX_RENDERED_BYTES`].
+struct Counted<'a, 'o> {
+    out: &'a mut Output<'o>,
+    written: &'a Written,
+    over: bool,
+}
+
+impl std::fmt::Write for Counted<'_, '_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let before = self.written.0.fetch_add(s.len(), Ordering::Relaxed);
+        if before + s.len() > MAX_RENDERED_BYTES {
+            self.over = true;
+            return Err(std::fmt::Error);
+        }
+        self.out.write_str(s)
+    }
+}
+
+/// minijinja's formatter for templates without auto-escaping (chat templates have none), with
+/// every value's text counted, captured output included: `{{ ['a'] * 10**9 }}` is a single
+/// instruction, so only its length can stop it.
+fn bounded_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    use std::fmt::Write;
+    let written = state.get_or_set_temp_object("kasoku.written", Written::default);
+    // Formatting a sequence goes through every item even after a write failed, so a sequence
+    // of a billion items must be refused before it is formatted.
+    let left = MAX_RENDERED_BYTES.saturating_sub(written.0.load(Ordering::Relaxed));
+    if shown_len_at_least(value, left + 1) > left {
+        return Err(Error::new(ErrorKind::InvalidOperation, too_long()));
+    }
+    let mut w = Counted {
+        out,
+        written: &written,
+        over: false,
+    };
+    let result = match value.as_str() {
+        Some(s) => w.write_str(s),
+        None => write!(w, "{value}"),
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(_) if w.over => Err(Error::new(ErrorKind::InvalidOperation, too_long())),
+        Err(e) => Err(Error::from(e)),
+    }
+}
+
+/// A lower bound of the length of `value`'s text, or a number at least `limit` once the bound
+/// reaches it (so the walk costs at most `limit` steps): a string is its length, a sequence or map
+/// at least one byte per item plus its brackets, anything else at least one byte. Lazy iterables
+/// are counted by their length alone (walking them could consume them).
+fn shown_len_at_least(value: &Value, limit: usize) -> usize {
+    if let Some(s) = value.as_str() {
+        return s.len();
+    }
+    match value.kind() {
+        ValueKind::Seq | ValueKind::Map => {
+            let mut total = 2;
+            if value.len().is_some_and(|n| n >= limit) {
+                return limit;
+            }
+            for item in value.try_iter().into_iter().flatten() {
+                total += 1 + shown_len_at_least(&item, limit.saturating_sub(total));
+                if total >= limit {
+                    return total;
+                }
+            }
+            total
+        }
+        ValueKind::Iterable => value.len().unwrap_or(0).saturating_add(2),
+        _ => 1,
+    }
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
@@ -288,12 +423,18 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
+    let too_long = |what: &str, len: usize| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: {what} of {len} characters is over the limit of {MAX_INDENT}"),
+        )
+    };
     let indent = match indent {
         None => None,
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) => {
-            if let Some(s) = v.as_str() {
-                Some(s.to_string())
+            let text = if let Some(s) = v.as_str() {
+                s.to_string()
             } else {
                 let n = i64::try_from(v.clone()).map_err(|_| {
                     Error::new(
@@ -301,8 +442,16 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
                         "tojson: indent must be an int or str",
                     )
                 })?;
-                Some(" ".repeat(n.max(0) as usize))
+                let n = usize::try_from(n).unwrap_or(0);
+                if n > MAX_INDENT {
+                    return Err(too_long("an indent", n));
+                }
+                " ".repeat(n)
+            };
+            if text.chars().count() > MAX_INDENT {
+                return Err(too_long("an indent", text.chars().count()));
             }
+            Some(text)
         }
     };
     let (item_sep, key_sep) = match separators.as_deref() {
@@ -316,6 +465,11 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
+    for sep in [&item_sep, &key_sep] {
+        if sep.chars().count() > MAX_INDENT {
+            return Err(too_long("a separator", sep.chars().count()));
+        }
+    }
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut w = PyJson {
@@ -575,5 +729,82 @@ mod tests {
     fn trim_and_lstrip_blocks() {
         let src = "{% for m in messages %}\n    {% if true %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n";
         assert_eq!(render(src, serde_json::json!({})).unwrap(), "[Hi]\n");
+    }
+
+    /// The error of rendering `src` with one message, and how long it took.
+    fn render_error(src: &str) -> (String, std::time::Duration) {
+        let start = std::time::Instant::now();
+        let e = render(src, serde_json::json!({})).unwrap_err().to_string();
+        (e, start.elapsed())
+    }
+
+    #[test]
+    fn runaway_loops_run_out_of_fuel() {
+        // minijinja refuses a range this long outright.
+        let (e, _) = render_error("{% for i in range(10**9) %}x{% endfor %}");
+        assert!(e.contains("range has too many elements"), "{e}");
+        // 10^10 iterations writing nothing: only the fuel stops them.
+        let (e, took) = render_error(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        );
+        assert!(e.contains("fuel"), "{e}");
+        eprintln!("out of fuel after {took:?}");
+        assert!(took.as_secs() < 10, "{took:?}");
+    }
+
+    #[test]
+    fn huge_output_is_refused_at_the_limit() {
+        for src in [
+            // One instruction printing a billion items.
+            "{{ ['a'] * 10**9 }}",
+            // The same, captured into a variable instead of written out.
+            "{% set x %}{{ ['a'] * 10**9 }}{% endset %}{{ x | length }}",
+            // Within the fuel: 50000 x 100000 bytes of template text and values.
+            "{% for i in range(50000) %}{{ 'b' * 100000 }}{% endfor %}",
+        ] {
+            let (e, took) = render_error(src);
+            assert!(e.contains("over the limit"), "{src}: {e}");
+            assert!(took.as_secs() < 10, "{src}: {took:?}");
+        }
+        for src in [
+            "{{ messages | tojson(indent=10**9) }}",
+            "{{ messages | tojson(indent='x' * 10**8) }}",
+            "{{ messages | tojson(separators=['x' * 10**8, ':']) }}",
+        ] {
+            let (e, _) = render_error(src);
+            assert!(e.contains("over the limit of 64"), "{src}: {e}");
+        }
+    }
+
+    #[test]
+    fn real_templates_use_a_small_share_of_the_fuel() {
+        // The committed templates, 500 messages and a tool: each must use under 0.5% of the
+        // budget, so a conversation that fits any context renders well within it.
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tokenizer/chat_templates.json"
+        );
+        let all: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+        let messages: Vec<ChatMessage> = (0..500)
+            .map(|i| ChatMessage::new(["user", "assistant"][i % 2], format!("message {i}")))
+            .collect();
+        let mut extra = Map::new();
+        extra.insert("tools".into(), serde_json::json!([{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}]));
+        for case in all["templates"].as_array().unwrap() {
+            let (name, src) = (
+                case["name"].as_str().unwrap(),
+                case["template"].as_str().unwrap(),
+            );
+            let t = ChatTemplate::new(src, "<s>", "</s>", name).unwrap();
+            let template = t.env.get_template(NAME).unwrap();
+            let mut ctx = extra.clone();
+            ctx.insert("messages".into(), serde_json::to_value(&messages).unwrap());
+            ctx.insert("add_generation_prompt".into(), true.into());
+            let rendered = template.render_captured(&ctx).unwrap();
+            let (used, _) = rendered.state().fuel_levels().unwrap();
+            // Measured: 11515 (SmolLM2), 15785 (Qwen2.5-Coder), 9510 (Qwen3.5), ~30 a message.
+            assert!(used < RENDER_FUEL / 200, "{name}: {used}");
+        }
     }
 }

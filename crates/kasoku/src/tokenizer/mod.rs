@@ -18,6 +18,7 @@ mod bytes;
 pub mod chat_template;
 mod error;
 mod gguf_vocab;
+mod guard;
 mod hf;
 mod stream;
 
@@ -91,6 +92,17 @@ struct Parts {
 impl Tokenizer {
     /// The tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer, TokenizerError> {
+        guard::guarded("building the tokenizer", || Self::from_gguf_unguarded(gguf)).unwrap_or_else(
+            |reason| {
+                Err(TokenizerError::Invalid {
+                    path: gguf.path().to_path_buf(),
+                    reason,
+                })
+            },
+        )
+    }
+
+    fn from_gguf_unguarded(gguf: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         let v = gguf_vocab::build(gguf)?;
         let control: Vec<bool> = v
             .types
@@ -122,7 +134,16 @@ impl Tokenizer {
     /// The tokenizer of a Hugging Face directory: `tokenizer.json`, plus `tokenizer_config.json`
     /// (bos/eos, `add_bos_token`), `generation_config.json` and `config.json` (eos ids) if present.
     pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<Tokenizer, TokenizerError> {
-        Ok(Self::assemble(hf::load(dir.as_ref())?))
+        let dir = dir.as_ref();
+        guard::guarded("loading the tokenizer", || {
+            Ok(Self::assemble(hf::load(dir)?))
+        })
+        .unwrap_or_else(|reason| {
+            Err(TokenizerError::Invalid {
+                path: dir.join("tokenizer.json"),
+                reason,
+            })
+        })
     }
 
     fn assemble(p: Parts) -> Tokenizer {
@@ -168,20 +189,25 @@ impl Tokenizer {
     }
 
     /// Token ids of `text`, without BOS. `parse_special`: match control tokens written in it.
+    /// A panic inside the `tokenizers` library (some malformed tokenizer.json files make it
+    /// index out of bounds on every encode) is an error too.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tok = if parse_special {
-            &self.inner.tok
-        } else {
-            self.inner.plain.get_or_init(|| {
-                let mut t = self.inner.tok.clone();
-                t.set_encode_special_tokens(true);
-                t
-            })
-        };
-        let enc = tok
-            .encode(text, false)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        guard::guarded("encoding", || {
+            let tok = if parse_special {
+                &self.inner.tok
+            } else {
+                self.inner.plain.get_or_init(|| {
+                    let mut t = self.inner.tok.clone();
+                    t.set_encode_special_tokens(true);
+                    t
+                })
+            };
+            tok.encode(text, false)
+                .map(|enc| enc.get_ids().to_vec())
+                .map_err(|e| e.to_string())
+        })
+        .and_then(|r| r)
+        .map_err(TokenizerError::Encode)
     }
 
     /// [`Self::encode`], with BOS first when [`Self::add_bos`] and the text does not start with it.
@@ -268,7 +294,9 @@ impl Tokenizer {
 
     /// The id of a vocabulary piece or added token, spelled as in the vocabulary.
     pub fn piece_to_id(&self, piece: &str) -> Option<u32> {
-        self.inner.tok.token_to_id(piece)
+        guard::guarded("looking up a token", || self.inner.tok.token_to_id(piece))
+            .ok()
+            .flatten()
     }
 
     /// The raw bytes a token stands for (possibly part of a UTF-8 character).
@@ -299,11 +327,6 @@ impl Tokenizer {
     /// Things that loaded but may tokenize differently from the model's own tokenizer.
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
-    }
-
-    /// The underlying `tokenizers` object (special tokens are matched in text).
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
-        &self.inner.tok
     }
 }
 
