@@ -28,7 +28,7 @@ use kasoku::engine::sampler::argmax;
 use kasoku::engine::stats::peak_rss_bytes;
 use kasoku::format::GgufFile;
 use kasoku::kernels::threads;
-use kasoku::model::{LayerKind, Logits, Mixer, Model, ModelConfig, ModelState};
+use kasoku::model::{LayerKind, Logits, Model, ModelConfig, ModelState};
 use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
@@ -406,28 +406,15 @@ fn report(r: Report) -> Value {
     })
 }
 
-/// Sum of the packed matrices' sizes (attention, MLP, head); `false` when some layer kind's
-/// matrices are not visible from here (Gated DeltaNet).
+/// Sum of the packed matrices' sizes (every layer's, the head's); always complete now that
+/// the model lists them all (the flag stays in the JSON for its readers).
 fn packed_matmul_bytes(model: &Model) -> (u64, bool) {
-    let mut total = model.head.size_bytes() as u64;
-    let mut complete = true;
-    for layer in &model.layers {
-        match &layer.mixer {
-            Mixer::Attention(a) => {
-                total += a
-                    .qkv
-                    .matrices()
-                    .into_iter()
-                    .chain([&a.wo])
-                    .map(|w| w.size_bytes() as u64)
-                    .sum::<u64>();
-            }
-            Mixer::GatedDeltaNet(_) => complete = false,
-        }
-        let m = &layer.mlp;
-        total += (m.gate.size_bytes() + m.up.size_bytes() + m.down.size_bytes()) as u64;
-    }
-    (total, complete)
+    let total = model
+        .matrices()
+        .iter()
+        .map(|(_, w)| w.size_bytes() as u64)
+        .sum();
+    (total, true)
 }
 
 fn print_table(v: &Value) {

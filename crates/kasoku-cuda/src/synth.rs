@@ -330,8 +330,12 @@ mod tests {
         write(&p, &s, Scheme::Q4KM, 1).unwrap();
         let m = kasoku::model::Model::load(&p).unwrap();
         assert_eq!(m.config.hidden, 256);
-        assert_eq!(m.layers[1].mlp.down.dtype, DType::Q6K);
-        assert_eq!(m.layers[0].mlp.down.dtype, DType::Q4K);
+        let dtype = |name: &str| {
+            let mats = m.matrices();
+            mats.iter().find(|(n, _)| n == name).map(|(_, w)| w.dtype)
+        };
+        assert_eq!(dtype("blk.1.ffn_down.weight"), Some(DType::Q6K));
+        assert_eq!(dtype("blk.0.ffn_down.weight"), Some(DType::Q4K));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use kasoku::kernels::matmul::{matmul, MatMulWeight};
-use kasoku::model::{Mixer, Model};
+use kasoku::model::Model;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -25,22 +25,19 @@ fn main() {
         .collect();
     let reps: usize = args.next().map_or(8, |s| s.parse().expect("REPS: a count"));
     let model = Model::load(&path).expect("model");
-    let mut mats: Vec<(String, &MatMulWeight)> = Vec::new();
-    for layer in &model.layers {
-        if let Mixer::Attention(a) = &layer.mixer {
-            for w in a.qkv.matrices() {
-                mats.push(("qkv".into(), w));
-            }
-            mats.push(("o".into(), &a.wo));
-        }
-        let m = &layer.mlp;
-        mats.extend([
-            ("gate".into(), &m.gate),
-            ("up".into(), &m.up),
-            ("down".into(), &m.down),
-        ]);
-    }
-    mats.push(("head".into(), &model.head));
+    // Each matrix's role: its GGUF name without the block number (`attn_qkv.weight`, ...).
+    let mats: Vec<(String, &MatMulWeight)> = model
+        .matrices()
+        .into_iter()
+        .map(|(name, w)| {
+            let role = name
+                .splitn(3, '.')
+                .nth(2)
+                .map_or(name.clone(), str::to_string);
+            let role = if name.starts_with("blk.") { role } else { name };
+            (role, w)
+        })
+        .collect();
     for &n in &rows {
         let xs: Vec<Vec<f32>> = mats
             .iter()

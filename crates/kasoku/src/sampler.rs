@@ -5,6 +5,8 @@
 //! The order of operations follows llama.cpp's default chain: penalties, top-k, top-p, min-p,
 //! temperature, then the draw. Temperature 0 means greedy (after penalties).
 
+#![warn(missing_docs)]
+
 use std::collections::HashMap;
 
 use crate::constraint::TokenMask;
@@ -28,6 +30,7 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// How many of the most recent context tokens (prompt and generated) the penalties look at.
     pub penalty_last_n: usize,
+    /// Seeds the random draws (with the position: the same seed gives the same text).
     pub seed: u64,
 }
 
@@ -51,8 +54,11 @@ impl Default for SamplingParams {
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("invalid sampling parameter {name} = {value}: {expected}")]
 pub struct ParamError {
+    /// The parameter.
     pub name: &'static str,
+    /// The value given.
     pub value: String,
+    /// What it should be.
     pub expected: &'static str,
 }
 
@@ -91,6 +97,7 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Whether the draw is the most likely token (temperature 0).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }

@@ -139,7 +139,7 @@ fn decode_and_verify_allocate_nothing_once_warmed_up() {
                 }
             }
         }
-        if let Some(mtp) = &model.mtp {
+        if let Some(mtp) = model.mtp() {
             let h = model.config.hidden;
             let mut cache = mtp.new_state(512);
             let hidden = vec![0.5f32; h];

@@ -1,18 +1,26 @@
 //! Loading everything a conversation needs from one checkpoint path: the model weights, its
 //! tokenizer, its chat template and the generation defaults its authors shipped.
 
+#![warn(missing_docs)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::session::{GenerateOptions, Session};
+use super::text::stop_tokens;
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::GenerationDefaults;
 use crate::model::{KvType, Model, ModelError};
+use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 
 /// A model ready to serve: weights, tokenizer and template, all shareable.
 pub struct LoadedModel {
+    /// The checkpoint it was loaded from.
     pub path: PathBuf,
+    /// The weights (any number of sessions share them).
     pub model: Arc<Model>,
+    /// The tokenizer that came with the checkpoint.
     pub tokenizer: Arc<Tokenizer>,
     /// `None` when the checkpoint ships no chat template (then only raw prompts work).
     pub template: Option<Arc<ChatTemplate>>,
@@ -20,16 +28,23 @@ pub struct LoadedModel {
     pub defaults: Option<GenerationDefaults>,
 }
 
+/// Why a checkpoint could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// The weights or their configuration.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The tokenizer knows more tokens than the model has rows for.
     #[error("{path}: tokenizer has {tokenizer} tokens but the model's vocabulary is {model}")]
     VocabMismatch {
+        /// The checkpoint.
         path: String,
+        /// Tokens the tokenizer knows.
         tokenizer: usize,
+        /// Rows of the model's embedding.
         model: usize,
     },
 }
@@ -75,5 +90,28 @@ impl LoadedModel {
             template: template.map(Arc::new),
             defaults,
         })
+    }
+
+    /// A new conversation over these weights with room for `ctx_size` tokens (prompt and
+    /// answer; at most the model's own context is useful, [`LoadedModel::max_context`]).
+    pub fn session(&self, ctx_size: usize) -> Session {
+        Session::new(Arc::clone(&self.model), ctx_size)
+    }
+
+    /// The context length the model was trained for (its config's).
+    pub fn max_context(&self) -> usize {
+        self.model.config.max_context
+    }
+
+    /// Options for an answer of at most `max_tokens` tokens that ends at the model's
+    /// end-of-generation tokens, sampled with `sampling` (`SamplingParams::default()` is
+    /// greedy).
+    pub fn options(&self, sampling: SamplingParams, max_tokens: usize) -> GenerateOptions {
+        GenerateOptions {
+            sampling,
+            max_tokens,
+            stop_tokens: stop_tokens(self),
+            ..GenerateOptions::default()
+        }
     }
 }

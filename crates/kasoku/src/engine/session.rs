@@ -2,6 +2,8 @@
 //! the longest prefix already in its cache), samples, and reports statistics. Plain decoding
 //! is the loop below; with a [`Speculator`] the decode loop of `speculative` runs instead.
 
+#![warn(missing_docs)]
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,7 +17,9 @@ use crate::sampler::{self, ParamError, SamplingParams};
 /// What to generate.
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
+    /// How each token is drawn.
     pub sampling: SamplingParams,
+    /// Most tokens to generate (the answer ends with finish reason `Length` there).
     pub max_tokens: usize,
     /// Tokens that end the answer (the model's end-of-generation tokens); not emitted.
     pub stop_tokens: Vec<u32>,
@@ -29,6 +33,7 @@ pub struct GenerateOptions {
 /// A token as it is emitted: what `on_token` sees.
 #[derive(Clone, Copy, Debug)]
 pub struct Emitted<'a> {
+    /// The token.
     pub token: u32,
     /// Its log-probabilities, when [`GenerateOptions::logprobs`] asked for them.
     pub logprobs: Option<&'a TokenLogprobs>,
@@ -58,6 +63,7 @@ impl FinishReason {
 /// What the caller says after each token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
+    /// Go on generating.
     Continue,
     /// Stop now (e.g. a stop string was seen); finish reason `Stop`.
     Stop,
@@ -66,27 +72,43 @@ pub enum Flow {
 /// The result of one generation.
 #[derive(Clone, Debug)]
 pub struct Generation {
+    /// The answer's tokens (a stop token is not included).
     pub tokens: Vec<u32>,
     /// One entry per token of `tokens` when [`GenerateOptions::logprobs`] asked for them.
     pub logprobs: Vec<TokenLogprobs>,
+    /// Why it ended.
     pub finish: FinishReason,
+    /// Counters and timings.
     pub stats: GenerationStats,
 }
 
+/// Why a generation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The model refused a pass (a token outside its vocabulary, a full context, ...).
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A sampling parameter is out of range.
     #[error(transparent)]
     Param(#[from] ParamError),
+    /// The prompt does not fit in the session's context.
     #[error("the prompt has {prompt} tokens, but the context holds {ctx}")]
-    PromptTooLong { prompt: usize, ctx: usize },
+    PromptTooLong {
+        /// Tokens in the prompt.
+        prompt: usize,
+        /// The session's context.
+        ctx: usize,
+    },
+    /// No prompt tokens.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// The drafter of speculative decoding failed.
     #[error("{0}")]
     Draft(String),
+    /// The constraint of constrained decoding failed.
     #[error(transparent)]
     Constraint(#[from] ConstraintError),
+    /// More log-probability alternatives asked for than [`MAX_TOP_LOGPROBS`].
     #[error("logprobs: at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {0}")]
     TooManyLogprobs(usize),
 }
@@ -104,6 +126,7 @@ pub struct Session {
 }
 
 impl Session {
+    /// A conversation over `model` with room for `ctx_size` tokens.
     pub fn new(model: Arc<Model>, ctx_size: usize) -> Self {
         let state = model.new_state(ctx_size);
         Session {
@@ -120,10 +143,12 @@ impl Session {
         self.spec = spec;
     }
 
+    /// The speculator, when speculative decoding is on.
     pub fn speculator(&self) -> Option<&Speculator> {
         self.spec.as_ref()
     }
 
+    /// The weights it runs on.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
     }

@@ -1,6 +1,8 @@
 //! Run statistics that every generation reports: time to first token, prefill and generation
 //! speed, tokens per forward pass, peak memory, duration.
 
+#![warn(missing_docs)]
+
 use std::time::Duration;
 
 /// Counters and timings of one generation.
@@ -10,22 +12,26 @@ pub struct GenerationStats {
     pub prompt_tokens: usize,
     /// Prompt tokens reused from an earlier turn's cache.
     pub cached_tokens: usize,
+    /// Tokens of the answer.
     pub generated_tokens: usize,
     /// Forward passes of the target model during generation (after the prefill).
     pub decode_passes: usize,
     /// Tokens taken from those passes' logits, a final stop token included.
     pub decode_tokens: usize,
+    /// Time spent computing the prompt.
     pub prefill_time: Duration,
     /// From the start of the request to the first generated token.
     pub time_to_first_token: Duration,
     /// Time spent generating after the first token.
     pub decode_time: Duration,
+    /// The whole request.
     pub total_time: Duration,
     /// Speculative decoding's counters, when it ran.
     pub spec: Option<crate::spec::SpecStats>,
 }
 
 impl GenerationStats {
+    /// Prompt tokens computed per second.
     pub fn prefill_tokens_per_second(&self) -> f64 {
         rate(self.prompt_tokens, self.prefill_time)
     }

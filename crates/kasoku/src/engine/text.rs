@@ -1,6 +1,8 @@
 //! Text in, text out: renders chat prompts through the model's template, generates with a
 //! `Session`, and streams the answer as text that respects UTF-8 boundaries and stop strings.
 
+#![warn(missing_docs)]
+
 use serde_json::Map;
 
 use super::loader::LoadedModel;
@@ -28,12 +30,16 @@ pub struct PromptOptions {
     pub context: Option<usize>,
 }
 
+/// Why a text generation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
+    /// Generating.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// Rendering or tokenizing the prompt.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A chat was asked of a model that ships no chat template.
     #[error("this model has no chat template; use a raw prompt (--raw)")]
     NoTemplate,
     #[error(
@@ -41,7 +47,13 @@ pub enum TextError {
          ({} bytes at {PROMPT_BYTES_PER_TOKEN} per token); it was not tokenized",
         context.saturating_mul(PROMPT_BYTES_PER_TOKEN)
     )]
-    PromptTooLong { bytes: usize, context: usize },
+    /// The prompt's text is longer than the context could hold in any tokenization.
+    PromptTooLong {
+        /// Bytes of the prompt's text.
+        bytes: usize,
+        /// The context, in tokens.
+        context: usize,
+    },
 }
 
 /// The prompt tokens for a conversation (ending with a user turn), ready for generation.

@@ -1,8 +1,8 @@
 //! Token embedding: rows of `token_embd.weight` looked up by id and dequantized to f32
 //! (no scaling). The bytes stay in the checkpoint's memory map.
 
+use crate::backend::{Backend, Cpu, Gather};
 use crate::format::{Claims, RawTensor};
-use crate::quant::{dequantize, DType};
 
 use super::ModelError;
 
@@ -49,10 +49,6 @@ impl Embedding {
         self.row_bytes
     }
 
-    pub fn dtype(&self) -> DType {
-        self.tensor.dtype
-    }
-
     /// Writes the rows of `tokens` into `out` (`tokens.len() × dim`). Ids must be `< vocab`.
     pub fn lookup(&self, tokens: &[u32], out: &mut [f32]) {
         assert_eq!(
@@ -60,15 +56,15 @@ impl Embedding {
             tokens.len() * self.dim,
             "embedding: out has the wrong length"
         );
-        let bytes = self.tensor.data.as_slice();
-        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(self.dim)) {
-            let t = t as usize;
-            assert!(t < self.vocab, "embedding: token {t} out of range");
-            dequantize(
-                self.tensor.dtype,
-                &bytes[t * self.row_bytes..(t + 1) * self.row_bytes],
-                row,
-            );
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            panic!("embedding: token {t} out of range");
         }
+        Cpu.gather(Gather {
+            dtype: self.tensor.dtype,
+            table: self.tensor.data.as_slice(),
+            dim: self.dim,
+            tokens,
+            out,
+        });
     }
 }

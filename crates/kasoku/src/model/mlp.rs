@@ -1,8 +1,8 @@
 //! The dense SwiGLU MLP of every supported family: `down(silu(gate(x)) · up(x))`, no biases.
 
+use crate::backend::{Activation, Backend, Cpu, MatMul, MatMulMany};
 use crate::format::Claims;
-use crate::kernels::activation::swiglu_inplace;
-use crate::kernels::matmul::{matmul, matmul_many, MatMulWeight};
+use crate::kernels::matmul::MatMulWeight;
 
 use super::scratch::carve;
 use super::trace::{Op, Trace};
@@ -49,12 +49,26 @@ impl Mlp {
             .reading(self.gate.size_bytes() + self.up.size_bytes());
         // Gate and up in one job: the pool synchronises once for both.
         tr.op(gate_up, || {
-            matmul_many(&[&self.gate, &self.up], x, n, &mut [&mut *g, &mut *u])
+            Cpu.matmul_many(MatMulMany {
+                ws: &[&self.gate, &self.up],
+                x,
+                n,
+                ys: &mut [&mut *g, &mut *u],
+            })
         });
-        tr.op(op("swiglu"), || swiglu_inplace(g, u));
+        tr.op(op("swiglu"), || {
+            Cpu.activation(Activation::SwiGlu { gate: g, up: u })
+        });
         let down = op("ffn_down")
             .matmul(self.down.dtype)
             .reading(self.down.size_bytes());
-        tr.op(down, || matmul(&self.down, g, n, out));
+        tr.op(down, || {
+            Cpu.matmul(MatMul {
+                w: &self.down,
+                x: g,
+                n,
+                y: out,
+            })
+        });
     }
 }

@@ -1,36 +1,40 @@
 //! Architectures assembled from parts (embedding, mixers, MLP, head) and their per-layer
-//! state.
+//! state. The public surface is what a caller of a forward pass needs: [`Model`] (load,
+//! [`Model::run`] a [`Batch`] on a [`ModelState`] into an [`Output`], [`Model::commit`] a
+//! verified tree's path), the configuration types, [`TokenTree`], the [`Trace`] hook and
+//! [`MtpHead`]. The parts stay inside; their files:
 //!
-//! - [`config`]: `ModelConfig` from GGUF metadata or HF config.json.
-//! - [`transformer`]: `Model` (load) and `Layer`.
-//! - [`batch`]: `Batch`, what one pass computes (a chain, a tree, more nodes of a tree; the
+//! - `config.rs`: `ModelConfig` from GGUF metadata or HF config.json.
+//! - `transformer.rs`: `Model` (load) and `Layer`.
+//! - `batch.rs`: `Batch`, what one pass computes (a chain, a tree, more nodes of a tree; the
 //!   outputs wanted), and `Output`, what comes back to the host.
-//! - [`run`]: `Model::run`, the forward pass: the one layer loop.
-//! - [`verify`]: tree verification and `Model::commit` of an accepted path.
-//! - [`trace`]: the hook that sees every named step of a pass (the profiler's).
-//! - [`mixer`]: attention (+ KV cache) and Gated DeltaNet (+ recurrent state).
-//! - [`mlp`], [`norm`], [`embedding`]: the other parts; [`weights`]: claiming tensors.
-//! - [`mtp`]: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
-//! - [`state`]: `ModelState`, one `LayerState` per layer.
+//! - `run.rs`: `Model::run`, the forward pass: the one layer loop.
+//! - `verify.rs`: tree verification and `Model::commit` of an accepted path.
+//! - `trace.rs`: the hook that sees every named step of a pass (the profiler's).
+//! - `mixer/`: attention (+ KV cache) and Gated DeltaNet (+ recurrent state).
+//! - `mlp.rs`, `norm.rs`, `embedding.rs`: the other parts; `weights.rs`: claiming tensors.
+//! - `mtp.rs`: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
+//! - `state.rs`: `ModelState`, one layer state per layer, behind methods; `scratch.rs`: the
+//!   activation buffers a state's passes reuse.
 //!
 //! Tensors are addressed by GGUF names (`blk.N.attn_q.weight`, ...) whatever the source.
 
-pub mod batch;
-pub mod config;
-pub mod embedding;
-pub mod error;
-pub mod mixer;
-pub mod mlp;
-pub mod mtp;
-pub mod norm;
-pub mod run;
+mod batch;
+mod config;
+mod embedding;
+mod error;
+mod mixer;
+mod mlp;
+mod mtp;
+mod norm;
+mod run;
 pub(crate) mod scratch;
-pub mod state;
-pub mod trace;
-pub mod transformer;
-pub mod tree;
-pub mod verify;
-pub mod weights;
+mod state;
+mod trace;
+mod transformer;
+mod tree;
+mod verify;
+mod weights;
 
 #[cfg(test)]
 pub(crate) mod golden;
@@ -40,11 +44,12 @@ pub(crate) mod testing;
 pub use batch::{Batch, Logits, Output, Shape};
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
 pub use error::ModelError;
-pub use mixer::{Attention, GatedDeltaNet, GdnState, KvCache, KvType, Mixer};
+pub use mixer::KvType;
 pub use mtp::MtpHead;
-pub use norm::RmsNorm;
 pub use run::CHUNK;
 pub use state::{Checkpoint, ModelState};
 pub use trace::{NoTrace, Op, Trace};
-pub use transformer::{Layer, Model};
-pub use tree::{TokenTree, TreeBuilder};
+pub use transformer::Model;
+pub use tree::{TokenTree, TreeBuilder, NO_PARENT};
+
+pub(crate) use norm::RmsNorm;

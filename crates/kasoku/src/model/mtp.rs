@@ -24,9 +24,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::{Backend, Cpu, MatMul};
 use crate::format::hf_names::mtp_name;
 use crate::format::{Claims, RawTensor, SourceOrigin, TensorSource};
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 
 use super::batch::{Output, Pass};
@@ -43,16 +44,16 @@ use super::{weights, ModelError, RmsNorm};
 /// The weights of the MTP block (one layer).
 pub struct MtpHead {
     /// `nextn.eh_proj` (HF `mtp.fc`): `[hidden, 2 · hidden]`.
-    pub eh_proj: MatMulWeight,
+    pub(crate) eh_proj: MatMulWeight,
     /// `nextn.enorm` (HF `mtp.pre_fc_norm_embedding`).
-    pub enorm: RmsNorm,
+    pub(crate) enorm: RmsNorm,
     /// `nextn.hnorm` (HF `mtp.pre_fc_norm_hidden`).
-    pub hnorm: RmsNorm,
+    pub(crate) hnorm: RmsNorm,
     /// A decoder block of the trunk's kind: gated attention (`attn_norm`, its own KV cache)
     /// and the MLP (`post_attention_norm`, HF `post_attention_layernorm`).
-    pub layer: Layer,
+    pub(crate) layer: Layer,
     /// `nextn.shared_head_norm` (HF `mtp.norm`).
-    pub out_norm: RmsNorm,
+    pub(crate) out_norm: RmsNorm,
     hidden: usize,
     /// The block's index, `blk.{n_layers}` (for traces).
     index: usize,
@@ -280,7 +281,14 @@ impl MtpHead {
             let eh = op("eh_proj")
                 .matmul(self.eh_proj.dtype)
                 .reading(self.eh_proj.size_bytes());
-            tr.op(eh, || matmul(&self.eh_proj, cat, n, x));
+            tr.op(eh, || {
+                Cpu.matmul(MatMul {
+                    w: &self.eh_proj,
+                    x: cat,
+                    n,
+                    y: x,
+                })
+            });
         }
 
         let past = *len;

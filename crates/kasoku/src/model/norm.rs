@@ -1,8 +1,8 @@
 //! `RmsNorm`: a norm weight with its epsilon. The `(1 + w)` convention of HF Qwen3.5 is
 //! resolved at load (the stored `w` gets +1), so one kernel serves every family.
 
+use crate::backend::{Backend, Cpu, Norm, NormInPlace};
 use crate::format::Claims;
-use crate::kernels::norm::{rmsnorm, rmsnorm_inplace};
 
 use super::{weights, ModelError};
 
@@ -35,11 +35,20 @@ impl RmsNorm {
 
     /// Normalises each `dim`-value row of `x` into `out`.
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
-        rmsnorm(x, &self.weight, self.eps, out);
+        Cpu.rmsnorm(Norm {
+            x,
+            weight: &self.weight,
+            eps: self.eps,
+            out,
+        });
     }
 
     /// Normalises each `dim`-value row of `x` in place (per-head q/k norms).
     pub fn forward_inplace(&self, x: &mut [f32]) {
-        rmsnorm_inplace(x, &self.weight, self.eps);
+        Cpu.rmsnorm_inplace(NormInPlace {
+            x,
+            weight: &self.weight,
+            eps: self.eps,
+        });
     }
 }

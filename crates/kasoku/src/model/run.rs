@@ -21,8 +21,9 @@ use super::state::{LayerState, ModelState};
 use super::trace::{NoTrace, Op, Trace};
 use super::transformer::{Layer, Model};
 use super::ModelError;
+use crate::backend::{Activation, Backend, Cpu, MatMul};
 use crate::kernels::attention::TreeRows;
-use crate::kernels::matmul::{matmul, MatMulWeight};
+use crate::kernels::matmul::MatMulWeight;
 
 /// Rows per forward chunk: bounds activation memory while keeping matmuls batched.
 pub const CHUNK: usize = 256;
@@ -438,8 +439,9 @@ pub(crate) fn run_layers<T: Trace>(
 }
 
 /// `x += d`, element by element.
+#[inline]
 fn add(x: &mut [f32], d: &[f32]) {
-    x.iter_mut().zip(d).for_each(|(a, d)| *a += d);
+    Cpu.activation(Activation::Add { x, d });
 }
 
 /// Appends the logits of `m` final-normed rows through `head` to `logits`.
@@ -455,5 +457,12 @@ pub(crate) fn head_logits<T: Trace>(
     let op = Op::new("head", None, m)
         .matmul(head.dtype)
         .reading(head.size_bytes());
-    tr.op(op, || matmul(head, normed, m, &mut logits[at..]));
+    tr.op(op, || {
+        Cpu.matmul(MatMul {
+            w: head,
+            x: normed,
+            n: m,
+            y: &mut logits[at..],
+        })
+    });
 }

@@ -27,24 +27,51 @@ use super::trace::NoTrace;
 use super::{weights, ModelError, RmsNorm};
 
 /// One decoder block.
-pub struct Layer {
-    pub attn_norm: RmsNorm,
-    pub mixer: Mixer,
+pub(crate) struct Layer {
+    pub(crate) attn_norm: RmsNorm,
+    pub(crate) mixer: Mixer,
     /// The norm before the MLP (`ffn_norm`; Qwen3.5 calls it `post_attention_norm`).
-    pub ffn_norm: RmsNorm,
-    pub mlp: Mlp,
+    pub(crate) ffn_norm: RmsNorm,
+    pub(crate) mlp: Mlp,
+}
+
+impl Layer {
+    /// The packed matrices of block `index` under their GGUF names.
+    fn matrices(&self, index: usize) -> Vec<(String, &MatMulWeight)> {
+        let name = |part: &str| format!("blk.{index}.{part}.weight");
+        let mut out: Vec<(String, &MatMulWeight)> = match &self.mixer {
+            Mixer::Attention(a) => a
+                .matrices()
+                .into_iter()
+                .map(|(part, w)| (name(part), w))
+                .collect(),
+            Mixer::GatedDeltaNet(g) => g
+                .matrices()
+                .into_iter()
+                .map(|(part, w)| (name(part), w))
+                .collect(),
+        };
+        let m = &self.mlp;
+        out.extend([
+            (name("ffn_gate"), &m.gate),
+            (name("ffn_up"), &m.up),
+            (name("ffn_down"), &m.down),
+        ]);
+        out
+    }
 }
 
 /// Immutable weights of a model; share it (`Arc`) between any number of `ModelState`s.
 pub struct Model {
+    /// The hyper-parameters it was built from.
     pub config: ModelConfig,
-    pub embedding: Embedding,
-    pub layers: Vec<Layer>,
-    pub output_norm: RmsNorm,
+    pub(crate) embedding: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) output_norm: RmsNorm,
     /// `output.weight`, or a packed copy of `token_embd.weight` when tied.
-    pub head: MatMulWeight,
+    pub(crate) head: MatMulWeight,
     /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
-    pub mtp: Option<MtpHead>,
+    pub(crate) mtp: Option<MtpHead>,
     /// How new states' KV caches store keys and values ([`Model::set_kv_type`]).
     kv_type: KvType,
 }
@@ -213,6 +240,30 @@ impl Model {
                 Mixer::GatedDeltaNet(_) => None,
             })
             .sum()
+    }
+
+    /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
+    pub fn mtp(&self) -> Option<&MtpHead> {
+        self.mtp.as_ref()
+    }
+
+    /// The LM head (`output.weight`, or the packed embedding when tied).
+    pub fn head(&self) -> &MatMulWeight {
+        &self.head
+    }
+
+    /// Every packed weight matrix of the trunk, in forward order, under its GGUF name
+    /// (`blk.0.attn_qkv` when q, k and v are stacked into one; `output.weight` for the head,
+    /// tied or not): for byte counts, formats and matrix benchmarks.
+    pub fn matrices(&self) -> Vec<(String, &MatMulWeight)> {
+        let mut out: Vec<(String, &MatMulWeight)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| l.matrices(i))
+            .collect();
+        out.push(("output.weight".into(), &self.head));
+        out
     }
 
     /// An empty state that can hold up to `max_len` positions.

@@ -1,6 +1,7 @@
 //! Taking weights out of a checkpoint: matrices packed for `matmul`, and small vectors
 //! (norms, biases) dequantized to f32. Every tensor is claimed by name and shape.
 
+use crate::backend::{Backend, Cpu};
 use crate::format::{Claims, RawTensor};
 use crate::kernels::matmul::{MatMulError, MatMulWeight};
 use crate::quant::{requantize, DType};
@@ -59,7 +60,7 @@ impl MatrixRows {
 
     /// Packs the matrix for `matmul`.
     pub fn pack(&self) -> Result<MatMulWeight, ModelError> {
-        MatMulWeight::new(self.dtype, self.rows, self.cols, self.bytes())
+        Cpu.pack(self.dtype, self.rows, self.cols, self.bytes())
             .map_err(weight_error(&self.name))
     }
 
@@ -81,7 +82,10 @@ impl MatrixRows {
             .map(|p| p.name.as_str())
             .collect::<Vec<_>>()
             .join(" + ");
-        Some(MatMulWeight::new(first.dtype, rows, first.cols, &bytes).map_err(weight_error(&name)))
+        Some(
+            Cpu.pack(first.dtype, rows, first.cols, &bytes)
+                .map_err(weight_error(&name)),
+        )
     }
 }
 

@@ -29,11 +29,14 @@ use crate::format::GgufFile;
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// `system`, `user`, `assistant` (or whatever roles the template knows).
     pub role: String,
+    /// The text.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A message of `role` saying `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
         ChatMessage {
             role: role.into(),

@@ -64,7 +64,7 @@ impl ConvTaps {
         (self.kernel - 1) * self.channels
     }
 
-    fn tap(&self, j: usize) -> &[f32] {
+    pub(crate) fn tap(&self, j: usize) -> &[f32] {
         &self.taps[j * self.channels..(j + 1) * self.channels]
     }
 }

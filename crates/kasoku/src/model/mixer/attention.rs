@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
+use crate::backend::{Activation, Attend, Backend, Cpu, MatMul, MatMulMany, RopeArgs};
 use crate::format::Claims;
-use crate::kernels::activation::sigmoid_gate;
-use crate::kernels::attention::{attend, AttnArgs, AttnGeometry};
-use crate::kernels::matmul::{matmul, matmul_many, MatMulWeight};
+use crate::kernels::attention::AttnGeometry;
+use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 use crate::quant::DType;
 
@@ -69,14 +69,6 @@ impl Projections {
         })
     }
 
-    /// The packed matrices (for byte counts).
-    pub fn matrices(&self) -> Vec<&MatMulWeight> {
-        match self {
-            Projections::Stacked { w, .. } => vec![w],
-            Projections::Separate { wq, wk, wv } => vec![wq, wk, wv],
-        }
-    }
-
     /// The format of the (first) matrix.
     pub fn dtype(&self) -> DType {
         match self {
@@ -118,7 +110,7 @@ impl Projections {
         match self {
             &Projections::Stacked { ref w, q_rows } => {
                 let kv_rows = (w.rows - q_rows) / 2;
-                matmul(w, x, n, all);
+                Cpu.matmul(MatMul { w, x, n, y: all });
                 for (((row, q), k), v) in all
                     .chunks_exact(w.rows)
                     .zip(q.chunks_exact_mut(q_rows))
@@ -133,7 +125,12 @@ impl Projections {
                 }
             }
             Projections::Separate { wq, wk, wv } => {
-                matmul_many(&[wq, wk, wv], x, n, &mut [q, k, v]);
+                Cpu.matmul_many(MatMulMany {
+                    ws: &[wq, wk, wv],
+                    x,
+                    n,
+                    ys: &mut [q, k, v],
+                });
             }
         }
     }
@@ -197,6 +194,19 @@ impl Attention {
             scale: 1.0 / (hd as f32).sqrt(),
             kv_type: KvType::F32,
         })
+    }
+
+    /// The packed matrices by part name (`attn_qkv` stacked, else `attn_q`, `attn_k`,
+    /// `attn_v`; then `attn_output`).
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+        let mut out = match &self.qkv {
+            Projections::Stacked { w, .. } => vec![("attn_qkv", w)],
+            Projections::Separate { wq, wk, wv } => {
+                vec![("attn_q", wq), ("attn_k", wk), ("attn_v", wv)]
+            }
+        };
+        out.push(("attn_output", &self.wo));
+        out
     }
 
     /// `n_kv_heads × head_dim`: the width of a KV cache row.
@@ -268,9 +278,7 @@ impl Attention {
                     (&mut *v, &self.bv),
                 ] {
                     if let Some(b) = bias {
-                        for row in buf.chunks_exact_mut(b.len()) {
-                            row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
-                        }
+                        Cpu.activation(Activation::AddBias { x: buf, bias: b });
                     }
                 }
             });
@@ -298,15 +306,26 @@ impl Attention {
             });
         }
         tr.op(op("rope"), || {
-            self.rope.apply(q, n_heads, positions);
-            self.rope.apply(k, n_kv_heads, positions);
+            let rope = &self.rope;
+            Cpu.rope(RopeArgs {
+                rope,
+                heads: n_heads,
+                positions,
+                x: q,
+            });
+            Cpu.rope(RopeArgs {
+                rope,
+                heads: n_kv_heads,
+                positions,
+                x: k,
+            });
         });
         tr.op(op("kv_append"), || cache.append(k, v));
 
         let kv_bytes = cache.bytes();
         tr.op(op("attention").reading(kv_bytes), || {
             cache.with_heads(|keys, values| {
-                let args = AttnArgs {
+                Cpu.attention(Attend {
                     geo: self.geo,
                     q,
                     keys,
@@ -314,17 +333,26 @@ impl Attention {
                     past,
                     scale: self.scale,
                     tree: pass.tree,
-                };
-                attend(&args, att)
+                    out: att,
+                })
             })
         });
         if let Some(g) = gate {
-            tr.op(op("attn_gate"), || sigmoid_gate(att, g));
+            tr.op(op("attn_gate"), || {
+                Cpu.activation(Activation::SigmoidGate { x: att, gate: g })
+            });
         }
         let wo = op("attn_out")
             .matmul(self.wo.dtype)
             .reading(self.wo.size_bytes());
-        tr.op(wo, || matmul(&self.wo, att, n, out));
+        tr.op(wo, || {
+            Cpu.matmul(MatMul {
+                w: &self.wo,
+                x: att,
+                n,
+                y: out,
+            })
+        });
     }
 }
 

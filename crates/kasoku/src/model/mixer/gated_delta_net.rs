@@ -19,18 +19,16 @@
 //! taking the conv rows of the path and replaying `S ← e^{g}·S + k ⊗ δ` per accepted node
 //! ([`GatedDeltaNet::commit`], see `kernels::gated_delta::tree`).
 
+use crate::backend::{Activation, Backend, Conv, Cpu, DeltaInputs, DeltaNet, MatMul, NormInPlace};
 use crate::format::Claims;
-use crate::kernels::activation::silu;
-use crate::kernels::conv1d::{causal_conv1d_silu, tree_conv1d_silu, tree_conv_commit, ConvTaps};
-use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
-use crate::kernels::gated_delta::{self, gates, l2norm_heads, GdnDims, GdnInputs, HeadMap};
-use crate::kernels::matmul::{matmul, MatMulWeight};
-use crate::kernels::norm::rmsnorm_inplace;
+use crate::kernels::conv1d::ConvTaps;
+use crate::kernels::gated_delta::{GdnDims, HeadMap};
+use crate::kernels::matmul::MatMulWeight;
 
 use super::super::batch::Pass;
 use super::super::config::SourceKind;
 use super::super::scratch::{carve, rows};
-use super::super::trace::{NoTrace, Op, Trace};
+use super::super::trace::{Op, Trace};
 use super::super::{weights, ModelConfig, ModelError};
 
 /// Weights of one Gated DeltaNet layer. Immutable; shared by every sequence.
@@ -161,9 +159,15 @@ impl GatedDeltaNet {
         })
     }
 
-    /// Head counts and sizes.
-    pub fn dims(&self) -> GdnDims {
-        self.dims
+    /// The packed matrices by part name, in forward order.
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+        vec![
+            ("attn_qkv", &self.qkv),
+            ("attn_gate", &self.gate),
+            ("ssm_beta", &self.beta),
+            ("ssm_alpha", &self.alpha),
+            ("ssm_out", &self.out),
+        ]
     }
 
     /// Channels of the conv: `2·nk·dk + nv·dv`.
@@ -252,18 +256,30 @@ impl GatedDeltaNet {
                 .matmul(w.dtype)
                 .reading(w.size_bytes())
         };
-        tr.op(proj("ssm_qkv", &self.qkv), || {
-            matmul(&self.qkv, x, n, mixed)
-        });
-        tr.op(proj("ssm_z", &self.gate), || matmul(&self.gate, x, n, z));
-        tr.op(proj("ssm_beta", &self.beta), || matmul(&self.beta, x, n, b));
-        tr.op(proj("ssm_alpha", &self.alpha), || {
-            matmul(&self.alpha, x, n, a)
-        });
+        let mm = |w, y| Cpu.matmul(MatMul { w, x, n, y });
+        tr.op(proj("ssm_qkv", &self.qkv), || mm(&self.qkv, mixed));
+        tr.op(proj("ssm_z", &self.gate), || mm(&self.gate, z));
+        tr.op(proj("ssm_beta", &self.beta), || mm(&self.beta, b));
+        tr.op(proj("ssm_alpha", &self.alpha), || mm(&self.alpha, a));
         // Short causal conv + SiLU over [q | k | v].
-        tr.op(op("conv1d"), || match tree {
-            None => causal_conv1d_silu(&self.conv, conv, mixed, n, conv_out),
-            Some(parents) => tree_conv1d_silu(&self.conv, conv, mixed, parents, conv_out),
+        let taps = &self.conv;
+        tr.op(op("conv1d"), || {
+            Cpu.conv1d(match tree {
+                None => Conv::Chain {
+                    taps,
+                    state: conv,
+                    x: mixed,
+                    n,
+                    y: conv_out,
+                },
+                Some(parents) => Conv::Tree {
+                    taps,
+                    state: conv,
+                    x: mixed,
+                    parents,
+                    y: conv_out,
+                },
+            })
         });
         // Contiguous q, k, v (q and k l2-normalised per head, q scaled) and the gates.
         tr.op(op("ssm_inputs"), || {
@@ -272,32 +288,74 @@ impl GatedDeltaNet {
                 k[t * kd..(t + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
                 v[t * vd..(t + 1) * vd].copy_from_slice(&row[2 * kd..]);
             }
-            l2norm_heads(q, dk, 1.0 / (dk as f32).sqrt());
-            l2norm_heads(k, dk, 1.0);
-            gates(a, b, &self.ssm_a, &self.dt_bias, g, beta);
+            let scale = 1.0 / (dk as f32).sqrt();
+            Cpu.activation(Activation::L2Norm {
+                x: q,
+                dim: dk,
+                scale,
+            });
+            Cpu.activation(Activation::L2Norm {
+                x: k,
+                dim: dk,
+                scale: 1.0,
+            });
+            Cpu.gated_delta(DeltaNet::Gates {
+                a,
+                b,
+                ssm_a: &self.ssm_a,
+                dt_bias: &self.dt_bias,
+                g,
+                beta,
+            });
         });
-        let inputs = GdnInputs { q, k, v, g, beta };
+        let dims = self.dims;
         let state_bytes = ssm.len() * 4;
-        tr.op(op("gated_delta").reading(state_bytes), || match tree {
-            None => gated_delta::gated_delta(&self.dims, &inputs, n, ssm, o),
-            Some(parents) => tree_recurrent(&self.dims, &inputs, parents, ssm, o, deltas),
+        tr.op(op("gated_delta").reading(state_bytes), || {
+            let inputs = DeltaInputs { q, k, v, g, beta };
+            Cpu.gated_delta(match tree {
+                None => DeltaNet::Chain {
+                    dims,
+                    inputs,
+                    n,
+                    state: ssm,
+                    out: o,
+                },
+                Some(parents) => DeltaNet::Tree {
+                    dims,
+                    inputs,
+                    parents,
+                    state: ssm,
+                    out: o,
+                    deltas,
+                },
+            })
         });
         // Gated RMSNorm per value head, then the output projection.
         tr.op(op("ssm_norm_gate"), || {
-            rmsnorm_inplace(o, &self.norm, self.eps);
-            for (v, &zg) in o.iter_mut().zip(&*z) {
-                *v *= silu(zg);
-            }
+            Cpu.rmsnorm_inplace(NormInPlace {
+                x: o,
+                weight: &self.norm,
+                eps: self.eps,
+            });
+            Cpu.activation(Activation::SiluGate { x: o, gate: z });
         });
         let op_out = op("ssm_out")
             .matmul(self.out.dtype)
             .reading(self.out.size_bytes());
-        tr.op(op_out, || matmul(&self.out, o, n, out));
+        tr.op(op_out, || {
+            Cpu.matmul(MatMul {
+                w: &self.out,
+                x: o,
+                n,
+                y: out,
+            })
+        });
     }
 
     /// Mixes `n` tokens: `x` is `n × hidden` (already normed), `out` receives `n × hidden`;
     /// `state` advances past the tokens. (A convenience of tests: it allocates its
     /// intermediates.)
+    #[cfg(test)]
     pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
         let positions: Vec<usize> = (0..n).collect();
         let pass = Pass {
@@ -306,7 +364,15 @@ impl GatedDeltaNet {
             positions: &positions,
             tree: None,
         };
-        self.run(state, x, &pass, out, &mut Vec::new(), 0, &mut NoTrace)
+        self.run(
+            state,
+            x,
+            &pass,
+            out,
+            &mut Vec::new(),
+            0,
+            &mut super::super::NoTrace,
+        )
     }
 
     /// Advances `state` along `path` (node indices of its pending tree, root first, each a
@@ -319,22 +385,22 @@ impl GatedDeltaNet {
         let GdnDims { nk, nv, dk, dv, .. } = self.dims;
         let (kd, vd) = (nk * dk, nv * dv);
         for &i in path {
-            replay(
-                &self.dims,
-                &mut state.ssm,
-                &pending.k[i * kd..(i + 1) * kd],
-                &pending.g[i * nv..(i + 1) * nv],
-                &pending.deltas[i * vd..(i + 1) * vd],
-            );
+            Cpu.gated_delta(DeltaNet::Replay {
+                dims: self.dims,
+                state: &mut state.ssm,
+                k: &pending.k[i * kd..(i + 1) * kd],
+                g: &pending.g[i * nv..(i + 1) * nv],
+                delta: &pending.deltas[i * vd..(i + 1) * vd],
+            });
         }
         if let Some(&last) = path.last() {
-            tree_conv_commit(
-                &self.conv,
-                &mut state.conv,
-                &pending.mixed,
-                &pending.parents,
-                last,
-            );
+            Cpu.conv1d(Conv::Commit {
+                taps: &self.conv,
+                state: &mut state.conv,
+                x: &pending.mixed,
+                parents: &pending.parents,
+                node: last,
+            });
         }
     }
 

@@ -149,6 +149,7 @@ impl Heads {
     }
 
     /// Head `h`'s rows as f32.
+    #[cfg(test)]
     fn dequantized(&self, h: usize) -> Vec<f32> {
         fn load<S: Stored>(rows: &[S]) -> Vec<f32> {
             let mut out = vec![0f32; rows.len() * S::VALUES];
@@ -171,6 +172,7 @@ pub struct KvCache {
 
 impl KvCache {
     /// An empty f32 cache for `n_kv_heads` heads of `head_dim` values.
+    #[cfg(test)]
     pub fn new(n_kv_heads: usize, head_dim: usize) -> KvCache {
         KvCache::with_type(n_kv_heads, head_dim, KvType::F32)
     }
@@ -198,20 +200,8 @@ impl KvCache {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn n_kv_heads(&self) -> usize {
         self.keys.len()
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.head_dim
-    }
-
-    pub fn kv_type(&self) -> KvType {
-        self.kv_type
     }
 
     /// Values per position over all heads (`n_kv_heads × head_dim`).
@@ -226,11 +216,13 @@ impl KvCache {
     }
 
     /// Keys of KV head `h` as f32 (`len × head_dim`; converted from the stored format).
+    #[cfg(test)]
     pub fn keys_f32(&self, h: usize) -> Vec<f32> {
         self.keys.dequantized(h)
     }
 
     /// Values of KV head `h` as f32, as [`KvCache::keys_f32`].
+    #[cfg(test)]
     pub fn values_f32(&self, h: usize) -> Vec<f32> {
         self.values.dequantized(h)
     }
@@ -322,7 +314,7 @@ mod tests {
     fn append_truncate_commit() {
         // 2 heads of 1 value; rows given position-major [h0, h1].
         let mut c = KvCache::new(2, 1);
-        assert!(c.is_empty());
+        assert_eq!(c.len(), 0);
         c.append(
             &[0., 100., 1., 101., 2., 102.],
             &[10., 110., 11., 111., 12., 112.],

@@ -1,0 +1,180 @@
+//! The CPU backend: `crate::kernels` behind the [`Backend`] interface, each method a direct
+//! call of today's kernel (same arithmetic, same bits). Buffers are host slices, weights
+//! `MatMulWeight` (packed 8 rows interleaved per format family), KV views `KvHeads`.
+
+use super::{
+    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, MatMulMany, Norm,
+    NormInPlace, RopeArgs,
+};
+use crate::kernels::activation::{sigmoid_gate, silu, swiglu_inplace};
+use crate::kernels::attention::{attend, AttnArgs, KvHeads};
+use crate::kernels::conv1d::{causal_conv1d_silu, tree_conv1d_silu, tree_conv_commit};
+use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
+use crate::kernels::gated_delta::{gated_delta, gates, l2norm_heads, GdnInputs};
+use crate::kernels::matmul::{matmul, matmul_many, MatMulError, MatMulWeight};
+use crate::kernels::norm::{rmsnorm, rmsnorm_inplace};
+use crate::quant::{dequantize, DType};
+
+/// The CPU backend (the worker pool and the instruction set are process-wide).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+impl Backend for Cpu {
+    type Buffer = [f32];
+    type Weight = MatMulWeight;
+    type Kv<'a> = KvHeads<'a>;
+
+    fn pack(
+        &self,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<MatMulWeight, MatMulError> {
+        MatMulWeight::new(dtype, rows, cols, bytes)
+    }
+
+    #[inline]
+    fn matmul(&self, a: MatMul<'_, Self>) {
+        matmul(a.w, a.x, a.n, a.y)
+    }
+
+    #[inline]
+    fn matmul_many(&self, a: MatMulMany<'_, '_, Self>) {
+        matmul_many(a.ws, a.x, a.n, a.ys)
+    }
+
+    fn gather(&self, a: Gather<'_, Self>) {
+        let row_bytes = a
+            .dtype
+            .bytes_for(a.dim)
+            .expect("gather: rows of whole blocks");
+        for (&t, row) in a.tokens.iter().zip(a.out.chunks_exact_mut(a.dim)) {
+            let at = t as usize * row_bytes;
+            dequantize(a.dtype, &a.table[at..at + row_bytes], row);
+        }
+    }
+
+    #[inline]
+    fn rmsnorm(&self, a: Norm<'_, Self>) {
+        rmsnorm(a.x, a.weight, a.eps, a.out)
+    }
+
+    #[inline]
+    fn rmsnorm_inplace(&self, a: NormInPlace<'_, Self>) {
+        rmsnorm_inplace(a.x, a.weight, a.eps)
+    }
+
+    #[inline]
+    fn rope(&self, a: RopeArgs<'_, Self>) {
+        a.rope.apply(a.x, a.heads, a.positions)
+    }
+
+    #[inline]
+    fn activation(&self, a: Activation<'_, Self>) {
+        match a {
+            Activation::SwiGlu { gate, up } => swiglu_inplace(gate, up),
+            Activation::SigmoidGate { x, gate } => sigmoid_gate(x, gate),
+            Activation::SiluGate { x, gate } => {
+                for (v, &g) in x.iter_mut().zip(gate) {
+                    *v *= silu(g);
+                }
+            }
+            Activation::Add { x, d } => x.iter_mut().zip(d).for_each(|(a, d)| *a += d),
+            Activation::AddBias { x, bias } => {
+                for row in x.chunks_exact_mut(bias.len()) {
+                    row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+                }
+            }
+            Activation::L2Norm { x, dim, scale } => l2norm_heads(x, dim, scale),
+        }
+    }
+
+    #[inline]
+    fn attention(&self, a: Attend<'_, Self>) {
+        let args = AttnArgs {
+            geo: a.geo,
+            q: a.q,
+            keys: a.keys,
+            values: a.values,
+            past: a.past,
+            scale: a.scale,
+            tree: a.tree,
+        };
+        attend(&args, a.out)
+    }
+
+    #[inline]
+    fn gated_delta(&self, a: DeltaNet<'_, Self>) {
+        match a {
+            DeltaNet::Chain {
+                dims,
+                inputs: i,
+                n,
+                state,
+                out,
+            } => gated_delta(&dims, &inputs(&i), n, state, out),
+            DeltaNet::Tree {
+                dims,
+                inputs: i,
+                parents,
+                state,
+                out,
+                deltas,
+            } => tree_recurrent(&dims, &inputs(&i), parents, state, out, deltas),
+            DeltaNet::Gates {
+                a,
+                b,
+                ssm_a,
+                dt_bias,
+                g,
+                beta,
+            } => gates(a, b, ssm_a, dt_bias, g, beta),
+            DeltaNet::Replay {
+                dims,
+                state,
+                k,
+                g,
+                delta,
+            } => replay(&dims, state, k, g, delta),
+        }
+    }
+
+    #[inline]
+    fn conv1d(&self, a: Conv<'_, Self>) {
+        match a {
+            Conv::Chain {
+                taps,
+                state,
+                x,
+                n,
+                y,
+            } => causal_conv1d_silu(taps, state, x, n, y),
+            Conv::Tree {
+                taps,
+                state,
+                x,
+                parents,
+                y,
+            } => tree_conv1d_silu(taps, state, x, parents, y),
+            Conv::Commit {
+                taps,
+                state,
+                x,
+                parents,
+                node,
+            } => tree_conv_commit(taps, state, x, parents, node),
+        }
+    }
+}
+
+/// The kernels' form of the inputs.
+fn inputs<'a>(i: &DeltaInputs<'a, Cpu>) -> GdnInputs<'a> {
+    GdnInputs {
+        q: i.q,
+        k: i.k,
+        v: i.v,
+        g: i.g,
+        beta: i.beta,
+    }
+}

@@ -1,0 +1,354 @@
+//! The backend interface: what a device must compute for the model, one method per kernel
+//! family, each taking a parameter struct. A backend chooses its own types for activation
+//! buffers ([`Backend::Buffer`]), packed weight matrices ([`Backend::Weight`], packed from a
+//! checkpoint's bytes by [`Backend::pack`], so each backend picks its layout) and views of a
+//! KV cache ([`Backend::Kv`]); callers are generic over the backend and dispatch statically.
+//!
+//! - [`cpu::Cpu`]: today's kernels (`crate::kernels`), unchanged: its buffers are host
+//!   slices, its weights `MatMulWeight`, each method a direct call of the kernel.
+//! - [`reference::Reference`]: the oracle. Every family written out in f64 from its
+//!   definition (weights dequantized once at packing), one token and one head at a time; slow
+//!   and obviously right. Its Gated DeltaNet steps the recurrence in the reference order
+//!   (decay, read, delta, update, read).
+//!
+//! `tests.rs` runs every kernel family of every backend against the reference on random
+//! shapes (llama.cpp's `test-backend-ops` in spirit): matmul on every weight format at several
+//! row counts (and several matrices in one job), RMSNorm (and in place), RoPE in both
+//! layouts, the activations (SwiGLU, the sigmoid and SiLU gates, adds, biases, l2 norms),
+//! attention over f32 / f16 / q8_0 caches as a chain and as a tree, Gated DeltaNet gates /
+//! recurrent / chunked / tree / replay, conv1d plain / tree / commit, the embedding gather.
+//!
+//! The model's parts call their kernels through this interface on [`cpu::Cpu`] (static
+//! dispatch, a direct call each); making them generic over `B: Backend` (weights as
+//! `B::Weight`, the scratch as `B::Buffer`, KV caches and recurrent states behind backend
+//! types) is the remaining step of issue 13.3.
+
+pub mod cpu;
+pub mod reference;
+
+pub use cpu::Cpu;
+pub use reference::Reference;
+#[cfg(test)]
+mod tests;
+
+use crate::kernels::attention::{AttnGeometry, TreeRows};
+use crate::kernels::gated_delta::GdnDims;
+use crate::kernels::matmul::MatMulError;
+use crate::kernels::rope::Rope;
+use crate::quant::DType;
+
+/// A device that runs the model's kernels: see the module doc.
+pub trait Backend: Send + Sync {
+    /// A buffer of f32 activations (`[f32]` on the host).
+    type Buffer: ?Sized;
+    /// A weight matrix packed for [`Backend::matmul`].
+    type Weight: Send + Sync;
+    /// A view of one layer's KV cache, as attention reads it.
+    type Kv<'a>: Copy
+    where
+        Self: 'a;
+
+    /// Packs a `rows × cols` matrix stored as `dtype` (GGUF block layout, row by row).
+    fn pack(
+        &self,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Self::Weight, MatMulError>;
+
+    /// `y[r][j] = Σ_c x[r][c] · W[j][c]` for every row `r < n` ([`MatMul`]).
+    fn matmul(&self, args: MatMul<'_, Self>);
+
+    /// Several products over the same rows in one job ([`MatMulMany`]); each output as
+    /// [`Backend::matmul`] of its matrix alone gives it.
+    fn matmul_many(&self, args: MatMulMany<'_, '_, Self>);
+
+    /// Rows of an embedding table stored as `dtype` ([`Gather`]), as f32.
+    fn gather(&self, args: Gather<'_, Self>);
+
+    /// RMSNorm of each row ([`Norm`]).
+    fn rmsnorm(&self, args: Norm<'_, Self>);
+
+    /// RMSNorm of each row in place ([`NormInPlace`]; per-head q/k norms, Gated DeltaNet's
+    /// output norm).
+    fn rmsnorm_inplace(&self, args: NormInPlace<'_, Self>);
+
+    /// Rotary embedding of each head of each row at its position ([`RopeArgs`]), in place.
+    fn rope(&self, args: RopeArgs<'_, Self>);
+
+    /// The element-wise activations ([`Activation`]).
+    fn activation(&self, args: Activation<'_, Self>);
+
+    /// Causal grouped-query attention of new rows over a KV cache, as a chain or as the nodes
+    /// of a token tree ([`Attend`]).
+    fn attention(&self, args: Attend<'_, Self>);
+
+    /// Gated DeltaNet's recurrence over a chain (advancing the state), over the nodes of a
+    /// tree (the state read only), or the replay of one accepted node ([`DeltaNet`]).
+    fn gated_delta(&self, args: DeltaNet<'_, Self>);
+
+    /// The causal depthwise conv + SiLU of Gated DeltaNet over a chain (advancing the state),
+    /// over a tree (the state read only), or the commit of a tree path ([`Conv`]).
+    fn conv1d(&self, args: Conv<'_, Self>);
+}
+
+/// A matrix product: `y = x · Wᵀ` for `n` rows.
+pub struct MatMul<'a, B: Backend + ?Sized> {
+    /// `rows × cols`.
+    pub w: &'a B::Weight,
+    /// `n × cols`.
+    pub x: &'a B::Buffer,
+    /// Rows of `x`.
+    pub n: usize,
+    /// `n × rows`, overwritten.
+    pub y: &'a mut B::Buffer,
+}
+
+/// Products of several matrices (of equal `cols`) with the same `n` rows.
+pub struct MatMulMany<'a, 'b, B: Backend + ?Sized> {
+    /// The matrices.
+    pub ws: &'a [&'a B::Weight],
+    /// `n × cols`.
+    pub x: &'a B::Buffer,
+    /// Rows of `x`.
+    pub n: usize,
+    /// One output per matrix, `n × rows` each, overwritten.
+    pub ys: &'a mut [&'b mut B::Buffer],
+}
+
+/// RMSNorm of the rows of `x` (rows of `weight.len()` values) in place.
+pub struct NormInPlace<'a, B: Backend + ?Sized> {
+    /// The rows, normalised in place.
+    pub x: &'a mut B::Buffer,
+    /// One weight per value of a row.
+    pub weight: &'a [f32],
+    /// Added to the mean square.
+    pub eps: f32,
+}
+
+/// An embedding gather: row `tokens[i]` of a `vocab × dim` table into row `i` of `out`.
+pub struct Gather<'a, B: Backend + ?Sized> {
+    /// The table's element type.
+    pub dtype: DType,
+    /// The stored table, row by row.
+    pub table: &'a [u8],
+    /// Values per row.
+    pub dim: usize,
+    /// Row ids (each below the table's row count).
+    pub tokens: &'a [u32],
+    /// `tokens.len() × dim`, overwritten.
+    pub out: &'a mut B::Buffer,
+}
+
+/// RMSNorm: `out[r] = x[r] / sqrt(mean(x[r]²) + eps) · weight`, rows of `weight.len()`.
+pub struct Norm<'a, B: Backend + ?Sized> {
+    /// The rows.
+    pub x: &'a B::Buffer,
+    /// One weight per value of a row.
+    pub weight: &'a [f32],
+    /// Added to the mean square.
+    pub eps: f32,
+    /// Same length as `x`, overwritten.
+    pub out: &'a mut B::Buffer,
+}
+
+/// RoPE of `x` (`positions.len()` rows of `heads × rope.head_dim`) in place.
+pub struct RopeArgs<'a, B: Backend + ?Sized> {
+    /// Frequencies, layout and rotated dims.
+    pub rope: &'a Rope,
+    /// Heads per row.
+    pub heads: usize,
+    /// Each row's position.
+    pub positions: &'a [usize],
+    /// The rows.
+    pub x: &'a mut B::Buffer,
+}
+
+/// An element-wise activation.
+pub enum Activation<'a, B: Backend + ?Sized> {
+    /// `gate[i] = silu(gate[i]) · up[i]`.
+    SwiGlu {
+        /// In: the gate projection; out: the product.
+        gate: &'a mut B::Buffer,
+        /// The up projection.
+        up: &'a B::Buffer,
+    },
+    /// `x[i] = x[i] · sigmoid(gate[i])`.
+    SigmoidGate {
+        /// The values gated in place.
+        x: &'a mut B::Buffer,
+        /// The gate.
+        gate: &'a B::Buffer,
+    },
+    /// `x[i] = x[i] · silu(gate[i])` (Gated DeltaNet's output gate).
+    SiluGate {
+        /// The values gated in place.
+        x: &'a mut B::Buffer,
+        /// The gate.
+        gate: &'a B::Buffer,
+    },
+    /// `x[i] += d[i]` (the residual stream).
+    Add {
+        /// The sum, in place.
+        x: &'a mut B::Buffer,
+        /// What is added.
+        d: &'a B::Buffer,
+    },
+    /// `x[r][j] += bias[j]` for every row `r` (projection biases).
+    AddBias {
+        /// Rows of `bias.len()` values, in place.
+        x: &'a mut B::Buffer,
+        /// One value per column.
+        bias: &'a [f32],
+    },
+    /// Each `dim`-vector of `x` scaled to unit l2 norm (`x · rsqrt(Σx² + 1e-6)`), times
+    /// `scale` (Gated DeltaNet's q and k).
+    L2Norm {
+        /// The vectors, in place.
+        x: &'a mut B::Buffer,
+        /// Values per vector.
+        dim: usize,
+        /// The factor after normalising.
+        scale: f32,
+    },
+}
+
+/// One attention call (see `kernels::attention::attend`).
+pub struct Attend<'a, B: Backend + ?Sized + 'a> {
+    /// Head counts and size.
+    pub geo: AttnGeometry,
+    /// `n × n_heads × head_dim` queries.
+    pub q: &'a B::Buffer,
+    /// The cache's keys, the new rows' included.
+    pub keys: B::Kv<'a>,
+    /// The cache's values, as the keys.
+    pub values: B::Kv<'a>,
+    /// Committed positions before the new rows.
+    pub past: usize,
+    /// The scores' factor.
+    pub scale: f32,
+    /// `None`: a chain (row `i` at `past + i`); else the rows are nodes of a token tree.
+    pub tree: Option<TreeRows<'a>>,
+    /// `n × n_heads × head_dim`, overwritten.
+    pub out: &'a mut B::Buffer,
+}
+
+/// The prepared inputs of Gated DeltaNet for `n` rows (see `kernels::gated_delta`).
+pub struct DeltaInputs<'a, B: Backend + ?Sized> {
+    /// `n × nk × dk`, l2-normalised and scaled.
+    pub q: &'a B::Buffer,
+    /// `n × nk × dk`, l2-normalised.
+    pub k: &'a B::Buffer,
+    /// `n × nv × dv`.
+    pub v: &'a B::Buffer,
+    /// `n × nv` log-decays.
+    pub g: &'a B::Buffer,
+    /// `n × nv` update strengths.
+    pub beta: &'a B::Buffer,
+}
+
+/// A Gated DeltaNet call.
+pub enum DeltaNet<'a, B: Backend + ?Sized> {
+    /// `n` rows in order: `state` (`nv × dk × dv`) advances, `out` gets every row's output.
+    Chain {
+        /// Head counts and sizes.
+        dims: GdnDims,
+        /// The rows' inputs.
+        inputs: DeltaInputs<'a, B>,
+        /// Rows.
+        n: usize,
+        /// The recurrent state, advanced.
+        state: &'a mut B::Buffer,
+        /// `n × nv × dv`, overwritten.
+        out: &'a mut B::Buffer,
+    },
+    /// The nodes of a tree, each from the committed `state` along its own path.
+    Tree {
+        /// Head counts and sizes.
+        dims: GdnDims,
+        /// The nodes' inputs.
+        inputs: DeltaInputs<'a, B>,
+        /// Each node's parent (earlier), `usize::MAX` for a root.
+        parents: &'a [usize],
+        /// The committed state, read only.
+        state: &'a B::Buffer,
+        /// `n × nv × dv` outputs, overwritten.
+        out: &'a mut B::Buffer,
+        /// `n × nv × dv` deltas for [`DeltaNet::Replay`], overwritten.
+        deltas: &'a mut B::Buffer,
+    },
+    /// The gates of `n` rows from the projections `a`, `b` (`n × nv` each):
+    /// `g = ssm_a · softplus(a + dt_bias)` and `β = sigmoid(b)`, per value head.
+    Gates {
+        /// `n × nv` alpha projections.
+        a: &'a B::Buffer,
+        /// `n × nv` beta projections.
+        b: &'a B::Buffer,
+        /// `−exp(A_log)` per value head.
+        ssm_a: &'a [f32],
+        /// Per value head.
+        dt_bias: &'a [f32],
+        /// `n × nv` log-decays, overwritten.
+        g: &'a mut B::Buffer,
+        /// `n × nv` strengths, overwritten.
+        beta: &'a mut B::Buffer,
+    },
+    /// `S ← e^g · S + k ⊗ δ` for one accepted node.
+    Replay {
+        /// Head counts and sizes.
+        dims: GdnDims,
+        /// The state, advanced.
+        state: &'a mut B::Buffer,
+        /// The node's key (`nk × dk`).
+        k: &'a B::Buffer,
+        /// The node's log-decays (`nv`).
+        g: &'a B::Buffer,
+        /// The node's deltas (`nv × dv`).
+        delta: &'a B::Buffer,
+    },
+}
+
+/// A Gated DeltaNet conv call (`K` taps per channel, tap-major; the state holds the last
+/// `K − 1` inputs, oldest first).
+pub enum Conv<'a, B: Backend + ?Sized> {
+    /// `n` rows in order; the state advances.
+    Chain {
+        /// The taps.
+        taps: &'a crate::kernels::conv1d::ConvTaps,
+        /// `(K − 1) × channels`, advanced.
+        state: &'a mut B::Buffer,
+        /// `n × channels` inputs.
+        x: &'a B::Buffer,
+        /// Rows.
+        n: usize,
+        /// `n × channels`, overwritten.
+        y: &'a mut B::Buffer,
+    },
+    /// The nodes of a tree, each over its own path; the state is read only.
+    Tree {
+        /// The taps.
+        taps: &'a crate::kernels::conv1d::ConvTaps,
+        /// `(K − 1) × channels`.
+        state: &'a B::Buffer,
+        /// `n × channels` inputs.
+        x: &'a B::Buffer,
+        /// Each node's parent (earlier), `usize::MAX` for a root.
+        parents: &'a [usize],
+        /// `n × channels`, overwritten.
+        y: &'a mut B::Buffer,
+    },
+    /// The state after the tree path ending at `node`: its last `K − 1` inputs.
+    Commit {
+        /// The taps.
+        taps: &'a crate::kernels::conv1d::ConvTaps,
+        /// Replaced.
+        state: &'a mut B::Buffer,
+        /// The tree's `n × channels` inputs.
+        x: &'a B::Buffer,
+        /// The tree's parents.
+        parents: &'a [usize],
+        /// The path's last node.
+        node: usize,
+    },
+}
