@@ -12,7 +12,7 @@ pub mod stop;
 pub mod text;
 
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
-pub use loader::{LoadError, LoadedModel};
+pub use loader::{check_memory, LoadError, LoadedModel};
 pub use prefix_cache::PrefixCache;
 pub use sampler::SamplingParams;
 pub use session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};

@@ -10,6 +10,7 @@
 //! - [`trace`]: the hook that sees every named step of a pass (the profiler's).
 //! - [`mixer`]: attention (+ KV cache) and Gated DeltaNet (+ recurrent state).
 //! - [`mlp`], [`norm`], [`embedding`]: the other parts; [`weights`]: claiming tensors.
+//! - [`footprint`]: the memory a checkpoint will need, estimated before loading it.
 //! - [`mtp`]: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
 //! - [`state`]: `ModelState`, one `LayerState` per layer.
 //!
@@ -19,6 +20,7 @@ pub mod batch;
 pub mod config;
 pub mod embedding;
 pub mod error;
+pub mod footprint;
 pub mod mixer;
 pub mod mlp;
 pub mod mtp;
@@ -39,6 +41,7 @@ pub(crate) mod testing;
 pub use batch::{Batch, Logits, Output, Shape};
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
 pub use error::ModelError;
+pub use footprint::Footprint;
 pub use mixer::{Attention, GatedDeltaNet, GdnState, KvCache, KvType, Mixer};
 pub use mtp::MtpHead;
 pub use norm::RmsNorm;
