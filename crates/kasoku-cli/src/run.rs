@@ -129,6 +129,7 @@ fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptio
         engine::stop_tokens(model)
     };
     Ok(GenerateOptions {
+        logprobs: None,
         sampling,
         max_tokens: args.max_tokens,
         stop_tokens,

@@ -1,7 +1,8 @@
-//! `kasoku serve` end to end, over real sockets: the official `openai` Python client (installed
-//! into a cached venv, skipped when PyPI is unreachable), disconnects freeing the session,
-//! concurrent streams matching solo answers, and the prefix cache on SmolLM2 and on the hybrid
-//! (Gated DeltaNet) fixture.
+//! `kasoku serve` end to end, over real sockets: the official `openai` Python client, and the
+//! clients agents are built on (`openai`, `anthropic`, `langchain-openai`) on Qwen2.5-Coder
+//! (installed into cached venvs, skipped when PyPI is unreachable), disconnects freeing the
+//! session, concurrent streams matching solo answers, and the prefix cache on SmolLM2 and on
+//! the hybrid (Gated DeltaNet) fixture.
 
 mod common;
 
@@ -19,8 +20,12 @@ use std::time::{Duration, Instant};
 use http_client::Url;
 use serde_json::{json, Value};
 
-/// The `openai` package version the client test pins.
+/// The `openai` package version the client tests pin.
 const OPENAI_VERSION: &str = "2.8.1";
+/// The versions of the other clients the agent test pins.
+const ANTHROPIC_VERSION: &str = "2.16.0";
+const LANGCHAIN_OPENAI_VERSION: &str = "1.1.9";
+const LANGCHAIN_CORE_VERSION: &str = "1.8.3";
 
 fn smollm2() -> Option<String> {
     kasoku_fetch::ensure_for_test("smollm2-135m").map(|p| p.display().to_string())
@@ -159,20 +164,26 @@ fn chat_body(model: &str, question: &str, max_tokens: usize) -> Value {
     })
 }
 
-/// A Python that can `import openai` at the pinned version: a venv made once, or failing
-/// that (no venv module) a `pip install --target` directory on `PYTHONPATH`. `None` (with a
-/// note) when it cannot be installed (no PyPI).
-fn openai_python() -> Option<(PathBuf, Option<PathBuf>)> {
+/// A Python that can import `packages` (pinned `name==version` specs) whose import names are
+/// `imports`: a venv made once under the cache named `venv-{label}`, or failing that (no venv
+/// module) a `pip install --target` directory on `PYTHONPATH`. `None` (with a note) when they
+/// cannot be installed (no PyPI).
+fn python_with(
+    label: &str,
+    packages: &[&str],
+    imports: &str,
+) -> Option<(PathBuf, Option<PathBuf>)> {
     let root = kasoku_fetch::models_dir()
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(std::env::temp_dir);
-    let venv = root.join(format!("venv-openai-{OPENAI_VERSION}"));
-    let target = root.join(format!("pylib-openai-{OPENAI_VERSION}"));
+    let venv = root.join(format!("venv-{label}"));
+    let target = root.join(format!("pylib-{label}"));
     let venv_python = venv.join("bin/python");
     let works = |python: &Path, path: Option<&Path>| {
         let mut c = Command::new(python);
-        c.args(["-c", "import openai"]).stderr(Stdio::null());
+        c.args(["-c", &format!("import {imports}")])
+            .stderr(Stdio::null());
         if let Some(p) = path {
             c.env("PYTHONPATH", p);
         }
@@ -186,16 +197,14 @@ fn openai_python() -> Option<(PathBuf, Option<PathBuf>)> {
         return Some((system, Some(target)));
     }
     if std::env::var("KASOKU_OFFLINE").is_ok_and(|v| v == "1") {
-        eprintln!(
-            "note: KASOKU_OFFLINE=1 and openai is not installed; skipping the openai client test"
-        );
+        eprintln!("note: KASOKU_OFFLINE=1 and {imports} is not installed; skipping {label}");
         return None;
     }
     let pip = |python: &Path, extra: &[&std::ffi::OsStr]| {
         Command::new(python)
             .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
             .args(extra)
-            .arg(format!("openai=={OPENAI_VERSION}"))
+            .args(packages)
             .status()
             .is_ok_and(|s| s.success())
     };
@@ -217,28 +226,23 @@ fn openai_python() -> Option<(PathBuf, Option<PathBuf>)> {
     if works(&system, Some(&target)) {
         return Some((system, Some(target)));
     }
-    eprintln!(
-        "note: could not install openai=={OPENAI_VERSION} (no PyPI?); skipping the openai client test"
-    );
+    eprintln!("note: could not install {packages:?} (no PyPI?); skipping {label}");
     None
 }
 
-#[test]
-fn the_official_openai_client_works() {
-    let Some(model) = smollm2() else { return };
-    let Some((python, pythonpath)) = openai_python() else {
-        return;
-    };
-    let server = Server::start(&model, &["--api-key", "test-key", "--ctx-size", "2048"]);
+/// Runs a client script against `server` and checks that it passed.
+fn run_client(server: &Server, python: (PathBuf, Option<PathBuf>), script: &str) {
+    let (python, pythonpath) = python;
     let mut command = Command::new(python);
     if let Some(p) = pythonpath {
         command.env("PYTHONPATH", p);
     }
     let out = command
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/serve_openai.py"
-        ))
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests")
+                .join(script),
+        )
         .env("KASOKU_URL", &server.base)
         .env("KASOKU_MODEL_ID", &server.id)
         .env("KASOKU_API_KEY", "test-key")
@@ -248,6 +252,46 @@ fn the_official_openai_client_works() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("checks passed"), "{stdout}");
+}
+
+#[test]
+fn the_official_openai_client_works() {
+    let Some(model) = smollm2() else { return };
+    let openai = format!("openai=={OPENAI_VERSION}");
+    let label = format!("openai-{OPENAI_VERSION}");
+    let Some(python) = python_with(&label, &[&openai], "openai") else {
+        return;
+    };
+    let server = Server::start(&model, &["--api-key", "test-key", "--ctx-size", "2048"]);
+    run_client(&server, python, "serve_openai.py");
+}
+
+/// What coding agents and agent frameworks are built on, on a model that can drive tools:
+/// the `openai` and `anthropic` clients and `langchain-openai` (serve_agents.py says what
+/// each checks).
+#[test]
+fn agent_clients_work() {
+    let Some(model) = kasoku_fetch::ensure_for_test("qwen2.5-coder-0.5b") else {
+        return;
+    };
+    let packages = [
+        format!("openai=={OPENAI_VERSION}"),
+        format!("anthropic=={ANTHROPIC_VERSION}"),
+        format!("langchain-openai=={LANGCHAIN_OPENAI_VERSION}"),
+        format!("langchain-core=={LANGCHAIN_CORE_VERSION}"),
+    ];
+    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+    let label = format!(
+        "agents-{OPENAI_VERSION}-{ANTHROPIC_VERSION}-{LANGCHAIN_OPENAI_VERSION}-{LANGCHAIN_CORE_VERSION}"
+    );
+    let Some(python) = python_with(&label, &packages, "openai, anthropic, langchain_openai") else {
+        return;
+    };
+    let server = Server::start(
+        &model.display().to_string(),
+        &["--api-key", "test-key", "--ctx-size", "4096"],
+    );
+    run_client(&server, python, "serve_agents.py");
 }
 
 #[test]

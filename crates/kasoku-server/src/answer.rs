@@ -4,6 +4,7 @@
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::logprobs::Entry;
 use crate::pool::{Done, Event};
 use crate::tool_calls::{ToolCall, ToolEvent};
 
@@ -13,6 +14,8 @@ pub struct Answer {
     pub content: String,
     pub reasoning: String,
     pub calls: Vec<ToolCall>,
+    /// Every generated token's log-probabilities, when asked for.
+    pub logprobs: Vec<Entry>,
 }
 
 impl Answer {
@@ -20,6 +23,7 @@ impl Answer {
     pub fn add(&mut self, delta: &crate::output::Delta) {
         self.content.push_str(&delta.content);
         self.reasoning.push_str(&delta.reasoning);
+        self.logprobs.extend(delta.logprobs.iter().cloned());
         for e in &delta.tool_calls {
             match e {
                 ToolEvent::Start { id, name, .. } => self.calls.push(ToolCall {

@@ -635,6 +635,7 @@ mod tests {
                 name: "f".into(),
                 arguments: "{\"a\": 1}".into(),
             }],
+            ..Answer::default()
         };
         let m = message("msg_1", "m", answer, &done("tool_calls"));
         assert_eq!(m["stop_reason"], "tool_use");
@@ -661,6 +662,7 @@ mod tests {
                 content: content.into(),
                 reasoning: reasoning.into(),
                 tool_calls,
+                ..Delta::default()
             })
         };
         text += &s.event(Some(delta("", "think", vec![])));

@@ -34,6 +34,7 @@ mod anthropic;
 pub mod config;
 mod connections;
 mod error;
+mod logprobs;
 mod metrics;
 mod output;
 mod pool;

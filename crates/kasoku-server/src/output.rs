@@ -5,26 +5,34 @@
 use kasoku::engine::stop::StopMatcher;
 use kasoku::tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::logprobs::Entry;
 use crate::tool_calls::{ToolCall, ToolCallParser, ToolEvent, ToolSyntax};
 
 /// What one step released.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Delta {
     pub content: String,
     pub reasoning: String,
     /// Tool call starts and argument pieces (never [`ToolEvent::Content`]).
     pub tool_calls: Vec<ToolEvent>,
+    /// The log-probabilities of the tokens generated since the last delta, when asked for
+    /// (they need not match the text released: stop strings and tool calls hold text back).
+    pub logprobs: Vec<Entry>,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.content.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty()
+        self.content.is_empty()
+            && self.reasoning.is_empty()
+            && self.tool_calls.is_empty()
+            && self.logprobs.is_empty()
     }
 
     fn append(&mut self, other: Delta) {
         self.content.push_str(&other.content);
         self.reasoning.push_str(&other.reasoning);
         self.tool_calls.extend(other.tool_calls);
+        self.logprobs.extend(other.logprobs);
     }
 
     fn take_events(&mut self, events: Vec<ToolEvent>) {

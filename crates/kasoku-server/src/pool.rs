@@ -18,6 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::Speculation;
 use crate::error::ApiError;
+use crate::logprobs::Entry;
 use crate::metrics::{add, Metrics};
 use crate::output::{Delta, Output, ThinkTokens};
 use crate::prompt::ControlText;
@@ -288,12 +289,15 @@ fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool
         &job.prompt,
         &job.options,
         &|| tx.is_closed() || cut(),
-        &mut |token| {
+        &mut |emitted| {
             if tx.is_closed() {
                 cancelled = true;
                 return Flow::Stop;
             }
-            let delta = output.push(token);
+            let mut delta = output.push(emitted.token);
+            if let Some(lp) = emitted.logprobs {
+                delta.logprobs.push(Entry::new(&engine.model.tokenizer, lp));
+            }
             if !delta.is_empty() {
                 let _ = tx.send(Event::Delta(delta));
             }

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use kasoku::engine::SamplingParams;
+use kasoku::engine::{SamplingParams, MAX_TOP_LOGPROBS};
 use kasoku::format::hf_config::GenerationDefaults;
 
 use crate::error::ApiError;
@@ -79,16 +79,9 @@ const FIELDS: &[(&str, On, Rule)] = &[
     ("best_of", On::Completion, Rule::Read),
     ("echo", On::Completion, Rule::Read),
     ("suffix", On::Completion, Rule::Read),
-    (
-        "logprobs",
-        On::Both,
-        Rule::Refused("log probabilities are not supported"),
-    ),
-    (
-        "top_logprobs",
-        On::Both,
-        Rule::Refused("log probabilities are not supported"),
-    ),
+    // Chat: logprobs true/false with top_logprobs alternatives; completions: logprobs = N.
+    ("logprobs", On::Both, Rule::Read),
+    ("top_logprobs", On::Chat, Rule::Read),
     (
         "logit_bias",
         On::Both,
@@ -284,6 +277,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// llama.cpp's `cache_prompt`: false = compute the whole prompt (no prefix reuse).
     pub cache_prompt: bool,
+    /// Log-probabilities of the answer's tokens, with this many alternatives each.
+    pub logprobs: Option<usize>,
 }
 
 /// The body as a JSON object (400 when it is not JSON or not an object).
@@ -431,7 +426,34 @@ pub fn chat(
     request.tools = tools;
     request.tool_choice = tool_choice;
     request.parallel_tool_calls = parallel_tool_calls;
+    request.logprobs = chat_logprobs(&f)?;
     Ok(request)
+}
+
+/// Chat's `logprobs` (true/false) and `top_logprobs` (0..=20, only with `logprobs: true`).
+fn chat_logprobs(f: &Fields) -> Result<Option<usize>, ApiError> {
+    let on = f.bool("logprobs")?.unwrap_or(false);
+    let top = top_count(f, "top_logprobs")?;
+    match (on, top) {
+        (false, Some(n)) if n > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        (false, _) => Ok(None),
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+    }
+}
+
+/// A count of log-probability alternatives, 0..=[`MAX_TOP_LOGPROBS`].
+fn top_count(f: &Fields, name: &str) -> Result<Option<usize>, ApiError> {
+    match f.uint(name)? {
+        // (Negative values arrive as huge ones.)
+        Some(n) if n > MAX_TOP_LOGPROBS as u64 => Err(ApiError::invalid(
+            name,
+            format!("{name} must be between 0 and {MAX_TOP_LOGPROBS}"),
+        )),
+        other => Ok(other.map(|n| n as usize)),
+    }
 }
 
 /// Parses a (raw) completion request.
@@ -485,6 +507,8 @@ pub fn completion(
     request.prompt = prompt;
     request.suffix = suffix;
     request.max_tokens = positive(f.uint("max_tokens")?.or(Some(16)), "max_tokens")?;
+    // Completions: logprobs = N asks for the chosen token and N alternatives.
+    request.logprobs = top_count(&f, "logprobs")?;
     Ok(request)
 }
 
@@ -621,6 +645,7 @@ fn common(f: &Fields, defaults: Option<&GenerationDefaults>) -> Result<Request, 
         tool_choice: ToolChoice::Auto,
         parallel_tool_calls: true,
         suffix: None,
+        logprobs: None,
     })
 }
 
@@ -975,6 +1000,65 @@ mod tests {
         assert!(parse_object(b"[1]").is_err());
     }
 
+    #[test]
+    fn logprobs_are_read_per_endpoint_and_bounded() {
+        let chat_with = |extra: Value| {
+            let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            chat(&obj(b), None)
+        };
+        assert_eq!(chat_with(json!({})).unwrap().logprobs, None);
+        assert_eq!(
+            chat_with(json!({"logprobs": true})).unwrap().logprobs,
+            Some(0)
+        );
+        assert_eq!(
+            chat_with(json!({"logprobs": true, "top_logprobs": 5}))
+                .unwrap()
+                .logprobs,
+            Some(5)
+        );
+        assert_eq!(
+            chat_with(json!({"logprobs": false, "top_logprobs": 0}))
+                .unwrap()
+                .logprobs,
+            None
+        );
+        for (extra, param) in [
+            (json!({"top_logprobs": 2}), "top_logprobs"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (
+                json!({"logprobs": true, "top_logprobs": -1}),
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 3}), "logprobs"),
+        ] {
+            let e = chat_with(extra.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}");
+        }
+        let completion_with = |lp: Value| {
+            completion(
+                &obj(json!({"model": "m", "prompt": "x", "logprobs": lp})),
+                None,
+            )
+        };
+        assert_eq!(completion_with(json!(2)).unwrap().logprobs, Some(2));
+        assert_eq!(completion_with(Value::Null).unwrap().logprobs, None);
+        assert!(completion_with(json!(99)).is_err());
+        // top_logprobs is chat's: on completions it is unknown.
+        let e = completion(
+            &obj(json!({"model": "m", "prompt": "x", "top_logprobs": 2})),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+    }
+
     /// One regression test per class of field: not implemented (refused unless empty),
     /// unknown, inside a message, inside stream_options.
     #[test]
@@ -987,8 +1071,6 @@ mod tests {
         };
         let refused = [
             (with("logit_bias", json!({"15": 10})), "logit_bias"),
-            (with("top_logprobs", json!(3)), "top_logprobs"),
-            (with("logprobs", json!(true)), "logprobs"),
             (
                 with("functions", json!([{"name": "f", "parameters": {}}])),
                 "functions",

@@ -738,6 +738,7 @@ mod tests {
                 content: content.into(),
                 reasoning: String::new(),
                 tool_calls,
+                ..Delta::default()
             })
         };
         text += &s.event(Some(delta("Run", vec![])));
@@ -809,6 +810,7 @@ mod tests {
                 name: "shell".into(),
                 arguments: "{\"cmd\": \"ls\"}".into(),
             }],
+            ..Answer::default()
         };
         let whole = Envelope::of(&body, "resp-1".into())
             .response(Some(&done("tool_calls")), items("resp-1", answer));

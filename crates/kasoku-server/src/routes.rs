@@ -4,6 +4,7 @@
 //! API-key checks, body limits (size, time, memory of all bodies together), prompt limits, and
 //! OpenAI-shaped errors for unknown routes and methods.
 
+use std::cell::Cell;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::access::Access;
 use crate::answer;
 use crate::anthropic;
 use crate::error::ApiError;
+use crate::logprobs;
 use crate::metrics::{add, Gauges};
 use crate::output::Delta;
 use crate::pool::{Done, Engine, Event, Job, Pool};
@@ -363,6 +365,7 @@ pub(crate) async fn start(
     let prompt_tokens = prompt.len();
     let room = app.engine.ctx - prompt.len();
     let options = GenerateOptions {
+        logprobs: request.logprobs,
         sampling: request.sampling.clone(),
         max_tokens: request.max_tokens.unwrap_or(room).min(room),
         stop_tokens: if request.ignore_eos {
@@ -420,6 +423,8 @@ async fn generate(
         model: app.engine.id.clone(),
         created: unix_now(),
         include_usage: request.include_usage,
+        logprobs: request.logprobs.is_some(),
+        text_sent: Cell::new(0),
     };
     if request.stream {
         Ok(stream(reply, first, rx))
@@ -435,6 +440,10 @@ struct Reply {
     model: String,
     created: u64,
     include_usage: bool,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    /// Bytes of token text streamed so far (completions' `text_offset`).
+    text_sent: Cell<usize>,
 }
 
 impl Reply {
@@ -479,14 +488,27 @@ impl Reply {
                         d.insert("tool_calls".into(), tool_call_deltas(&delta.tool_calls));
                     }
                 }
-                json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+                let lp = delta
+                    .filter(|d| !d.logprobs.is_empty())
+                    .map_or(Value::Null, |d| logprobs::chat(&d.logprobs));
+                json!({"index": 0, "delta": d, "logprobs": lp, "finish_reason": finish})
             }
-            Kind::Completion => json!({
-                "index": 0,
-                "text": delta.map(|d| d.content.as_str()).unwrap_or(""),
-                "logprobs": null,
-                "finish_reason": finish,
-            }),
+            Kind::Completion => {
+                let lp = match delta.filter(|d| !d.logprobs.is_empty()) {
+                    Some(d) => {
+                        let offset = self.text_sent.get();
+                        self.text_sent.set(offset + logprobs::text_len(&d.logprobs));
+                        logprobs::completion(&d.logprobs, offset)
+                    }
+                    None => Value::Null,
+                };
+                json!({
+                    "index": 0,
+                    "text": delta.map(|d| d.content.as_str()).unwrap_or(""),
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                })
+            }
         };
         let mut m = self.envelope(true, json!([choice]));
         if self.include_usage {
@@ -546,6 +568,7 @@ async fn collect(
     mut rx: UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let (answer, done) = answer::collect(first, &mut rx).await?;
+    let asked = reply_logprobs(&reply, &answer);
     let choice = match reply.kind {
         Kind::Chat => {
             let mut message = Map::new();
@@ -570,15 +593,26 @@ async fn collect(
                     .collect();
                 message.insert("tool_calls".into(), Value::Array(calls));
             }
-            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.finish})
+            json!({"index": 0, "message": message, "logprobs": asked, "finish_reason": done.finish})
         }
         Kind::Completion => {
-            json!({"index": 0, "text": answer.content, "logprobs": null, "finish_reason": done.finish})
+            json!({"index": 0, "text": answer.content, "logprobs": asked, "finish_reason": done.finish})
         }
     };
     let mut m = reply.envelope(false, json!([choice]));
     m.insert("usage".into(), usage(&done));
     Ok(json_response(StatusCode::OK, &Value::Object(m)))
+}
+
+/// A whole answer's `logprobs` object, or null when none were asked for.
+fn reply_logprobs(reply: &Reply, answer: &answer::Answer) -> Value {
+    if !reply.logprobs {
+        return Value::Null;
+    }
+    match reply.kind {
+        Kind::Chat => logprobs::chat(&answer.logprobs),
+        Kind::Completion => logprobs::completion(&answer.logprobs, 0),
+    }
 }
 
 /// The streaming answer. Dropping the body (client gone) drops the receiver, which stops the

@@ -27,6 +27,7 @@ fn greedy_fibonacci_is_valid_python() {
     )
     .unwrap();
     let options = GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams::default(),
         max_tokens: 160,
         stop_tokens: engine::stop_tokens(&model),

@@ -18,6 +18,7 @@ fn tiny(rel: &str) -> LoadedModel {
 
 fn options(temperature: f32, seed: u64, max_tokens: usize) -> GenerateOptions {
     GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams {
             temperature,
             top_k: 40,
@@ -115,6 +116,7 @@ fn stop_tokens_max_tokens_and_callback_stop() {
     assert_eq!(free.len(), 10);
     // Stopping on the third generated token: two tokens come out, finish reason stop.
     let stop = GenerateOptions {
+        logprobs: None,
         stop_tokens: vec![free[2]],
         ..opts.clone()
     };
@@ -170,6 +172,7 @@ fn bad_input_is_an_error_and_the_session_still_works() {
         .generate(&out_of_vocab, &opts, &mut |_| Flow::Continue)
         .is_err());
     let bad = GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams {
             top_p: 0.0,
             ..Default::default()

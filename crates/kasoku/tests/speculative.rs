@@ -1,14 +1,14 @@
-//! Speculative decoding gives exactly the tokens plain decoding gives: every architecture's
-//! fixture (the Qwen3.5 hybrid included), greedy and sampled, with each drafter, over a few
-//! hundred tokens, with fixed and adaptive tree budgets, and with the KV cache stored in each
-//! format (f32, f16, and q8_0 where the head size allows it).
+//! Speculative decoding gives exactly the tokens and the log-probabilities plain decoding
+//! gives: every architecture's fixture (the Qwen3.5 hybrid included), greedy and sampled, with
+//! each drafter, over a few hundred tokens, with fixed and adaptive tree budgets, and with the
+//! KV cache stored in each format (f32, f16, and q8_0 where the head size allows it).
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 
 use kasoku::constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
-use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator};
+use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator, TokenLogprobs};
 use kasoku::model::{KvType, Model, TokenTree};
 use kasoku::quant::DType;
 use kasoku::spec::draft_model::DraftModelConfig;
@@ -50,12 +50,17 @@ fn samplings() -> Vec<(&'static str, SamplingParams)> {
     ]
 }
 
+/// An answer's tokens with their log-probabilities (the chosen token's and the two most
+/// likely): the verified rows must give exactly the numbers plain decoding's rows give.
+type Answer = (Vec<u32>, Vec<TokenLogprobs>);
+
 fn generate(
     session: &mut Session,
     prompt: &[u32],
     sampling: &SamplingParams,
-) -> (Vec<u32>, Option<SpecStats>) {
+) -> (Answer, Option<SpecStats>) {
     let options = GenerateOptions {
+        logprobs: Some(2),
         sampling: sampling.clone(),
         max_tokens: TOKENS,
         stop_tokens: Vec::new(),
@@ -64,7 +69,8 @@ fn generate(
     let g = session
         .generate(prompt, &options, &mut |_| Flow::Continue)
         .unwrap();
-    (g.tokens, g.stats.spec)
+    assert_eq!(g.logprobs.len(), g.tokens.len());
+    ((g.tokens, g.logprobs), g.stats.spec)
 }
 
 fn policies() -> Vec<PolicyConfig> {
@@ -103,7 +109,7 @@ fn check_model(
     let mut accepted = 0;
     for (name, sampling) in samplings() {
         let (plain, _) = generate(&mut Session::new(target.clone(), 512), &prompt, &sampling);
-        assert_eq!(plain.len(), TOKENS);
+        assert_eq!(plain.0.len(), TOKENS);
         for policy in policies() {
             let mut session = Session::new(target.clone(), 512);
             session.set_speculator(Some(Speculator::new(make(&target), policy)));
@@ -113,7 +119,7 @@ fn check_model(
             accepted += stats.accepted_tokens();
             // A second answer in the same session (prefix reuse with a drafter) matches too.
             let mut prompt2 = prompt.clone();
-            prompt2.extend_from_slice(&plain[..20]);
+            prompt2.extend_from_slice(&plain.0[..20]);
             let (again, _) = generate(&mut session, &prompt2, &sampling);
             let (fresh, _) = generate(&mut Session::new(target.clone(), 512), &prompt2, &sampling);
             assert_eq!(again, fresh, "{target_rel} {kv} {name}: second answer");
@@ -267,6 +273,7 @@ fn drafters_receive_the_targets_features_of_committed_tokens() {
         };
         session.set_speculator(Some(Speculator::new(Box::new(recorder), fixed)));
         let options = GenerateOptions {
+            logprobs: None,
             sampling: SamplingParams::default(),
             max_tokens: 60,
             stop_tokens: Vec::new(),
@@ -343,6 +350,7 @@ fn constrained_speculation_equals_constrained_plain_decoding() {
         let prompt: Vec<u32> = vec![1, 7, 11, 7, 40, 11, 53, 7];
         for (name, sampling) in samplings() {
             let options = GenerateOptions {
+                logprobs: None,
                 sampling: sampling.clone(),
                 max_tokens: 120,
                 stop_tokens: Vec::new(),

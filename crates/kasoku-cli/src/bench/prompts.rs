@@ -45,6 +45,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
     let draft = args.spec.load_draft(args.cache_type, true)?;
     let ctx = 4096;
     let options = GenerateOptions {
+        logprobs: None,
         sampling: SamplingParams::default(),
         max_tokens: args.gen_tokens,
         stop_tokens: engine::stop_tokens(&model),
@@ -86,6 +87,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         );
         // Warm-up: page the weights in, size the buffers.
         let warm = GenerateOptions {
+            logprobs: None,
             max_tokens: 16,
             ..options.clone()
         };

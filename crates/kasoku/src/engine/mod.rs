@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod loader;
+pub mod logprobs;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod session;
@@ -13,9 +14,10 @@ pub mod text;
 
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
 pub use loader::{check_memory, LoadError, LoadedModel};
+pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
 pub use sampler::SamplingParams;
-pub use session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
+pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
 pub use speculative::{build_speculator, SpecKind, Speculator};
 pub use stats::GenerationStats;
 pub use text::{

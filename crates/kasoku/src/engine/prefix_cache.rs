@@ -12,7 +12,9 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::session::{EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
+use super::session::{
+    Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session,
+};
 use super::stats::GenerationStats;
 use crate::model::{Batch, GdnState, LayerState, Logits, ModelState};
 
@@ -320,7 +322,7 @@ impl Session {
         cache: Option<&Mutex<PrefixCache>>,
         prompt: &[u32],
         options: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> Flow,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
     ) -> Result<Generation, EngineError> {
         self.generate_cached_until(cache, prompt, options, &|| false, on_token)
     }
@@ -334,9 +336,9 @@ impl Session {
         prompt: &[u32],
         options: &GenerateOptions,
         cancelled: &dyn Fn() -> bool,
-        on_token: &mut dyn FnMut(u32) -> Flow,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
     ) -> Result<Generation, EngineError> {
-        options.sampling.validate()?;
+        options.validate()?;
         if prompt.is_empty() || prompt.len() >= self.ctx_size() {
             // `generate` reports these.
             return self.generate(prompt, options, on_token);
@@ -372,6 +374,7 @@ impl Session {
                 let elapsed = start.elapsed();
                 return Ok(Generation {
                     tokens: Vec::new(),
+                    logprobs: Vec::new(),
                     finish: FinishReason::Stop,
                     stats: GenerationStats {
                         cached_tokens: reused,
@@ -476,6 +479,7 @@ mod tests {
 
     fn greedy(max_tokens: usize) -> GenerateOptions {
         GenerateOptions {
+            logprobs: None,
             sampling: SamplingParams::default(),
             max_tokens,
             stop_tokens: Vec::new(),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 use super::sampler::{self, ParamError, SamplingParams};
 use super::speculative::Speculator;
 use super::stats::GenerationStats;
@@ -12,7 +13,7 @@ use crate::constraint::{Constraint, ConstraintError, TokenConstraint};
 use crate::model::{Batch, Logits, Model, ModelError, ModelState, Output};
 
 /// What to generate.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub sampling: SamplingParams,
     pub max_tokens: usize,
@@ -20,6 +21,17 @@ pub struct GenerateOptions {
     pub stop_tokens: Vec<u32>,
     /// Constrained decoding: every sampled token is drawn from what this allows.
     pub constraint: Option<Constraint>,
+    /// Log-probabilities of the emitted tokens with this many alternatives each
+    /// (0..=[`MAX_TOP_LOGPROBS`]); `None`: none are computed.
+    pub logprobs: Option<usize>,
+}
+
+/// A token as it is emitted: what `on_token` sees.
+#[derive(Clone, Copy, Debug)]
+pub struct Emitted<'a> {
+    pub token: u32,
+    /// Its log-probabilities, when [`GenerateOptions::logprobs`] asked for them.
+    pub logprobs: Option<&'a TokenLogprobs>,
 }
 
 /// Why generation ended.
@@ -55,6 +67,8 @@ pub enum Flow {
 #[derive(Clone, Debug)]
 pub struct Generation {
     pub tokens: Vec<u32>,
+    /// One entry per token of `tokens` when [`GenerateOptions::logprobs`] asked for them.
+    pub logprobs: Vec<TokenLogprobs>,
     pub finish: FinishReason,
     pub stats: GenerationStats,
 }
@@ -73,6 +87,8 @@ pub enum EngineError {
     Draft(String),
     #[error(transparent)]
     Constraint(#[from] ConstraintError),
+    #[error("logprobs: at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {0}")]
+    TooManyLogprobs(usize),
 }
 
 /// A conversation's state. Cheap to create; the weights are shared.
@@ -134,9 +150,9 @@ impl Session {
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> Flow,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
     ) -> Result<Generation, EngineError> {
-        options.sampling.validate()?;
+        options.validate()?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -167,6 +183,7 @@ impl Session {
             on_token,
             start,
             generated: Vec::new(),
+            logprobs: Vec::new(),
             history: prompt.to_vec(),
             first_token_at: None,
             stats,
@@ -193,6 +210,7 @@ impl Session {
         stats.total_time = end - start;
         Ok(Generation {
             tokens: run.generated,
+            logprobs: run.logprobs,
             finish,
             stats,
         })
@@ -202,7 +220,7 @@ impl Session {
     fn decode_plain(&mut self, run: &mut Run, first: u32) -> Result<FinishReason, EngineError> {
         let mut token = first;
         loop {
-            if let Some(finish) = run.take(token)? {
+            if let Some(finish) = run.take(token, &self.out.logits)? {
                 return Ok(finish);
             }
             if self.state.len() + 1 >= self.ctx_size() {
@@ -247,12 +265,26 @@ impl Session {
     }
 }
 
+impl GenerateOptions {
+    /// Checks the options before any work: sampling values that cannot be sampled, and
+    /// more log-probability alternatives than are offered.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        self.sampling.validate()?;
+        match self.logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => Err(EngineError::TooManyLogprobs(n)),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The answer being generated: emitted tokens, the history the sampler reads, statistics.
 pub(super) struct Run<'a> {
     pub(super) options: &'a GenerateOptions,
-    pub(super) on_token: &'a mut dyn FnMut(u32) -> Flow,
+    pub(super) on_token: &'a mut dyn FnMut(Emitted) -> Flow,
     pub(super) start: Instant,
     pub(super) generated: Vec<u32>,
+    /// The emitted tokens' log-probabilities, when asked for.
+    pub(super) logprobs: Vec<TokenLogprobs>,
     /// The prompt and every emitted token.
     pub(super) history: Vec<u32>,
     pub(super) first_token_at: Option<Instant>,
@@ -275,9 +307,13 @@ impl Run<'_> {
         ))
     }
 
-    /// Takes the next sampled token: emits it, or ends the answer (a stop token is not
-    /// emitted). Returns why generation ends, if it does.
-    pub(super) fn take(&mut self, token: u32) -> Result<Option<FinishReason>, EngineError> {
+    /// Takes the next sampled token, drawn from `logits`: emits it, or ends the answer (a stop
+    /// token is not emitted). Returns why generation ends, if it does.
+    pub(super) fn take(
+        &mut self,
+        token: u32,
+        logits: &[f32],
+    ) -> Result<Option<FinishReason>, EngineError> {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
             self.stats.time_to_first_token = self.start.elapsed();
@@ -290,7 +326,17 @@ impl Run<'_> {
         }
         self.generated.push(token);
         self.history.push(token);
-        if (self.on_token)(token) == Flow::Stop {
+        if let Some(top) = self.options.logprobs {
+            self.logprobs.push(token_logprobs(logits, token, top));
+        }
+        let emitted = Emitted {
+            token,
+            logprobs: self
+                .logprobs
+                .last()
+                .filter(|_| self.options.logprobs.is_some()),
+        };
+        if (self.on_token)(emitted) == Flow::Stop {
             return Ok(Some(FinishReason::Stop));
         }
         if self.generated.len() >= self.options.max_tokens {

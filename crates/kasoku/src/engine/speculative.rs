@@ -71,7 +71,7 @@ impl Speculator {
         };
         self.drafter.start(prompt, prompt_features)?;
         let mut token = first;
-        if let Some(finish) = run.take(token)? {
+        if let Some(finish) = run.take(token, &session.out.logits)? {
             return Ok(finish);
         }
         loop {
@@ -136,9 +136,13 @@ impl Speculator {
             // Emit as plain decoding would; it would have fed every emitted token but the last.
             let mut finish = None;
             let mut fed = acceptance.path.len();
+            let vocab = model.config.vocab;
             for (j, &y) in acceptance.tokens.iter().enumerate() {
                 run.stats.decode_tokens += 1;
-                if let Some(f) = run.take(y)? {
+                // Token j was sampled from the logits of the j-th node of the path.
+                let node = acceptance.path[j];
+                let logits = &verified.logits[node * vocab..(node + 1) * vocab];
+                if let Some(f) = run.take(y, logits)? {
                     finish = Some(f);
                     fed = j + 1;
                     break;

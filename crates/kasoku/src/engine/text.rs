@@ -104,8 +104,8 @@ pub fn generate_text(
             on_text(piece);
         }
     };
-    let generation = session.generate(prompt, options, &mut |token| {
-        let piece = decoder.push(token);
+    let generation = session.generate(prompt, options, &mut |emitted| {
+        let piece = decoder.push(emitted.token);
         let released = stops.push(&piece);
         emit(&released, &mut answer);
         if stops.stopped() {
