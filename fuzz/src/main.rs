@@ -57,6 +57,9 @@ fn main() {
             .map(|n| targets::target(n).unwrap_or_else(|| fail(&format!("no target {n}"))))
             .collect()
     };
+    // One worker thread in all: the model targets' forward passes would otherwise take every
+    // core of the pool.
+    kasoku::kernels::threads::set_threads(1);
     runner::quiet_panics();
     let mut found = 0;
     let mut hung = false;
