@@ -203,25 +203,3 @@ fn every_path_gives_the_same_bits() {
         }
     }
 }
-
-/// Activations that are not numbers (a broken checkpoint's) give garbage, never a trap: on
-/// AVX2 a NaN quantizes to the integer-indefinite code, whose block sum overflowed the offset
-/// correction (found by the gguf fuzz target).
-#[test]
-fn non_finite_activations_do_not_trap() {
-    let mut rng = Rng(9);
-    for dtype in FORMATS {
-        let (rows, cols) = (8, 64);
-        let wb = random_weight(&mut rng, dtype, rows, cols);
-        let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            let x: Vec<f32> = (0..cols)
-                .map(|c| if c % 3 == 0 { bad } else { 1.0 })
-                .collect();
-            for isa in Isa::available() {
-                let mut y = vec![0f32; rows];
-                matmul_with(&w, &x, 1, &mut y, isa);
-            }
-        }
-    }
-}
