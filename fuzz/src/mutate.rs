@@ -2,7 +2,8 @@
 //! random bytes, an "interesting" integer (0, -1, 2^7..2^63 edges) written little-endian over
 //! 1/2/4/8 bytes (GGUF and safetensors headers are little-endian counts and offsets), the
 //! same as decimal text over a run of ASCII digits (JSON numbers), byte insertion and deletion,
-//! a duplicated or removed chunk, splicing with another seed, and truncation. Edits land in the
+//! a duplicated or removed chunk, splicing with another seed, a word of the target's dictionary
+//! (keywords of its format) inserted or written over, and truncation. Edits land in the
 //! first 8 KiB three times out of four: that is where every format keeps its structure (GGUF
 //! metadata, safetensors header, JSON), while tensor data beyond is plain numbers.
 
@@ -81,10 +82,21 @@ fn position(rng: &mut Rng, len: usize) -> usize {
     }
 }
 
-/// One mutation of `data` (the others: seeds to splice with).
-fn mutate_once(data: &mut Vec<u8>, others: &[&[u8]], rng: &mut Rng) {
+/// One mutation of `data` (the others: seeds to splice with; words: the target's dictionary).
+fn mutate_once(data: &mut Vec<u8>, others: &[&[u8]], words: &[&str], rng: &mut Rng) {
     let len = data.len();
-    match rng.below(10) {
+    match rng.below(12) {
+        // A dictionary word, inserted or written over.
+        9 | 10 if !words.is_empty() => {
+            let word = words[rng.below(words.len())].as_bytes();
+            let at = position(rng, len);
+            if rng.chance(2) {
+                data.splice(at..at, word.iter().copied());
+            } else {
+                let end = (at + word.len()).min(len);
+                data.splice(at..end, word.iter().copied());
+            }
+        }
         // Flip a bit.
         0 if len > 0 => {
             let at = position(rng, len - 1);
@@ -161,10 +173,10 @@ fn mutate_once(data: &mut Vec<u8>, others: &[&[u8]], rng: &mut Rng) {
 }
 
 /// A mutant of `seed`: one to four mutations.
-pub fn mutate(seed: &[u8], others: &[&[u8]], rng: &mut Rng) -> Vec<u8> {
+pub fn mutate(seed: &[u8], others: &[&[u8]], words: &[&str], rng: &mut Rng) -> Vec<u8> {
     let mut data = seed.to_vec();
     for _ in 0..1 + rng.below(4) {
-        mutate_once(&mut data, others, rng);
+        mutate_once(&mut data, others, words, rng);
     }
     data
 }
@@ -178,17 +190,19 @@ mod tests {
         let seed: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
         let other = b"{\"a\": 12345}".to_vec();
         let mut rng = Rng::new(7);
-        let mut changed = 0;
+        let (mut changed, mut words) = (0, 0);
         for _ in 0..1000 {
-            let m = mutate(&seed, &[&other], &mut rng);
+            let m = mutate(&seed, &[&other], &["word"], &mut rng);
             changed += usize::from(m != seed);
             assert!(m.len() <= seed.len() + 4 * 64);
+            words += usize::from(m.windows(4).any(|w| w == b"word"));
         }
         assert!(changed > 950, "{changed}");
+        assert!(words > 100, "{words}");
         // Decimal edits rewrite numbers in JSON text.
         let mut numbers = 0;
         for _ in 0..2000 {
-            let m = mutate(&other, &[], &mut rng);
+            let m = mutate(&other, &[], &[], &mut rng);
             let text = String::from_utf8_lossy(&m);
             numbers += usize::from(!text.contains("12345") && text.contains("{\"a\": "));
         }

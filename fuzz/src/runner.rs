@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::mutate::{mutate, Rng};
-use crate::targets::{repo_root, Target};
+use crate::targets::{repo_root, Target, JSON_WORDS};
 
 /// How long one run goes.
 #[derive(Clone, Debug)]
@@ -205,6 +205,12 @@ pub fn fuzz(target: &'static Target, options: &Options) -> Report {
         .expect("worker thread");
     let dir = options.crashes.join(target.name);
     let mut rng = Rng::new(options.seed ^ digest(target.name.as_bytes()).len() as u64);
+    // JSON formats (their words are quoted) share the JSON words.
+    let mut words: Vec<&str> = target.dictionary.to_vec();
+    if target.dictionary.iter().any(|w| w.starts_with('"')) {
+        words.extend(JSON_WORDS);
+    }
+    let others: Vec<&[u8]> = corpus.iter().map(Vec::as_slice).collect();
     let start = Instant::now();
     let deadline = Duration::from_secs_f64(options.seconds);
     let mut next = 0usize;
@@ -214,8 +220,7 @@ pub fn fuzz(target: &'static Target, options: &Options) -> Report {
             corpus[next].clone()
         } else {
             let seed = &corpus[rng.below(corpus.len())];
-            let others: Vec<&[u8]> = corpus.iter().map(Vec::as_slice).collect();
-            mutate(seed, &others, &mut rng)
+            mutate(seed, &others, &words, &mut rng)
         };
         next += 1;
         if to_worker.send(input.clone()).is_err() {
