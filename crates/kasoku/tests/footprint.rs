@@ -9,12 +9,17 @@ mod common;
 use kasoku::engine::{LoadError, LoadedModel};
 use kasoku::model::{Footprint, KvType, Model};
 
-/// `RssAnon` of this process, in bytes.
-fn rss_anon() -> u64 {
+/// A line of /proc/self/status (`RssAnon`, `RssFile`), in bytes.
+fn status(key: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("RssAnon:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
     let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     kib * 1024
+}
+
+/// Anonymous resident memory of this process.
+fn rss_anon() -> u64 {
+    status("RssAnon:")
 }
 
 #[test]
@@ -46,9 +51,20 @@ fn the_estimate_matches_what_loading_takes_and_guards_loading() {
             "{name}: {refused} bytes allocated"
         );
 
-        let before = rss_anon();
+        let (before, file_before) = (rss_anon(), status("RssFile:"));
         let model = Model::load(&path).unwrap();
         let grown = rss_anon().saturating_sub(before);
+        // The checkpoint's pages of packed matrices are released as each is packed, so the
+        // model is not resident twice (packed, and mapped).
+        let mapped = status("RssFile:").saturating_sub(file_before);
+        eprintln!(
+            "{name}: {:.1} MiB of the file resident after loading",
+            mib(mapped)
+        );
+        assert!(
+            mapped < estimate.weight_bytes / 10,
+            "{name}: {mapped} bytes of the file"
+        );
         eprintln!(
             "{name}: estimated {:.1} MiB of weights, loading took {:.1} MiB",
             mib(estimate.weight_bytes),
