@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use kasoku::engine::{self, GenerateOptions, LoadedModel, PromptOptions, SamplingParams, Session};
-use kasoku::model::KvType;
+use kasoku::model::{footprint, KvType};
 use kasoku::tokenizer::ChatMessage;
 
 use crate::args::RunArgs;
@@ -25,6 +25,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
         kv_type: args.cache_type,
         sessions: 1,
         other_bytes: 0,
+        // Loaded: MemAvailable already excludes the weights.
+        weight_bytes: 0,
+        scratch_bytes: footprint::scratch_bytes(&model.model.config)
+            + draft
+                .as_ref()
+                .map_or(0, |d| footprint::scratch_bytes(&d.config)),
         available: engine::available_memory(),
     }
     .plan()?;

@@ -76,6 +76,13 @@ impl SpecArgs {
             return Ok(None);
         };
         let path = progress::resolve_model(name, quiet)?;
+        kasoku::engine::check_memory(
+            &path,
+            self.draft_format.0,
+            kv_type,
+            kasoku::engine::available_memory(),
+        )
+        .context("loading the draft model")?;
         let mut model = Model::load_with(&path, self.draft_format.0)
             .with_context(|| format!("loading the draft model {}", path.display()))?;
         if model.set_kv_type(kv_type).is_err() {

@@ -50,6 +50,7 @@ mod tools;
 use std::sync::{Arc, Mutex};
 
 use kasoku::engine::{self, EngineError, LoadedModel, PrefixCache};
+use kasoku::model::footprint;
 use tokio::sync::watch;
 
 pub use config::{PrefixCacheConfig, ServerConfig, Speculation};
@@ -122,6 +123,11 @@ impl Server {
             kv_type: model.model.kv_type(),
             sessions: config.sessions(),
             other_bytes: config.prefix_cache.map_or(0, |c| c.budget_bytes as u64),
+            // Loaded: MemAvailable already excludes the weights.
+            weight_bytes: 0,
+            scratch_bytes: config.sessions() as u64
+                * (footprint::scratch_bytes(&model.model.config)
+                    + draft.map_or(0, |d| footprint::scratch_bytes(&d.config))),
             available: config.memory_available.or_else(engine::available_memory),
         }
         .plan()

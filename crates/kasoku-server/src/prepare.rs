@@ -60,6 +60,27 @@ pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, Api
     prepare_object(engine, &object, kind)
 }
 
+/// Refuses, before it is tokenized, prompt text of `bytes` bytes that the context cannot hold
+/// (more than the engine's bytes per context token): a 400 naming `param`.
+pub fn prompt_fits(engine: &Engine, bytes: usize, param: &str) -> Result<(), ApiError> {
+    let ctx = engine.ctx;
+    let max_bytes = ctx.saturating_mul(engine.prompt_bytes_per_token);
+    if bytes <= max_bytes {
+        return Ok(());
+    }
+    Err(ApiError {
+        param: Some(param.into()),
+        ..ApiError::bad_request(
+            "context_length_exceeded",
+            format!(
+                "the prompt has {bytes} bytes, more than the context of {ctx} tokens can hold \
+                 ({max_bytes} bytes at {} per token); it was not tokenized",
+                engine.prompt_bytes_per_token
+            ),
+        )
+    })
+}
+
 /// [`prepare`] for a body already parsed (or translated from another API).
 pub fn prepare_object(
     engine: &Engine,
@@ -77,23 +98,7 @@ pub fn prepare_object(
     let model = &engine.model;
     let tokenizer = &model.tokenizer;
     let ctx = engine.ctx;
-    let max_bytes = ctx.saturating_mul(engine.prompt_bytes_per_token);
-    let fits = |bytes: usize, param: &str| {
-        if bytes <= max_bytes {
-            return Ok(());
-        }
-        Err(ApiError {
-            param: Some(param.into()),
-            ..ApiError::bad_request(
-                "context_length_exceeded",
-                format!(
-                    "the prompt has {bytes} bytes, more than the context of {ctx} tokens can hold \
-                     ({max_bytes} bytes at {} per token); it was not tokenized",
-                    engine.prompt_bytes_per_token
-                ),
-            )
-        })
-    };
+    let fits = |bytes: usize, param: &str| prompt_fits(engine, bytes, param);
     let mut in_thinking = false;
     let mut plan = ToolPlan::default();
     let (prompt, param) = match &request.prompt {

@@ -32,7 +32,7 @@ use crate::metrics::{add, Gauges};
 use crate::output::Delta;
 use crate::pool::{Done, Engine, Event, Job, Pool};
 pub(crate) use crate::prepare::Kind;
-use crate::prepare::{prepare_object, unknown_model, Prepared};
+use crate::prepare::{prepare_object, prompt_fits, unknown_model, Prepared};
 use crate::request::{self, Request};
 use crate::responses;
 use crate::tool_calls::ToolEvent;
@@ -129,6 +129,7 @@ fn tokenize_object(app: &App, object: &Map<String, Value>) -> Result<Value, ApiE
         let text = text
             .as_str()
             .ok_or_else(|| ApiError::invalid("content", "content must be a string"))?;
+        prompt_fits(&app.engine, text.len(), "content")?;
         let encoded = if add_special {
             tokenizer.encode_with_bos(text, true)
         } else {

@@ -250,6 +250,7 @@ fn a_prompt_too_long_to_fit_is_refused_before_tokenization() {
             "/v1/chat/completions",
             json!({"model": "tiny", "messages": [{"role": "user", "content": huge}]}),
         ),
+        ("/tokenize", json!({"content": huge})),
     ] {
         let r = server.request("POST", path, Some(&body.to_string()));
         assert_eq!(r.status, 400, "{path}");

@@ -250,11 +250,22 @@ fn memory_shortens_a_default_context_and_refuses_an_explicit_one() {
         memory_available: Some(4 << 20),
         ..ServerConfig::default()
     };
-    let server = Server::new(load(&fixture.path()), config.clone()).unwrap();
-    // 90% of 4 MiB over 256 bytes a token, down to a multiple of 1024.
-    assert_eq!(server.context(), 14336);
+    let model = load(&fixture.path());
+    let scratch = kasoku::model::footprint::scratch_bytes(&model.model.config);
+    let server = Server::new(model, config.clone()).unwrap();
+    // 90% of 4 MiB, less one pass's scratch (864 KiB), over 256 bytes a token, down to a
+    // multiple of 1024.
+    assert_eq!(scratch, 884_736);
+    assert_eq!(
+        server.context(),
+        ((4 << 20) / 100 * 90 - 884_736) / 256 / 1024 * 1024
+    );
+    assert_eq!(server.context(), 11264);
     let note = server.context_note().expect("a note");
-    assert!(note.contains("32768") && note.contains("14336"), "{note}");
+    assert!(
+        note.contains("32768") && note.contains("11264") && note.contains("0.8 MiB of scratch"),
+        "{note}"
+    );
     let explicit = ServerConfig {
         context: Some(32768),
         ..config

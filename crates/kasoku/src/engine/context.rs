@@ -2,8 +2,11 @@
 //! otherwise, checked when the model is loaded, before anything is served.
 //!
 //! KV caches grow as they fill, so nothing is reserved up front; the check is that the
-//! sessions could all fill their contexts (and the prefix cache its budget) within the memory
-//! available once the weights are in. A context asked for explicitly that cannot fit is
+//! sessions could all fill their contexts (and the prefix cache its budget), next to the
+//! weights and one pass's scratch, within the memory available. Planned before loading
+//! (`LoadedModel::load_within`), the weights are counted from the checkpoint's
+//! `model::Footprint`, so a model that cannot fit is refused before anything is packed;
+//! planned after loading, `MemAvailable` already excludes them. A context asked for explicitly that cannot fit is
 //! refused with the numbers; a default one is shortened to what fits, with a note saying so.
 //! Prompts longer than the context are refused where they arrive, never cut.
 
@@ -32,6 +35,11 @@ pub struct ContextRequest {
     pub sessions: usize,
     /// Other memory to plan for (the prefix cache's budget).
     pub other_bytes: u64,
+    /// Weights still to be allocated: a [`crate::model::Footprint`]'s when planning before
+    /// loading, 0 once they are loaded (`available` then excludes them).
+    pub weight_bytes: u64,
+    /// One pass's scratch ([`crate::model::Footprint::scratch_bytes`]).
+    pub scratch_bytes: u64,
     /// Memory available (`MemAvailable`), or `None` when unknown (then nothing is checked).
     pub available: Option<u64>,
 }
@@ -51,12 +59,19 @@ pub struct ContextPlan {
 pub struct ContextError(pub String);
 
 impl ContextRequest {
+    /// Memory planned whatever the context: weights, scratch, prefix cache.
+    fn fixed_bytes(&self) -> u64 {
+        self.weight_bytes
+            .saturating_add(self.scratch_bytes)
+            .saturating_add(self.other_bytes)
+    }
+
     /// The bytes `tokens` of context need: every session's KV cache full, and the rest.
     pub fn bytes_for(&self, tokens: usize) -> u64 {
         (self.sessions.max(1) as u64)
             .saturating_mul(tokens as u64)
             .saturating_mul(self.kv_bytes_per_token as u64)
-            .saturating_add(self.other_bytes)
+            .saturating_add(self.fixed_bytes())
     }
 
     /// Chooses the context (see the module documentation).
@@ -71,26 +86,36 @@ impl ContextRequest {
             return Ok(plain(want));
         }
         let per_context = (self.sessions.max(1) as u64) * self.kv_bytes_per_token.max(1) as u64;
-        let fits = usable.saturating_sub(self.other_bytes) / per_context;
+        let fits = usable.saturating_sub(self.fixed_bytes()) / per_context;
         let fits = (fits as usize) / ROUND * ROUND;
+        let mut rest = String::new();
+        for (bytes, what) in [
+            (self.weight_bytes, "weights"),
+            (self.scratch_bytes, "scratch"),
+            (self.other_bytes, "prefix cache"),
+        ] {
+            if bytes > 0 {
+                rest.push_str(&format!(" plus {} of {what}", gib(bytes)));
+            }
+        }
         let why = format!(
             "a context of {want} tokens needs {} of KV cache ({} per token in {} × {want} tokens \
-             × {} session(s)){}, but {} of memory is available ({} usable, keeping {}% free)",
-            gib(self.bytes_for(want) - self.other_bytes),
+             × {} session(s)){rest}, but {} of memory is available ({} usable, keeping {}% free)",
+            gib(self.bytes_for(want) - self.fixed_bytes()),
             kib(self.kv_bytes_per_token as u64),
             self.kv_type,
             self.sessions.max(1),
-            if self.other_bytes > 0 {
-                format!(" plus {} of prefix cache", gib(self.other_bytes))
-            } else {
-                String::new()
-            },
             gib(available),
             gib(usable),
             100 - USABLE_PERCENT,
         );
-        let advice = "choose a smaller --ctx-size, a smaller cache type (--cache-type q8_0), \
-                      fewer sessions (--parallel) or a smaller prefix cache";
+        let advice = if self.fixed_bytes() > usable {
+            "the model itself does not fit: choose a smaller model or a lighter quantization, or \
+             free memory"
+        } else {
+            "choose a smaller --ctx-size, a smaller cache type (--cache-type q8_0), fewer \
+             sessions (--parallel) or a smaller prefix cache"
+        };
         if self.requested.is_some() || fits < MIN_DEFAULT_CONTEXT.min(want) {
             return Err(ContextError(format!("{why}: {advice}")));
         }
@@ -143,6 +168,8 @@ mod tests {
             kv_type: KvType::F16,
             sessions: 2,
             other_bytes: 1 << 30,
+            weight_bytes: 0,
+            scratch_bytes: 0,
             available: available_gib.map(|g| g << 30),
         }
     }
@@ -185,5 +212,28 @@ mod tests {
         let mut r = request(None, Some(1));
         r.kv_bytes_per_token = 1 << 20;
         assert!(r.plan().is_err());
+    }
+
+    #[test]
+    fn weights_and_scratch_count_and_a_model_too_large_is_refused() {
+        let mut r = request(None, Some(2));
+        // 2 × 32768 × 12 KiB = 768 MiB + 1 GiB of prefix cache fit 1.8 GiB usable; 512 MiB
+        // of weights and 64 MiB of scratch leave 243 MiB: 2 × 10376 tokens, rounded down.
+        r.weight_bytes = 512 << 20;
+        r.scratch_bytes = 64 << 20;
+        let plan = r.plan().unwrap();
+        assert_eq!(plan.tokens, 10240);
+        let note = plan.note.unwrap();
+        assert!(
+            note.contains("512.0 MiB of weights") && note.contains("64.0 MiB of scratch"),
+            "{note}"
+        );
+        // Weights beyond the memory: refused whatever the context, saying so.
+        r.weight_bytes = 3 << 30;
+        let err = r.plan().unwrap_err().0;
+        assert!(
+            err.contains("3.0 GiB of weights") && err.contains("the model itself does not fit"),
+            "{err}"
+        );
     }
 }

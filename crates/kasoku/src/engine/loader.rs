@@ -6,11 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::context::{available_memory, ContextRequest, MIN_DEFAULT_CONTEXT};
 use super::session::{GenerateOptions, Session};
 use super::text::stop_tokens;
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::GenerationDefaults;
-use crate::model::{KvType, Model, ModelError};
+use crate::model::{Footprint, KvType, Model, ModelError};
+use crate::quant::DType;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 
@@ -37,6 +39,14 @@ pub enum LoadError {
     /// The tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The model cannot fit in the memory available (the message has the numbers).
+    #[error("{path}: {reason}")]
+    Memory {
+        /// The checkpoint.
+        path: String,
+        /// What does not fit, with the numbers.
+        reason: String,
+    },
     /// The tokenizer knows more tokens than the model has rows for.
     #[error("{path}: tokenizer has {tokenizer} tokens but the model's vocabulary is {model}")]
     VocabMismatch {
@@ -59,7 +69,18 @@ impl LoadedModel {
     /// [`LoadedModel::load`] with KV caches stored as `kv_type` (an error when the model's
     /// head size cannot be stored so: q8_0 needs a multiple of 32).
     pub fn load_with(path: impl AsRef<Path>, kv_type: KvType) -> Result<LoadedModel, LoadError> {
+        LoadedModel::load_within(path, kv_type, available_memory())
+    }
+
+    /// [`LoadedModel::load_with`], checking first ([`check_memory`]) that the model fits in
+    /// `available` bytes (`None`: unchecked).
+    pub fn load_within(
+        path: impl AsRef<Path>,
+        kv_type: KvType,
+        available: Option<u64>,
+    ) -> Result<LoadedModel, LoadError> {
         let path = path.as_ref();
+        check_memory(path, None, kv_type, available)?;
         let (tokenizer, template, defaults) = if path.is_dir() {
             let template = ChatTemplate::from_hf_dir(path).ok();
             let defaults = GenerationDefaults::load(path).ok();
@@ -114,4 +135,38 @@ impl LoadedModel {
             ..GenerateOptions::default()
         }
     }
+}
+
+/// Refuses, with the numbers, a checkpoint whose weights (packed as [`Model::load_with`] with
+/// `matrix_format` packs them), one pass's scratch and a KV cache of the shortest context a
+/// default may shrink to ([`MIN_DEFAULT_CONTEXT`], or the model's own when shorter) cannot fit
+/// in `available` bytes, before anything is allocated. The context itself is planned once the
+/// model is in ([`ContextRequest::plan`]).
+pub fn check_memory(
+    path: &Path,
+    matrix_format: Option<DType>,
+    kv_type: KvType,
+    available: Option<u64>,
+) -> Result<(), LoadError> {
+    if available.is_none() {
+        return Ok(());
+    }
+    let footprint = Footprint::of_path(path, matrix_format, kv_type)?;
+    ContextRequest {
+        requested: Some(MIN_DEFAULT_CONTEXT.min(footprint.max_context.max(1))),
+        model_max: footprint.max_context,
+        kv_bytes_per_token: footprint.kv_bytes_per_token,
+        kv_type,
+        sessions: 1,
+        other_bytes: 0,
+        weight_bytes: footprint.weight_bytes,
+        scratch_bytes: footprint.scratch_bytes,
+        available,
+    }
+    .plan()
+    .map(drop)
+    .map_err(|e| LoadError::Memory {
+        path: path.display().to_string(),
+        reason: format!("cannot load: {}", e.0),
+    })
 }

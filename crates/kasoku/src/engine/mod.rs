@@ -15,7 +15,7 @@ pub mod text;
 pub use crate::sampler;
 pub use crate::sampler::SamplingParams;
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
-pub use loader::{LoadError, LoadedModel};
+pub use loader::{check_memory, LoadError, LoadedModel};
 pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
 pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};

@@ -534,12 +534,11 @@ impl TensorSource for GgufFile {
 
     fn get(&self, name: &str) -> Option<RawTensor> {
         let info = self.tensor_info(name)?;
-        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.mmap.clone();
         Some(RawTensor {
             name: info.name.clone(),
             dtype: info.dtype,
             shape: info.shape.clone(),
-            data: TensorBytes::new(owner, info.file_offset, info.nbytes),
+            data: TensorBytes::mapped(self.mmap.clone(), info.file_offset, info.nbytes),
         })
     }
 }

@@ -218,12 +218,12 @@ impl TensorSource for HfCheckpoint {
 
     fn get(&self, name: &str) -> Option<RawTensor> {
         let e = &self.entries[*self.by_name.get(name)?];
-        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.shards[e.shard].1.clone();
+        let map = self.shards[e.shard].1.clone();
         Some(RawTensor {
             name: e.name.clone(),
             dtype: e.dtype,
             shape: e.shape.clone(),
-            data: TensorBytes::new(owner, e.start, e.len),
+            data: TensorBytes::mapped(map, e.start, e.len),
         })
     }
 

@@ -3,7 +3,13 @@
 
 use std::sync::Arc;
 
+use memmap2::{Mmap, UncheckedAdvice};
+
 use crate::quant::DType;
+
+/// The page size [`TensorBytes::release_pages`] aligns to (where pages are larger, the advice
+/// is refused and nothing happens).
+const PAGE: usize = 4096;
 
 /// Bytes of one tensor, kept alive by a shared owner (usually the file's memory map).
 #[derive(Clone)]
@@ -11,6 +17,8 @@ pub struct TensorBytes {
     owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     start: usize,
     len: usize,
+    /// The file mapping the bytes are in, when they are in one.
+    map: Option<Arc<Mmap>>,
 }
 
 impl TensorBytes {
@@ -20,7 +28,41 @@ impl TensorBytes {
         assert!(start
             .checked_add(len)
             .is_some_and(|end| end <= (*owner).as_ref().len()));
-        TensorBytes { owner, start, len }
+        TensorBytes {
+            owner,
+            start,
+            len,
+            map: None,
+        }
+    }
+
+    /// Bytes `start..start + len` of a read-only file mapping. Panics as [`TensorBytes::new`].
+    pub fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+        TensorBytes {
+            map: Some(map),
+            ..TensorBytes::new(owner, start, len)
+        }
+    }
+
+    /// Takes this tensor's pages of a file mapping out of the process's resident memory (the
+    /// whole pages inside its bytes): a matrix packed into memory of its own no longer needs
+    /// them, and without this a loaded model was resident twice, packed and mapped. The bytes
+    /// stay readable: a later read faults them back in from the file. Nothing happens for
+    /// bytes in memory.
+    pub fn release_pages(&self) {
+        let Some(map) = &self.map else { return };
+        let first = self.start.div_ceil(PAGE) * PAGE;
+        let end = (self.start + self.len) / PAGE * PAGE;
+        if end > first {
+            // SAFETY: the mapping is a read-only (shared) map of a file this process does not
+            // write, so dropping its pages discards nothing: every later read of these bytes,
+            // through any TensorBytes, faults the file's data back in. A failure (pages larger
+            // than PAGE) only leaves the pages resident.
+            let _ = unsafe {
+                map.unchecked_advise_range(UncheckedAdvice::DontNeed, first, end - first)
+            };
+        }
     }
 
     /// Bytes owned in memory.
@@ -30,6 +72,7 @@ impl TensorBytes {
             owner: Arc::new(bytes),
             start: 0,
             len,
+            map: None,
         }
     }
 

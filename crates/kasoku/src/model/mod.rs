@@ -13,6 +13,7 @@
 //! - `trace.rs`: the hook that sees every named step of a pass (the profiler's).
 //! - `mixer/`: attention (+ KV cache) and Gated DeltaNet (+ recurrent state).
 //! - `mlp.rs`, `norm.rs`, `embedding.rs`: the other parts; `weights.rs`: claiming tensors.
+//! - `footprint.rs`: the memory a checkpoint will need, estimated before loading it.
 //! - `mtp.rs`: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
 //! - `state.rs`: `ModelState`, one layer state per layer, behind methods; `scratch.rs`: the
 //!   activation buffers a state's passes reuse.
@@ -23,6 +24,7 @@ mod batch;
 mod config;
 mod embedding;
 mod error;
+pub mod footprint;
 mod mixer;
 mod mlp;
 mod mtp;
@@ -44,6 +46,7 @@ pub(crate) mod testing;
 pub use batch::{Batch, Logits, Output, Shape};
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
 pub use error::ModelError;
+pub use footprint::Footprint;
 pub use mixer::KvType;
 pub use mtp::MtpHead;
 pub use run::CHUNK;

@@ -58,10 +58,14 @@ impl MatrixRows {
             .unwrap_or_else(|| self.raw.data.as_slice())
     }
 
-    /// Packs the matrix for `matmul`.
+    /// Packs the matrix for `matmul`, then releases the checkpoint pages it was read from
+    /// (the packed copy is what products read; see `TensorBytes::release_pages`).
     pub fn pack(&self) -> Result<MatMulWeight, ModelError> {
-        Cpu.pack(self.dtype, self.rows, self.cols, self.bytes())
-            .map_err(weight_error(&self.name))
+        let packed = Cpu
+            .pack(self.dtype, self.rows, self.cols, self.bytes())
+            .map_err(weight_error(&self.name));
+        self.raw.data.release_pages();
+        packed
     }
 
     /// Packs `parts` stacked row-wise as one matrix (their rows in order), so that one product
@@ -82,10 +86,9 @@ impl MatrixRows {
             .map(|p| p.name.as_str())
             .collect::<Vec<_>>()
             .join(" + ");
-        Some(
-            Cpu.pack(first.dtype, rows, first.cols, &bytes)
-                .map_err(weight_error(&name)),
-        )
+        let packed = Cpu.pack(first.dtype, rows, first.cols, &bytes);
+        parts.iter().for_each(|p| p.raw.data.release_pages());
+        Some(packed.map_err(weight_error(&name)))
     }
 }
 

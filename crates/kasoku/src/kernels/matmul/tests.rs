@@ -258,3 +258,27 @@ fn size_errors_are_values() {
     ));
     assert!(MatMulWeight::new(DType::F16, 2, 3, &[0; 12]).is_ok());
 }
+
+/// Activations that are not numbers (a broken checkpoint's) give garbage, never a trap, on
+/// every format and path: on AVX2 a NaN quantizes to the integer-indefinite code, whose block
+/// sum overflowed the Q4_0/Q5_0/Q8_0 offset correction (found by the gguf fuzz target).
+#[test]
+fn non_finite_activations_do_not_trap() {
+    let mut rng = Rng(9);
+    let (rows, cols) = (8, 256);
+    for dtype in ALL.into_iter().chain([DType::Q4K, DType::Q5K, DType::Q6K]) {
+        let wb = random_matrix(&mut rng, dtype, rows, cols);
+        let w = MatMulWeight::new(dtype, rows, cols, &wb).unwrap();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX] {
+            for n in [1, 3] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|c| if c % 3 == 0 { bad } else { 1.0 })
+                    .collect();
+                for isa in Isa::available() {
+                    let mut y = vec![0f32; n * rows];
+                    matmul_with(&w, &x, n, &mut y, isa);
+                }
+            }
+        }
+    }
+}

@@ -214,7 +214,10 @@ pub(crate) fn prepare(dtype: DType, x: &[f32], n: usize, cols: usize, isa: Isa, 
     };
     if off != 0 {
         acts.neg_corr.clear();
-        acts.neg_corr.extend(sums.iter().map(|s| -off * s));
+        // Wrapping: a NaN activation (only a broken checkpoint makes one) quantizes to the
+        // integer-indefinite code on AVX2, so its block sum is meaningless, and must not trap.
+        acts.neg_corr
+            .extend(sums.iter().map(|s| s.wrapping_mul(-off)));
     }
     if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
         acts.s.clear();
