@@ -143,6 +143,10 @@ pub struct BenchArgs {
     /// How the KV cache stores keys and values: f32, f16 or q8_0.
     #[arg(long, default_value = "f16")]
     pub cache_type: KvType,
+    /// Positions already in the cache when decode steps and the verify curve are timed
+    /// (e.g. 8192 to measure decoding deep into a long context).
+    #[arg(long, default_value_t = crate::bench::CONTEXT)]
+    pub context: usize,
     /// Write the result as JSON to this file (also printed).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

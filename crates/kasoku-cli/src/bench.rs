@@ -4,10 +4,10 @@
 //! What is measured, in one process, after an untimed warm-up:
 //! - prefill: one `forward` over `--prompt-tokens` synthetic ids (as llama-bench's `pp`), from
 //!   an empty state, logits of the last position only;
-//! - decode: after a `CONTEXT`-token prompt (untimed), `--gen-tokens` forward passes of one
+//! - decode: after a `--context`-token prompt (default `CONTEXT`) (untimed), `--gen-tokens` forward passes of one
 //!   token each, the next token picked greedily (`argmax`) from the previous pass's logits;
 //!   each step's time includes the forward pass and the argmax (llama-bench's `tg` with `-d`);
-//! - verify curve: the time of one forward over k tokens appended after `CONTEXT` tokens,
+//! - verify curve: the time of one forward over k tokens appended after `--context` tokens,
 //!   logits at every new position (what checking k draft tokens needs), median of
 //!   `VERIFY_REPS`; between reps the state is truncated back (attention-only models) or
 //!   recreated and re-prefilled untimed (recurrent layers cannot be rewound);
@@ -33,7 +33,8 @@ use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
 
-/// Tokens of context before the decode and verify measurements (llama-bench `-d`).
+/// Tokens of context before the decode and verify measurements (llama-bench `-d`): the
+/// default of `--context`.
 pub const CONTEXT: usize = 16;
 /// Timed repetitions of each verify size (the median is reported).
 pub const VERIFY_REPS: usize = 7;
@@ -67,11 +68,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let max_verify = verify_sizes.iter().copied().max().unwrap_or(0);
     let ctx = args
         .prompt_tokens
-        .max(CONTEXT + args.gen_tokens + 1)
-        .max(CONTEXT + max_verify)
+        .max(args.context + args.gen_tokens + 1)
+        .max(args.context + max_verify)
         + 1;
     let prompt = synthetic_tokens(args.prompt_tokens, cfg.vocab, 1);
-    let context = synthetic_tokens(CONTEXT, cfg.vocab, 2);
+    let context = synthetic_tokens(args.context, cfg.vocab, 2);
 
     warm_up(model, &prompt, ctx)?;
 
@@ -100,7 +101,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
     let profile = if args.profile {
         let steps = PROFILE_STEPS;
-        let pctx = ctx.max(CONTEXT + steps + 1);
+        let pctx = ctx.max(args.context + steps + 1);
         Some(profile::decode_profile(model, &context, pctx, steps)?)
     } else {
         None
@@ -183,7 +184,7 @@ impl VerifyPoint {
     }
 }
 
-/// The verify curve, and how the state went back to `CONTEXT` positions between reps.
+/// The verify curve, and how the state went back to `--context` positions between reps.
 fn verify_curve(
     model: &Model,
     context: &[u32],
@@ -325,7 +326,7 @@ fn report(r: Report) -> Value {
         let d: Duration = r.steps[..n].iter().sum();
         at.push(json!({"tokens": n, "seconds": d.as_secs_f64(), "tokens_per_second": rate(n, d)}));
     }
-    let mid = CONTEXT + gen / 2;
+    let mid = r.args.context + gen / 2;
     let packed = packed_matmul_bytes(r.model);
     let (points, how) = r.verify;
     let k1 = points.iter().find(|p| p.k == 1).map(|p| p.median());
@@ -366,7 +367,7 @@ fn report(r: Report) -> Value {
             "tokens_per_second": rate(r.args.prompt_tokens, r.prefill),
         },
         "decode": {
-            "context": CONTEXT,
+            "context": r.args.context,
             "tokens": gen,
             "seconds": decode_total.as_secs_f64(),
             "tokens_per_second": rate(gen, decode_total),
@@ -379,7 +380,7 @@ fn report(r: Report) -> Value {
             "sampling": "greedy argmax, timed with the step",
         },
         "verify": {
-            "context": CONTEXT,
+            "context": r.args.context,
             "logits": "all positions",
             "reps": VERIFY_REPS,
             "state_reset": how,
