@@ -7,9 +7,9 @@
 //!
 //! This binary holds one test, so nothing else runs while it counts.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+mod counting_alloc;
 
+use counting_alloc::counted;
 use half::{bf16, f16};
 use kasoku::kernels::activation::{sigmoid_gate, silu, swiglu_inplace};
 use kasoku::kernels::attention::{
@@ -26,57 +26,10 @@ use kasoku::kernels::rope::{Rope, RopeLayout, RopeScaling};
 use kasoku::kernels::threads;
 use kasoku::quant::DType;
 
-/// Counts allocations (on any thread) while `COUNTING` is set.
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-impl Counting {
-    fn count(&self) {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        self.count();
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        self.count();
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        self.count();
-        // SAFETY: as above; `ptr` came from this allocator, that is from `System`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
 /// Runs `f` once to warm up, then again counting; returns the second run's allocations.
 fn allocations(mut f: impl FnMut()) -> usize {
     f();
-    ALLOCATIONS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
-    f();
-    COUNTING.store(false, Ordering::SeqCst);
-    ALLOCATIONS.load(Ordering::SeqCst)
+    counted(f).1
 }
 
 /// Deterministic values in [-1, 1).
