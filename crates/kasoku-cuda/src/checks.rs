@@ -573,6 +573,8 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
         let chunks = attention_chunks(max_slots);
         let pml = gpu.alloc(n * nh * chunks * 2 * 4)?;
         let po = gpu.alloc(n * nh * chunks * hd * 4)?;
+        let arrivals = gpu.alloc(n * nh * 4)?;
+        arrivals.fill(0)?;
         let out = out_buf(gpu, n * q_dim)?;
         let qb = QuantBufs::new(gpu, n * q_dim)?;
         let oq = qb.acts(&out, q_dim);
@@ -591,6 +593,7 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             path: meta.at(layout_m.path * 4),
             part_ml: pml.ptr(),
             part_o: po.ptr(),
+            arrivals: arrivals.ptr(),
             chunks,
             out: out.ptr(),
             out_q: oq.xq,

@@ -1,6 +1,7 @@
 // Attention of the batch's rows over the f16 KV cache, split over the keys (flash-decoding):
 // `attn_partial` computes, per (row, query head, chunk of ATT_CHUNK key positions), the chunk's
-// max score, exp-sum and weighted values; `attn_merge` combines a row's chunks in order.
+// max score, exp-sum and weighted values; the last chunk of a (row, head) to finish combines
+// them in order (`attn_merge_row`).
 //
 // A row sees a sequence of "virtual positions" 0..=pos: the committed slots 0..past, then (a
 // chain) slots past.. in order, or (a tree node) the slots of its path from the root down, so
@@ -15,6 +16,37 @@ __device__ __forceinline__ int att_slot(const Batch* b, const int* path, int i, 
     return b->past + path[i * (b->max_depth + 1) + (v - b->past)];
 }
 
+// out[i][h] = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c over the row's `nc` chunks, in order,
+// by one block of 128 threads (`res`: 256 floats of shared memory). With xq/xs, also the int8
+// activations of the row's head (head_dim a multiple of 32).
+__device__ void attn_merge_row(
+    const float* part_ml, const float* part_o, int chunks, int n_heads, int head_dim, int nc,
+    int i, int h, float* out, int out_ld, i8* xq, float4* xs, float* res) {
+    const float* ml = part_ml + (size_t)(i * n_heads + h) * chunks * 2;
+    const float* po = part_o + (size_t)(i * n_heads + h) * chunks * head_dim;
+    float mx = -KINF;
+    for (int c = 0; c < nc; c++) mx = fmaxf(mx, __ldcg(ml + 2 * c));
+    float l = 0.0f;
+    for (int c = 0; c < nc; c++) l = fmaf(expf(__ldcg(ml + 2 * c) - mx), __ldcg(ml + 2 * c + 1), l);
+    float inv = 1.0f / l;
+    __syncthreads();
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int c = 0; c < nc; c++) acc = fmaf(expf(__ldcg(ml + 2 * c) - mx), __ldcg(po + (size_t)c * head_dim + d), acc);
+        float v = acc * inv;
+        out[(size_t)i * out_ld + h * head_dim + d] = v;
+        res[d] = v;
+    }
+    if (xq) {
+        __syncthreads();
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
+            size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
+            quant_block32(res[32 * b + lane], xq + at, xs + at / 32);
+        }
+    }
+}
+
 // Grid (n, n_heads, chunks), block 128 (4 warps). Partials: [row][head][chunk] (m, l) and
 // [row][head][chunk][head_dim] (weighted values). Thread t scores key t of the chunk whole
 // (its row read as 16-byte vectors, q from shared memory); then thread d sums the values of
@@ -23,9 +55,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     const float* q, int q_ld, const u16* k_cache, const u16* v_cache, int max_slots,
     int n_heads, int n_kv_heads, int head_dim, float scale,
     const Batch* batch, const int* pos, const int* path,
-    float* part_ml, float* part_o, int chunks) {
+    float* part_ml, float* part_o, int chunks,
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs) {
     wait_for_predecessor();
     __shared__ float qs[256];
+    __shared__ int last;
     __shared__ float sc[ATT_CHUNK];
     __shared__ int slots[ATT_CHUNK];
     __shared__ float red[32];
@@ -94,38 +128,21 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
         for (int k = 0; k < 8; k++) total += acc[k];
         o[d] = total;
     }
+    // The last of the row's chunks to finish merges them all (no second kernel): each block
+    // publishes its partials, then counts itself in; the one that completes the count reads
+    // every chunk's partials (past L1, which other blocks' writes do not reach) and resets
+    // the count for the next pass.
+    __threadfence();
+    __syncthreads();
+    int nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+    if (threadIdx.x == 0) {
+        int* count = arrivals + i * n_heads + h;
+        last = atomicAdd(count, 1) == nc - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, qs);
 }
 
-// out[i][h] = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c over the row's chunks, in order.
-// Grid (n, n_heads), block 128. With xq/xs, also the int8 activations of the row's head
-// (head_dim a multiple of 32).
-extern "C" __global__ void __launch_bounds__(128) attn_merge(
-    const float* part_ml, const float* part_o, int chunks, int n_heads, int head_dim,
-    const int* pos, float* out, int out_ld, i8* xq, float4* xs) {
-    wait_for_predecessor();
-    __shared__ float res[256];
-    int i = blockIdx.x, h = blockIdx.y;
-    int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
-    const float* ml = part_ml + (size_t)(i * n_heads + h) * chunks * 2;
-    const float* po = part_o + (size_t)(i * n_heads + h) * chunks * head_dim;
-    float mx = -KINF;
-    for (int c = 0; c < nc; c++) mx = fmaxf(mx, ml[2 * c]);
-    float l = 0.0f;
-    for (int c = 0; c < nc; c++) l = fmaf(expf(ml[2 * c] - mx), ml[2 * c + 1], l);
-    float inv = 1.0f / l;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int c = 0; c < nc; c++) acc = fmaf(expf(ml[2 * c] - mx), po[(size_t)c * head_dim + d], acc);
-        float v = acc * inv;
-        out[(size_t)i * out_ld + h * head_dim + d] = v;
-        res[d] = v;
-    }
-    if (xq) {
-        __syncthreads();
-        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
-            size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
-            quant_block32(res[32 * b + lane], xq + at, xs + at / 32);
-        }
-    }
-}

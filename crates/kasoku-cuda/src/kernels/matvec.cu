@@ -13,6 +13,9 @@
 // with its scale d and d·Σq over each half (for the formats' offsets and minimums). Float
 // formats (F32, F16, BF16) multiply f32 activations.
 
+// Most activation rows one matvec call takes (the model's largest pass of tree rows).
+#define MATVEC_MAX_ROWS 64
+
 struct MatSeg {
     const u8* w;        // rows × row_bytes, GGUF layout
     float* y;           // output: y[r * ldy + j]
@@ -34,7 +37,20 @@ struct MatArgs {
     int cols;
     int n;
     int ldx;
+    const u8* pre[3];        // weights a later kernel reads (or null): prefetched into L2
+    long long pre_len[3];    // their lengths in bytes
 };
+
+// Brings `len` bytes at `p` into L2 without waiting for them: the pass's next matrices stream
+// in from DRAM while this kernel and the small ones after it run, so the next product finds
+// its weights in L2 instead of starting a DRAM round trip. Every thread of the grid takes
+// every (grid size)-th 128-byte line.
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long len) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long o = t * 128; o < len; o += stride * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
 
 // Quantizes 32 values, one per lane of a warp, to int8 with d = max|v| / 127 and
 // q = round-half-even(v / d); writes the quants and (d, d·Σq[0..16), d·Σq[16..32), 0). The
@@ -329,7 +345,7 @@ __device__ __forceinline__ u64 argmax_key(float v, int j) {
 
 // Weight rows j0 and j0 + 1 (when `pair`) of segment s against activation rows r0..r0+nr.
 template <int NR>
-__device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, const MatArgs& a, int r0, int nr, int lane) {
+__device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, const MatArgs& a, int r0, int nr, int lane, u64* block_best) {
     float acc[2 * NR];
 #pragma unroll
     for (int i = 0; i < 2 * NR; i++) acc[i] = 0.0f;
@@ -351,7 +367,7 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, con
                     float v = acc[w * NR + r] + b;
                     v = s.accumulate ? *out + v : v;
                     *out = v;
-                    if (s.best) atomicMax(s.best + r0 + r, argmax_key(v, j));
+                    if (s.best) atomicMax(block_best + r0 + r, argmax_key(v, j));
                 }
             }
         }
@@ -366,30 +382,49 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, con
 // kernel, the tile or the pair it lands in.
 template <int NR>
 __device__ __forceinline__ void matvec_body(const MatArgs& a) {
+    // A fused argmax (the head: one segment) first takes the maximum over the block in shared
+    // memory, then one atomic per block and row reaches the global key: one global atomic per
+    // weight row on a single address would serialize a 150k-row head.
+    __shared__ u64 block_best[MATVEC_MAX_ROWS];
+    const bool best = a.nseg == 1 && a.seg[0].best;
+    if (best) {
+        for (int r = threadIdx.x; r < a.n; r += blockDim.x) block_best[r] = 0;
+        __syncthreads();
+    }
     int lane = threadIdx.x & 31;
     int g = blockIdx.x * 4 + (threadIdx.x >> 5);
     int si = 0;
     while (si < a.nseg && g >= (a.seg[si].rows + 1) / 2) { g -= (a.seg[si].rows + 1) / 2; si++; }
-    if (si >= a.nseg) return;
-    const MatSeg& s = a.seg[si];
-    int j0 = 2 * g;
-    bool pair = j0 + 1 < s.rows;
-    for (int r0 = 0; r0 < a.n; r0 += NR) row_tile<NR>(s, j0, pair, a, r0, min(NR, a.n - r0), lane);
+    if (si < a.nseg) {
+        const MatSeg& s = a.seg[si];
+        int j0 = 2 * g;
+        bool pair = j0 + 1 < s.rows;
+        for (int r0 = 0; r0 < a.n; r0 += NR) row_tile<NR>(s, j0, pair, a, r0, min(NR, a.n - r0), lane, block_best);
+    }
+    if (best) {
+        __syncthreads();
+        for (int r = threadIdx.x; r < a.n; r += blockDim.x)
+            if (block_best[r]) atomicMax(a.seg[0].best + r, block_best[r]);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128) matvec_1(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<1>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<2>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<4>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<8>(a);
 }

@@ -27,7 +27,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 12] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -40,7 +40,6 @@ pub const NAMES: [&str; 13] = [
     "argmax",
     "kv_commit",
     "attn_partial",
-    "attn_merge",
 ];
 
 /// Key positions per attention chunk (ATT_CHUNK in attention.cu).
@@ -93,7 +92,14 @@ pub struct MatArgs {
     pub cols: i32,
     pub n: i32,
     pub ldx: i32,
+    /// Weights of later products, prefetched into L2 while this one runs (null: none).
+    pub pre: [u64; 3],
+    pub pre_len: [i64; 3],
 }
+
+/// Most activation rows of a `matvec` call with a fused argmax (MATVEC_MAX_ROWS in
+/// matvec.cu).
+pub const MATVEC_MAX_ROWS: usize = 64;
 
 /// The batch description the kernels read (`struct Batch` in ops.cu).
 #[repr(C)]
@@ -229,6 +235,12 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
         ..MatArgs::default()
     };
     a.seg[..segs.len()].copy_from_slice(segs);
+    if segs.iter().any(|s| s.best != 0) && (segs.len() != 1 || n > MATVEC_MAX_ROWS) {
+        return Err(Error::Invalid(format!(
+            "matvec: a fused argmax takes one matrix and at most {MATVEC_MAX_ROWS} rows ({} and {n})",
+            segs.len()
+        )));
+    }
     // A warp per pair of rows of one matrix.
     let pairs: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(2)).sum();
     Ok((a, pairs.div_ceil(MATVEC_WARPS) as u32))
@@ -287,10 +299,27 @@ impl Kernels {
 
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.
     pub fn matvec(&self, segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<()> {
+        self.matvec_prefetch(segs, x, n, cols, &[])
+    }
+
+    /// [`Kernels::matvec`], and the weights of up to three matrices a later kernel reads are
+    /// brought into L2 while it runs (results unchanged; only where the bytes come from).
+    pub fn matvec_prefetch(
+        &self,
+        segs: &[MatSeg],
+        x: Acts,
+        n: usize,
+        cols: usize,
+        next: &[&DeviceMatrix],
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let (args, blocks) = matvec_args(segs, x, n, cols)?;
+        let (mut args, blocks) = matvec_args(segs, x, n, cols)?;
+        for (i, m) in next.iter().take(3).enumerate() {
+            args.pre[i] = m.buf.ptr();
+            args.pre_len[i] = m.buf.len() as i64;
+        }
         self.launch(
             matvec_kernel(n),
             (blocks, 1, 1),
@@ -457,19 +486,7 @@ impl Kernels {
                 p(&a.part_ml),
                 p(&a.part_o),
                 p(&ch),
-            ],
-        )?;
-        self.launch(
-            "attn_merge",
-            (a.n as u32, a.n_heads as u32, 1),
-            128,
-            &mut [
-                p(&a.part_ml),
-                p(&a.part_o),
-                p(&ch),
-                p(&nh),
-                p(&hd),
-                p(&a.pos),
+                p(&a.arrivals),
                 p(&a.out),
                 p(&q_ld),
                 p(&a.out_q),
@@ -560,6 +577,9 @@ pub struct AttnCall {
     pub part_ml: u64,
     pub part_o: u64,
     pub chunks: usize,
+    /// Per (row, head) an i32 count of finished chunks: zero before the first call, and
+    /// left zero by every call.
+    pub arrivals: u64,
     pub out: u64,
     /// The int8 blocks of `out` (0: none; needs head_dim a multiple of 32).
     pub out_q: u64,
