@@ -18,7 +18,3 @@ for m in q15-q4_k_m q05-q4_k_m q15-q8_0; do
   timeout 100 $B bench "$M/$m.gguf" > "$OUT/bench_$m.log" 2>&1
   echo "bench $m: rc=$?"
 done
-# The 1.5B once more with every kernel compiled without its early launch of the next one
-# (KASOKU_CUDA_EARLY_LAUNCH=0): what that launch overlap gains.
-KASOKU_CUDA_EARLY_LAUNCH=0 timeout 100 $B bench "$M/q15-q4_k_m.gguf" > "$OUT/bench_q15-q4_k_m-no-early.log" 2>&1
-echo "bench q15-q4_k_m without early launch: rc=$?"

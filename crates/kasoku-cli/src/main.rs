@@ -8,6 +8,7 @@ mod inspect;
 mod logits;
 mod progress;
 mod run;
+mod run_gpu;
 mod serve;
 mod spec_args;
 

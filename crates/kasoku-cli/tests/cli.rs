@@ -408,3 +408,37 @@ fn fetch_verify_removes_corrupt_models_and_leftovers() {
     assert!(String::from_utf8_lossy(&again.stdout).contains("0 ok, 0 corrupt, 0 leftovers"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `run` picks its device as `logits` does: the default says which (a GPU only when it can
+/// run the request), an asked-for GPU that is absent or cannot run the request is an error
+/// with the reason, and `--device cpu` runs here whatever the machine has.
+#[test]
+fn run_picks_a_device_and_says_which() {
+    let model = fixture("qwen2/tiny/model-f32.gguf");
+    let args = |extra: &[&str]| {
+        let mut a = vec!["run", "--model", &model, "--raw", "-m", "hello", "-n", "4"];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        kasoku(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let default = run(&[]);
+    assert!(default.status.success(), "{}", stderr(&default));
+    let err = stderr(&default);
+    let has_gpu = err.contains("device cuda:0");
+    assert!(has_gpu || err.contains("device: cpu ("), "{err}");
+    // Sampling at a temperature: the GPU path is greedy, so the default takes the CPU and
+    // an explicit GPU is refused with the reason.
+    let hot = run(&["--temp", "0.8", "--device", "cuda"]);
+    assert!(!hot.status.success());
+    let why = stderr(&hot);
+    assert!(
+        why.contains("no usable CUDA device") || why.contains("greedily"),
+        "{why}"
+    );
+    let cpu = run(&["--device", "cpu"]);
+    assert!(cpu.status.success(), "{}", stderr(&cpu));
+    assert!(!stderr(&cpu).contains("device: cpu ("));
+}

@@ -376,6 +376,8 @@ impl Skip {
     pub const PRODUCTS: u32 = 4;
     /// The head's norm and product.
     pub const HEAD: u32 = 8;
+    /// The q/k/v epilogue alone (per-head norm, RoPE, cache write).
+    pub const QKV_EPILOGUE: u32 = 16;
 }
 
 impl CudaState {
@@ -513,7 +515,7 @@ impl CudaState {
             let k_cache = self.kv.at(li * 2 * layer_elems * 2);
             let v_cache = self.kv.at((li * 2 + 1) * layer_elems * 2);
             let att = acts(&self.att, q_dim);
-            if !skip(Skip::ATTENTION) {
+            if !skip(Skip::ATTENTION | Skip::QKV_EPILOGUE) {
                 k.qkv_post(&QkvPost {
                     q: self.q.ptr(),
                     k: self.k.ptr(),
@@ -534,6 +536,8 @@ impl CudaState {
                     v_cache,
                     max_slots: self.max_slots,
                 })?;
+            }
+            if !skip(Skip::ATTENTION) {
                 k.attention(&AttnCall {
                     q: self.q.ptr(),
                     k_cache,
@@ -924,11 +928,11 @@ pub fn generate_plain(
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<u32>> {
-    let mut out = vec![st.prefill(m, prompt)?];
-    while out.len() < n {
-        let t = st.step(m, *out.last().expect("one token"))?;
+    let mut out = Vec::new();
+    generate_greedy(m, st, prompt, n, None, &mut |t| {
         out.push(t);
-    }
+        true
+    })?;
     Ok(out)
 }
 
@@ -953,28 +957,90 @@ pub fn generate_speculative(
     budget: usize,
     max_depth: usize,
 ) -> Result<SpecRun> {
+    let mut tokens = Vec::new();
+    let mut run = generate_greedy(
+        m,
+        st,
+        prompt,
+        n,
+        Some(Drafting {
+            drafter,
+            budget,
+            max_depth,
+        }),
+        &mut |t| {
+            tokens.push(t);
+            true
+        },
+    )?;
+    run.tokens = tokens;
+    Ok(run)
+}
+
+/// A drafter for [`generate_greedy`] and the size of the trees it may propose.
+pub struct Drafting<'a> {
+    pub drafter: &'a mut dyn kasoku::spec::Drafter,
+    /// Most draft nodes besides the root.
+    pub budget: usize,
+    /// Deepest draft path.
+    pub max_depth: usize,
+}
+
+/// Greedy decoding on the GPU after `prompt` (appended to what `st` holds), at most `n`
+/// tokens, each handed to `on_token` as soon as it is known; `on_token` returning false
+/// stops the generation there (tokens already verified after it are not emitted). With a
+/// drafter, each cycle verifies its tree in one pass; the tokens are the same either way.
+/// The returned counts' `tokens` is left empty (the caller has them).
+pub fn generate_greedy(
+    m: &CudaModel,
+    st: &mut CudaState,
+    prompt: &[u32],
+    n: usize,
+    mut drafting: Option<Drafting<'_>>,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<SpecRun> {
     use kasoku::spec::{Accepted, DraftRequest, Features};
     let err = |e: kasoku::spec::DraftError| Error::Invalid(e.to_string());
-    drafter.start(prompt, Features::default()).map_err(err)?;
+    let mut run = SpecRun::default();
+    if n == 0 {
+        return Ok(run);
+    }
+    if let Some(d) = drafting.as_mut() {
+        d.drafter.start(prompt, Features::default()).map_err(err)?;
+    }
     let mut history = prompt.to_vec();
     let first = st.prefill(m, prompt)?;
-    let mut run = SpecRun {
-        tokens: vec![first],
-        ..SpecRun::default()
-    };
     history.push(first);
-    while run.tokens.len() < n {
+    let mut emitted = 1;
+    if !on_token(first) {
+        return Ok(run);
+    }
+    while emitted < n {
         let token = *history.last().expect("one token");
+        if st.len + 1 >= st.max_len {
+            break;
+        }
+        let Some(d) = drafting.as_mut() else {
+            let t = st.step(m, token)?;
+            run.passes += 1;
+            history.push(t);
+            emitted += 1;
+            if !on_token(t) {
+                break;
+            }
+            continue;
+        };
         let room = (st.max_len - st.len)
             .saturating_sub(1)
             .min(MAX_TREE - 1)
-            .min(budget);
-        drafter.catch_up(&history).map_err(err)?;
-        let mut tree = drafter
+            .min(d.budget);
+        d.drafter.catch_up(&history).map_err(err)?;
+        let mut tree = d
+            .drafter
             .draft(&DraftRequest {
                 tokens: &history,
                 budget: room,
-                max_depth,
+                max_depth: d.max_depth,
             })
             .map_err(err)?;
         if tree.is_empty() || tree.token(0) != token || tree.len() > room + 1 {
@@ -998,7 +1064,7 @@ pub fn generate_speculative(
         run.drafted += tree.len() - 1;
         run.accepted += path.len() - 1;
         let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
-        drafter
+        d.drafter
             .accept(&Accepted {
                 tokens: &committed,
                 committed_len: st.len,
@@ -1006,8 +1072,15 @@ pub fn generate_speculative(
             })
             .map_err(err)?;
         history.extend_from_slice(&new);
-        run.tokens.extend_from_slice(&new);
+        for t in new {
+            if emitted == n {
+                return Ok(run);
+            }
+            emitted += 1;
+            if !on_token(t) {
+                return Ok(run);
+            }
+        }
     }
-    run.tokens.truncate(n);
     Ok(run)
 }

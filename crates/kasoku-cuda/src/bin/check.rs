@@ -211,6 +211,7 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     let full = tg(&mut st, 64)?;
     for (what, bits) in [
         ("attention (+q/k/v epilogue)", Skip::ATTENTION),
+        ("the q/k/v epilogue", Skip::QKV_EPILOGUE),
         ("rmsnorm + swiglu", Skip::ELEMENTWISE),
         ("layer products", Skip::PRODUCTS),
         ("head", Skip::HEAD),

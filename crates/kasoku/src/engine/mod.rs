@@ -22,5 +22,6 @@ pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Gen
 pub use speculative::{build_speculator, SpecKind, Speculator};
 pub use stats::GenerationStats;
 pub use text::{
-    generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError, PROMPT_BYTES_PER_TOKEN,
+    generate_text, prompt_tokens, render_prompt, stop_tokens, PromptOptions, TextError,
+    PROMPT_BYTES_PER_TOKEN,
 };
