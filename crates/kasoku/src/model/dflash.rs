@@ -416,6 +416,12 @@ impl DFlash {
         self.config.taps.len() * self.config.hidden
     }
 
+    /// Bytes of context one committed token adds (keys and values of every layer, f32).
+    pub fn context_bytes_per_token(&self) -> usize {
+        let c = &self.config;
+        c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4
+    }
+
     /// Bytes of the drafter's packed weights.
     pub fn weight_bytes(&self) -> usize {
         let l: usize = self
