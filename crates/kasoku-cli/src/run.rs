@@ -19,21 +19,21 @@ pub fn run(args: &RunArgs) -> Result<()> {
         return crate::run_gpu::run(args, &gpu);
     }
     let model = load(name, args.threads, args.cache_type, args.quiet)?;
-    let draft = args.spec.load_draft(args.cache_type, args.quiet)?;
+    let draft = args
+        .spec
+        .load_draft(&model.model, args.cache_type, args.quiet)?;
     let plan = engine::ContextRequest {
         requested: args.ctx_size,
         model_max: model.model.config.max_context,
         kv_bytes_per_token: model.model.kv_bytes_per_token()
-            + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token()),
+            + crate::spec_args::draft_kv_bytes_per_token(draft.as_ref()),
         kv_type: args.cache_type,
         sessions: 1,
         other_bytes: 0,
         // Loaded: MemAvailable already excludes the weights.
         weight_bytes: 0,
         scratch_bytes: footprint::scratch_bytes(&model.model.config)
-            + draft
-                .as_ref()
-                .map_or(0, |d| footprint::scratch_bytes(&d.config)),
+            + crate::spec_args::draft_scratch_bytes(draft.as_ref()),
         available: engine::available_memory(),
     }
     .plan()?;

@@ -284,6 +284,65 @@ fn speculative_run_answers_like_plain_decoding() {
     );
 }
 
+/// `--spec dflash --draft DIR` (and `auto` given a DFlash checkpoint) answers like plain
+/// decoding; a DFlash checkpoint made for another target, or none, is a clear error.
+#[test]
+fn dflash_run_answers_like_plain_decoding() {
+    let tiny = fixture("llama/tiny/model-f32.gguf");
+    let dflash = fixture("qwen2/tiny_dflash");
+    let answer = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            &tiny,
+            "--raw",
+            "-m",
+            "one two three one two",
+            "-n",
+            "80",
+            "--ignore-eos",
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let out = kasoku(&args);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        (out.stdout, err)
+    };
+    let (plain, _) = answer(&["--spec", "none"]);
+    for extra in [
+        &["--spec", "dflash", "--draft", &dflash][..],
+        &["--spec", "auto", "--draft", &dflash][..],
+        &[
+            "--spec",
+            "dflash",
+            "--draft",
+            &dflash,
+            "--fixed-budget",
+            "--tree-budget",
+            "6",
+        ][..],
+    ] {
+        let (out, err) = answer(extra);
+        assert_eq!(out, plain, "{extra:?}");
+        assert!(err.contains("speculation (dflash"), "{extra:?}: {err}");
+    }
+    let none = kasoku(&["run", "--model", &tiny, "-m", "x", "--spec", "dflash"]);
+    assert!(!none.status.success());
+    assert!(
+        stderr(&none).contains("DFlash checkpoint"),
+        "{}",
+        stderr(&none)
+    );
+    let other = fixture("qwen3/tiny/model-f32.gguf");
+    let wrong = kasoku(&["run", "--model", &other, "-m", "x", "--draft", &dflash]);
+    assert!(!wrong.status.success());
+    let err = stderr(&wrong);
+    assert!(err.contains("num_target_layers 2 does not match"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// `bench --prompts --compare` runs every strategy on every prompt, in turns; greedy decoding
 /// gives each strategy the same number of tokens, and only the drafting strategies verify.
 #[test]
