@@ -170,7 +170,7 @@ fn draft_model_speculation_equals_plain_decoding() {
     let light = Arc::new(
         Model::load_with(
             common::fixture("llama/tiny/model-f32.gguf"),
-            Some(DType::Q4_0),
+            Some(DType::Q4_0.into()),
         )
         .unwrap(),
     );

@@ -12,7 +12,7 @@ use super::text::stop_tokens;
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::GenerationDefaults;
 use crate::model::{Footprint, KvType, Model, ModelError};
-use crate::quant::DType;
+use crate::quant::Target;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 
@@ -144,7 +144,7 @@ impl LoadedModel {
 /// model is in ([`ContextRequest::plan`]).
 pub fn check_memory(
     path: &Path,
-    matrix_format: Option<DType>,
+    matrix_format: Option<Target>,
     kv_type: KvType,
     available: Option<u64>,
 ) -> Result<(), LoadError> {

@@ -21,4 +21,4 @@ pub use error::FormatError;
 pub use gguf::{write_gguf, GgufFile, GgufTensorInfo, MetaValue};
 pub use hf_config::{GenerationDefaults, HfConfig};
 pub use safetensors::HfCheckpoint;
-pub use tensor::{RawTensor, SourceOrigin, TensorBytes, TensorSource};
+pub use tensor::{QuantizedTensor, RawTensor, SourceOrigin, TensorBytes, TensorSource};

@@ -13,11 +13,11 @@ use crate::format::HfCheckpoint;
 use crate::format::{Claims, TensorSource};
 use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
-use crate::quant::DType;
+use crate::quant::Target;
 
 use super::batch::{Batch, Logits, Output};
 use super::config::{Arch, LayerKind, ModelConfig};
-use super::embedding::Embedding;
+use super::embedding::{Embedding, EmbeddingTable};
 use super::mixer::{Attention, GatedDeltaNet, KvType, Mixer};
 use super::mlp::Mlp;
 use super::mtp::MtpHead;
@@ -86,7 +86,7 @@ impl Model {
     /// that format (see `crate::quant::requantize`; for draft models).
     pub fn load_with(
         path: impl AsRef<Path>,
-        matrix_format: Option<DType>,
+        matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
         let path = path.as_ref();
         if path.is_dir() {
@@ -112,7 +112,7 @@ impl Model {
     pub fn from_source_with(
         mut config: ModelConfig,
         source: &dyn TensorSource,
-        matrix_format: Option<DType>,
+        matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
         config.validate().map_err(|reason| ModelError::Config {
             source_path: source.path().display().to_string(),
@@ -177,8 +177,15 @@ impl Model {
             Some(m) => m,
             None => {
                 let name = "token_embd.weight (tied head)";
-                let t = embedding.tensor().clone();
-                weights::MatrixRows::new(&claims, name, t, config.vocab, h).pack()?
+                match embedding.tensor() {
+                    EmbeddingTable::Raw(t) => {
+                        weights::MatrixRows::new(&claims, name, t.clone(), config.vocab, h)?
+                            .pack()?
+                    }
+                    EmbeddingTable::Quantized(q) => {
+                        weights::MatrixRows::stored(name, q.clone()).pack()?
+                    }
+                }
             }
         };
         config.tied_embeddings = !claims.has("output.weight");
@@ -333,6 +340,7 @@ mod tests {
     use crate::model::testing::{
         random_weights, reference_forward, rel_diff, tiny_config, MemSource, Rng,
     };
+    use crate::quant::DType;
 
     const TOL: f64 = 1e-4;
 
@@ -425,15 +433,15 @@ mod tests {
             let want = reference_forward(&cfg, &src, &toks);
             let mut diffs = Vec::new();
             for to in [DType::Q8_0, DType::Q4_0] {
-                let model = Model::from_source_with(cfg.clone(), &src, Some(to)).unwrap();
+                let model = Model::from_source_with(cfg.clone(), &src, Some(to.into())).unwrap();
                 for layer in &model.layers {
                     for m in [&layer.mlp.gate, &layer.mlp.up, &layer.mlp.down] {
                         // Rows that 32-value blocks do not divide keep their format.
                         let want = if m.cols % 32 == 0 { to } else { DType::F32 };
-                        assert_eq!(m.dtype, want, "{what}: {}x{}", m.rows, m.cols);
+                        assert_eq!(m.dtype(), Some(want), "{what}: {}x{}", m.rows, m.cols);
                     }
                 }
-                assert_eq!(model.head.dtype, to, "{what}");
+                assert_eq!(model.head.dtype(), Some(to), "{what}");
                 let mut st = model.new_state(32);
                 let got = model.forward(&mut st, &toks, Logits::All).unwrap();
                 diffs.push(rel_diff(&got, &want));
@@ -446,6 +454,59 @@ mod tests {
                 q4 > 4.0 * q8 && q4 < 1.0,
                 "{what}: Q4_0 rel diff {q4} (Q8_0: {q8})"
             );
+        }
+    }
+
+    /// Quantized to kasoku's formats as it loads (a model wide enough for them: columns of
+    /// 64 and 128): every layer matrix and the head take the recipe's format, and the logits
+    /// stay close to the f32 model's (L closer than M; on random weights, whose logits are
+    /// all noise, M moves far but stays finite and below the Q4_0 bound of the test above).
+    #[test]
+    fn kasoku_formats_quantized_at_load_take_the_recipe_and_stay_close() {
+        use crate::kernels::matmul::WeightFormat;
+        use crate::quant::kasoku::{Format, Recipe, Scheme};
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+            let mut cfg = tiny_config(arch, SourceKind::Gguf);
+            cfg.hidden = 64;
+            cfg.ffn = 128;
+            cfg.head_dim = 16;
+            cfg.rope_dim = 16;
+            let src = random_weights(&cfg, 21);
+            let toks = tokens(11, cfg.vocab, 9);
+            let want = reference_forward(&cfg, &src, &toks);
+            let diff = |recipe: Recipe| {
+                let model =
+                    Model::from_source_with(cfg.clone(), &src, Some(Target::Kasoku(recipe)))
+                        .unwrap();
+                for layer in &model.layers {
+                    let m = &layer.mlp;
+                    let (plain, fine) = match recipe.scheme {
+                        Scheme::M => (Format::M, Format::M),
+                        Scheme::L => (Format::L, Format::L),
+                        Scheme::Mixed => (Format::M, Format::L),
+                    };
+                    assert_eq!(m.gate.format(), WeightFormat::Kasoku(plain));
+                    assert_eq!(m.down.format(), WeightFormat::Kasoku(fine));
+                    let spec = m.gate.kasoku_spec().unwrap();
+                    assert_eq!(spec.rotation.is_some(), recipe.rotate);
+                    assert_eq!(spec.rotation, m.up.kasoku_spec().unwrap().rotation);
+                }
+                assert_eq!(model.head.format(), WeightFormat::Kasoku(Format::L));
+                let mut st = model.new_state(32);
+                let got = model.forward(&mut st, &toks, Logits::All).unwrap();
+                assert!(got.iter().all(|v| v.is_finite()));
+                rel_diff(&got, &want)
+            };
+            let l = diff(Recipe::new(Scheme::L));
+            let m = diff(Recipe::new(Scheme::M));
+            let mixed = diff(Recipe::new(Scheme::Mixed));
+            let m_plain = diff(Recipe {
+                rotate: false,
+                ..Recipe::new(Scheme::M)
+            });
+            assert!(l > 1e-5 && l < 0.05, "{arch:?}: L rel diff {l}");
+            assert!(m > 2.0 * l && m < 0.5, "{arch:?}: M rel diff {m} (L {l})");
+            assert!(mixed < 0.5 && m_plain < 0.5, "{arch:?}: {mixed} {m_plain}");
         }
     }
 
