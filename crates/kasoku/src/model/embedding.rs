@@ -4,10 +4,48 @@
 //! back to the original basis.
 
 use crate::backend::{Backend, Cpu, Gather};
-use crate::format::{Claims, QuantizedTensor, RawTensor};
-use crate::quant::kasoku::Signs;
+use crate::format::{Claims, QuantizedTensor, RawTensor, TensorBytes};
+use crate::quant::kasoku::{quantize, Signs};
+use crate::quant::Target;
 
 use super::ModelError;
+
+/// The table quantized to the claims' kasoku recipe, when it asks for one (so that a model
+/// quantized as it loads equals the checkpoint `kasoku quantize` writes).
+fn quantized_at_load(
+    claims: &Claims,
+    name: &str,
+    vocab: usize,
+    dim: usize,
+) -> Result<Option<QuantizedTensor>, ModelError> {
+    let Some(Target::Kasoku(recipe)) = claims.matrix_format() else {
+        return Ok(None);
+    };
+    let Some(spec) = recipe.spec_for(name, vocab, dim) else {
+        return Ok(None);
+    };
+    let Some(t) = claims.take_optional(name, &[vocab, dim])? else {
+        return Ok(None);
+    };
+    let bad = |reason: String| ModelError::Tensor {
+        tensor: name.to_string(),
+        reason,
+    };
+    if t.dtype.bytes_for(vocab * dim) != Some(t.data.len()) {
+        return Err(bad(format!(
+            "{} bytes for {vocab}x{dim} {}",
+            t.data.len(),
+            t.dtype
+        )));
+    }
+    let mut values = vec![0f32; vocab * dim];
+    crate::quant::dequantize(t.dtype, t.data.as_slice(), &mut values);
+    let q = quantize(spec, &values).map_err(|e| bad(format!("quantizing to {spec}: {e}")))?;
+    let part = |v: Vec<u8>| TensorBytes::from_vec(v);
+    QuantizedTensor::new(name, spec, part(q.codes), part(q.scales), part(q.zeros))
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
+}
 
 /// The stored table.
 #[derive(Clone, Debug)]
@@ -34,7 +72,12 @@ impl Embedding {
         vocab: usize,
         dim: usize,
     ) -> Result<Embedding, ModelError> {
-        if let Some(q) = claims.take_quantized(name, &[vocab, dim])? {
+        let stored = claims.take_quantized(name, &[vocab, dim])?;
+        let stored = match stored {
+            Some(q) => Some(q),
+            None => quantized_at_load(claims, name, vocab, dim)?,
+        };
+        if let Some(q) = stored {
             let row_bytes = q.spec.parts().iter().map(|&p| q.spec.row_bytes(p)).sum();
             return Ok(Embedding {
                 signs: q.spec.rotation.map(|r| r.signs(dim)),
@@ -45,6 +88,10 @@ impl Embedding {
             });
         }
         let tensor = claims.take(name, &[vocab, dim])?;
+        Self::raw(name, tensor, vocab, dim)
+    }
+
+    fn raw(name: &str, tensor: RawTensor, vocab: usize, dim: usize) -> Result<Self, ModelError> {
         let row_bytes = tensor
             .dtype
             .bytes_for(dim)
@@ -108,8 +155,7 @@ impl Embedding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::TensorBytes;
-    use crate::quant::kasoku::{quantize, Rotation, TensorSpec};
+    use crate::quant::kasoku::{Rotation, TensorSpec};
 
     #[test]
     fn a_quantized_table_gives_its_rows_in_the_original_basis() {

@@ -10,8 +10,7 @@
 
 use std::path::Path;
 
-use crate::format::gguf::GgufFile;
-use crate::format::{HfCheckpoint, TensorSource};
+use crate::format::{Checkpoint, TensorSource};
 use crate::quant::kasoku::TensorSpec;
 use crate::quant::{requantize, Target};
 
@@ -46,15 +45,14 @@ impl Footprint {
         matrix_format: Option<Target>,
         kv_type: KvType,
     ) -> Result<Footprint, ModelError> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            let ckpt = HfCheckpoint::open(path)?;
-            let config = ModelConfig::from_hf(ckpt.config())?;
-            return Ok(Footprint::of(&config, &ckpt, matrix_format, kv_type));
-        }
-        let file = GgufFile::open(path)?;
-        let config = ModelConfig::from_gguf(&file)?;
-        Ok(Footprint::of(&config, &file, matrix_format, kv_type))
+        let ckpt = Checkpoint::open(path)?;
+        let config = ModelConfig::of_checkpoint(&ckpt)?;
+        Ok(Footprint::of(
+            &config,
+            ckpt.tensors(),
+            matrix_format,
+            kv_type,
+        ))
     }
 
     /// The footprint of `config` with the tensors of `source`.

@@ -8,9 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::format::gguf::GgufFile;
-use crate::format::HfCheckpoint;
-use crate::format::{Claims, TensorSource};
+use crate::format::{Checkpoint, Claims, TensorSource};
 use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 use crate::quant::Target;
@@ -88,15 +86,9 @@ impl Model {
         path: impl AsRef<Path>,
         matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            let ckpt = HfCheckpoint::open(path)?;
-            let config = ModelConfig::from_hf(ckpt.config())?;
-            return Model::from_source_with(config, &ckpt, matrix_format);
-        }
-        let file = GgufFile::open(path)?;
-        let config = ModelConfig::from_gguf(&file)?;
-        Model::from_source_with(config, &file, matrix_format)
+        let ckpt = Checkpoint::open(path)?;
+        let config = ModelConfig::of_checkpoint(&ckpt)?;
+        Model::from_source_with(config, ckpt.tensors(), matrix_format)
     }
 
     /// Builds the model from `source` (tensors under GGUF names), claiming every tensor:
@@ -458,9 +450,9 @@ mod tests {
     }
 
     /// Quantized to kasoku's formats as it loads (a model wide enough for them: columns of
-    /// 64 and 128): every layer matrix and the head take the recipe's format, and the logits
-    /// stay close to the f32 model's (L closer than M; on random weights, whose logits are
-    /// all noise, M moves far but stays finite and below the Q4_0 bound of the test above).
+    /// 64 and 128): every layer matrix, the head and the embedding take the recipe's format,
+    /// and the logits stay close to the f32 model's (L closer than M, mixed between; on random
+    /// weights, whose logits are all noise, M moves far but stays finite).
     #[test]
     fn kasoku_formats_quantized_at_load_take_the_recipe_and_stay_close() {
         use crate::kernels::matmul::WeightFormat;
@@ -504,9 +496,17 @@ mod tests {
                 rotate: false,
                 ..Recipe::new(Scheme::M)
             });
-            assert!(l > 1e-5 && l < 0.05, "{arch:?}: L rel diff {l}");
-            assert!(m > 2.0 * l && m < 0.5, "{arch:?}: M rel diff {m} (L {l})");
-            assert!(mixed < 0.5 && m_plain < 0.5, "{arch:?}: {mixed} {m_plain}");
+            let l_plain = diff(Recipe {
+                rotate: false,
+                ..Recipe::new(Scheme::L)
+            });
+            // The random weights are uniform, which a rotation makes Gaussian: for them (unlike
+            // real, heavy-tailed weights) it doubles the squared error of both formats.
+            for (what, d) in [("L", l), ("unrotated L", l_plain)] {
+                assert!(d > 1e-5 && d < 0.1, "{arch:?}: {what} rel diff {d}");
+            }
+            assert!(m > 2.0 * l && m < 0.6, "{arch:?}: M rel diff {m} (L {l})");
+            assert!(mixed < m && m_plain < 0.6, "{arch:?}: {mixed} {m_plain}");
         }
     }
 
