@@ -92,12 +92,12 @@ impl SpecArgs {
         let path = progress::resolve_model(name, quiet)?;
         kasoku::engine::check_memory(
             &path,
-            self.draft_format.0,
+            self.draft_format.0.map(Into::into),
             kv_type,
             kasoku::engine::available_memory(),
         )
         .context("loading the draft model")?;
-        let mut model = Model::load_with(&path, self.draft_format.0)
+        let mut model = Model::load_with(&path, self.draft_format.0.map(Into::into))
             .with_context(|| format!("loading the draft model {}", path.display()))?;
         if model.set_kv_type(kv_type).is_err() {
             model.set_kv_type(KvType::F16)?;

@@ -332,7 +332,9 @@ mod tests {
         assert_eq!(m.config.hidden, 256);
         let dtype = |name: &str| {
             let mats = m.matrices();
-            mats.iter().find(|(n, _)| n == name).map(|(_, w)| w.dtype)
+            mats.iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, w)| w.dtype())
         };
         assert_eq!(dtype("blk.1.ffn_down.weight"), Some(DType::Q6K));
         assert_eq!(dtype("blk.0.ffn_down.weight"), Some(DType::Q4K));

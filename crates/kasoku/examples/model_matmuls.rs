@@ -57,7 +57,7 @@ fn main() {
                 let t = Instant::now();
                 matmul(w, &xs[k], n, &mut ys[k]);
                 if rep > 0 {
-                    let e = by_kind.entry(format!("{role} {}", w.dtype)).or_default();
+                    let e = by_kind.entry(format!("{role} {}", w.format())).or_default();
                     e.0 += t.elapsed().as_secs_f64();
                     e.1 += w.size_bytes();
                 }

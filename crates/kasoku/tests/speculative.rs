@@ -175,7 +175,7 @@ fn draft_model_speculation_equals_plain_decoding() {
     let light = Arc::new(
         Model::load_with(
             common::fixture("llama/tiny/model-f32.gguf"),
-            Some(DType::Q4_0),
+            Some(DType::Q4_0.into()),
         )
         .unwrap(),
     );
@@ -183,7 +183,7 @@ fn draft_model_speculation_equals_plain_decoding() {
         .matrices()
         .into_iter()
         .find(|(name, _)| name == "blk.0.ffn_up.weight")
-        .map(|(_, w)| w.dtype);
+        .and_then(|(_, w)| w.dtype());
     assert_eq!(up, Some(DType::Q4_0));
     check("llama/tiny/model-f32.gguf", &|t| {
         Box::new(DraftModelDrafter::new(light.clone(), 512, t.config.vocab, config).unwrap())

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use kasoku::engine::sampler::argmax;
+use kasoku::kernels::matmul::WeightFormat;
 use kasoku::model::{Batch, Logits, Model, Op, Output, Trace};
-use kasoku::quant::DType;
 use serde_json::{json, Value};
 
 /// Time and bytes of one kind of work over the profiled steps.
@@ -40,12 +40,12 @@ pub struct Profile {
 /// apart), anything else by its name.
 #[derive(Default)]
 struct Timers {
-    entries: Vec<((&'static str, Option<DType>), Entry)>,
+    entries: Vec<((&'static str, Option<WeightFormat>), Entry)>,
 }
 
 impl Timers {
     fn record(&mut self, op: &Op, time: Duration) {
-        let key = match op.dtype {
+        let key = match op.format {
             Some(d) if op.name == "head" => ("matmul (head)", Some(d)),
             Some(d) => ("matmul", Some(d)),
             None => (op.name, None),

@@ -13,6 +13,7 @@ use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
 use crate::kernels::gated_delta::{gated_delta, gates, l2norm_heads, GdnInputs};
 use crate::kernels::matmul::{matmul, matmul_many, MatMulError, MatMulWeight};
 use crate::kernels::norm::{rmsnorm, rmsnorm_inplace};
+use crate::quant::kasoku::QuantizedView;
 use crate::quant::{dequantize, DType};
 
 /// The CPU backend (the worker pool and the instruction set are process-wide).
@@ -32,6 +33,10 @@ impl Backend for Cpu {
         bytes: &[u8],
     ) -> Result<MatMulWeight, MatMulError> {
         MatMulWeight::new(dtype, rows, cols, bytes)
+    }
+
+    fn pack_kasoku(&self, q: QuantizedView<'_>) -> MatMulWeight {
+        MatMulWeight::kasoku(q)
     }
 
     #[inline]

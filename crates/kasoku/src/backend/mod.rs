@@ -35,6 +35,7 @@ use crate::kernels::attention::{AttnGeometry, TreeRows};
 use crate::kernels::gated_delta::GdnDims;
 use crate::kernels::matmul::MatMulError;
 use crate::kernels::rope::Rope;
+use crate::quant::kasoku::QuantizedView;
 use crate::quant::DType;
 
 /// A device that runs the model's kernels: see the module doc.
@@ -56,6 +57,10 @@ pub trait Backend: Send + Sync {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self::Weight, MatMulError>;
+
+    /// Packs a matrix stored in one of kasoku's formats (`quant::kasoku`; its parts already
+    /// checked against its spec by the view).
+    fn pack_kasoku(&self, q: QuantizedView<'_>) -> Self::Weight;
 
     /// `y[r][j] = Σ_c x[r][c] · W[j][c]` for every row `r < n` ([`MatMul`]).
     fn matmul(&self, args: MatMul<'_, Self>);

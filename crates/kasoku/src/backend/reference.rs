@@ -13,6 +13,7 @@ use crate::kernels::conv1d::ConvTaps;
 use crate::kernels::gated_delta::GdnDims;
 use crate::kernels::matmul::MatMulError;
 use crate::kernels::rope::RopeLayout;
+use crate::quant::kasoku::QuantizedView;
 use crate::quant::{dequantize, DType};
 
 /// The f64 oracle.
@@ -62,6 +63,16 @@ impl Backend for Reference {
             values.extend(row.iter().map(|&v| v as f64));
         }
         Ok(RefMatrix { rows, cols, values })
+    }
+
+    fn pack_kasoku(&self, q: QuantizedView<'_>) -> RefMatrix {
+        // The values in the original basis: the rotation is undone here, and the reference
+        // products read the activations as given (unrotated, unquantized).
+        RefMatrix {
+            rows: q.spec.rows,
+            cols: q.spec.cols,
+            values: q.dequantize().into_iter().map(f64::from).collect(),
+        }
     }
 
     fn matmul(&self, a: MatMul<'_, Self>) {

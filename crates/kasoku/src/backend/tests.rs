@@ -163,6 +163,54 @@ fn matmul_every_format() {
     }
 }
 
+/// kasoku's formats (rotated and not): the CPU product against the reference's product of the
+/// dequantized matrix with the unquantized activations; the difference is the int8 rounding of
+/// the rotated activations (3e-2 as for the other block formats). Several matrices in one job,
+/// of one rotation (they share the activations), keep each one's bits.
+#[test]
+fn matmul_kasoku_formats() {
+    use crate::quant::kasoku::{quantize, Rotation, TensorSpec};
+    let mut rng = Rng::new(4);
+    let (rows, cols) = (24, 512);
+    let rot = Some(Rotation::new(17, 32));
+    let specs = [
+        TensorSpec::m(rows, cols, 64, rot),
+        TensorSpec::m(rows, cols, 32, None),
+        TensorSpec::m(rows, cols, 128, rot),
+        TensorSpec::l(rows, cols, false, rot),
+        TensorSpec::l(rows, cols, true, None),
+    ];
+    let mut cpu = Vec::new();
+    for spec in specs {
+        let q = quantize(spec, &rng.vec(rows * cols, 0.1)).unwrap();
+        let (cw, rw) = (Cpu.pack_kasoku(q.view()), Reference.pack_kasoku(q.view()));
+        for n in [1, 3, 8] {
+            let x = rng.vec(n * cols, 1.0);
+            close(
+                &format!("matmul {spec} n={n}"),
+                &matmul_out(&Cpu, &cw, &x, n, rows),
+                &matmul_out(&Reference, &rw, &x, n, rows),
+                3e-2,
+            );
+        }
+        cpu.push(cw);
+    }
+    let x = rng.vec(5 * cols, 1.0);
+    let mut outs = vec![vec![0f32; 5 * rows]; 3];
+    let [a, b, c] = &mut outs[..] else {
+        unreachable!()
+    };
+    Cpu.matmul_many(MatMulMany {
+        ws: &[&cpu[0], &cpu[2], &cpu[3]],
+        x: &x,
+        n: 5,
+        ys: &mut [a, b, c],
+    });
+    for (w, got) in [&cpu[0], &cpu[2], &cpu[3]].iter().zip(&outs) {
+        assert_eq!(got, &matmul_out(&Cpu, w, &x, 5, rows));
+    }
+}
+
 #[test]
 fn gather_rmsnorm_rope_activations() {
     let mut rng = Rng::new(2);

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use super::context::{available_memory, ContextRequest, MIN_DEFAULT_CONTEXT};
 use super::session::{GenerateOptions, Session};
 use super::text::stop_tokens;
+use crate::format::checkpoint::GGUF_META;
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::GenerationDefaults;
 use crate::model::{Footprint, KvType, Model, ModelError};
-use crate::quant::DType;
+use crate::quant::Target;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 
@@ -79,21 +80,41 @@ impl LoadedModel {
         kv_type: KvType,
         available: Option<u64>,
     ) -> Result<LoadedModel, LoadError> {
+        LoadedModel::load_converted(path, kv_type, None, available)
+    }
+
+    /// [`LoadedModel::load_within`], converting the matrices to `target` as they load (e.g.
+    /// `--quantize m`: kasoku's formats, `quant::kasoku::Recipe`).
+    pub fn load_converted(
+        path: impl AsRef<Path>,
+        kv_type: KvType,
+        target: Option<Target>,
+        available: Option<u64>,
+    ) -> Result<LoadedModel, LoadError> {
         let path = path.as_ref();
-        check_memory(path, None, kv_type, available)?;
-        let (tokenizer, template, defaults) = if path.is_dir() {
-            let template = ChatTemplate::from_hf_dir(path).ok();
-            let defaults = GenerationDefaults::load(path).ok();
-            (Tokenizer::from_hf_dir(path)?, template, defaults)
+        check_memory(path, target, kv_type, available)?;
+        let meta = if path.is_dir() {
+            let meta = path.join(GGUF_META);
+            meta.exists().then_some(meta)
         } else {
-            let gguf = GgufFile::open(path).map_err(ModelError::from)?;
-            (
-                Tokenizer::from_gguf(&gguf)?,
-                ChatTemplate::from_gguf(&gguf).ok(),
-                None,
-            )
+            Some(path.to_path_buf())
         };
-        let mut model = Model::load(path)?;
+        let (tokenizer, template, defaults) = match meta {
+            None => {
+                let template = ChatTemplate::from_hf_dir(path).ok();
+                let defaults = GenerationDefaults::load(path).ok();
+                (Tokenizer::from_hf_dir(path)?, template, defaults)
+            }
+            Some(meta) => {
+                let gguf = GgufFile::open(meta).map_err(ModelError::from)?;
+                (
+                    Tokenizer::from_gguf(&gguf)?,
+                    ChatTemplate::from_gguf(&gguf).ok(),
+                    None,
+                )
+            }
+        };
+        let mut model = Model::load_with(path, target)?;
         model.set_kv_type(kv_type)?;
         // Vocabularies may be padded beyond the tokenizer (Qwen: 151936 rows, 151665 tokens),
         // never the other way round.
@@ -144,7 +165,7 @@ impl LoadedModel {
 /// model is in ([`ContextRequest::plan`]).
 pub fn check_memory(
     path: &Path,
-    matrix_format: Option<DType>,
+    matrix_format: Option<Target>,
     kv_type: KvType,
     available: Option<u64>,
 ) -> Result<(), LoadError> {

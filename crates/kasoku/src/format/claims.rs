@@ -4,14 +4,14 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use super::{FormatError, RawTensor, TensorSource};
-use crate::quant::DType;
+use super::{FormatError, QuantizedTensor, RawTensor, TensorSource};
+use crate::quant::Target;
 
 /// Tracks which tensors of a source have been claimed.
 pub struct Claims<'a> {
     source: &'a dyn TensorSource,
     claimed: Mutex<BTreeSet<String>>,
-    matrix_format: Option<DType>,
+    matrix_format: Option<Target>,
 }
 
 impl<'a> Claims<'a> {
@@ -24,14 +24,15 @@ impl<'a> Claims<'a> {
     }
 
     /// Asks whoever packs the claimed matrices to store those in heavier formats as `format`
-    /// (see `crate::quant::requantize`); `None` keeps every tensor's own format.
-    pub fn with_matrix_format(mut self, format: Option<DType>) -> Self {
+    /// (see `crate::quant::requantize`), or to quantize them to kasoku's formats; `None` keeps
+    /// every tensor's own format.
+    pub fn with_matrix_format(mut self, format: Option<Target>) -> Self {
         self.matrix_format = format;
         self
     }
 
     /// The format set by [`Claims::with_matrix_format`].
-    pub fn matrix_format(&self) -> Option<DType> {
+    pub fn matrix_format(&self) -> Option<Target> {
         self.matrix_format
     }
 
@@ -69,6 +70,29 @@ impl<'a> Claims<'a> {
         Ok(Some(tensor))
     }
 
+    /// Takes a matrix stored in one of kasoku's formats if the source has one of that name,
+    /// checking its shape (`[rows, cols]`).
+    pub fn take_quantized(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<QuantizedTensor>, FormatError> {
+        let Some(tensor) = self.source.quantized(name) else {
+            return Ok(None);
+        };
+        let found = vec![tensor.spec.rows, tensor.spec.cols];
+        if !same_shape(&found, shape) {
+            return Err(FormatError::WrongShape {
+                path: self.source.path().to_path_buf(),
+                tensor: name.to_string(),
+                expected: shape.to_vec(),
+                found,
+            });
+        }
+        self.claimed.lock().unwrap().insert(name.to_string());
+        Ok(Some(tensor))
+    }
+
     /// Marks every tensor whose name starts with `prefix` as deliberately unused.
     pub fn ignore_prefix(&self, prefix: &str) {
         let mut claimed = self.claimed.lock().unwrap();
@@ -80,7 +104,7 @@ impl<'a> Claims<'a> {
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.source.get(name).is_some()
+        self.source.get(name).is_some() || self.source.quantized(name).is_some()
     }
 
     /// Fails if any tensor of the source was not claimed or ignored.

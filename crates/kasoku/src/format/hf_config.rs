@@ -50,6 +50,17 @@ impl HfConfig {
         Self::from_file(dir.as_ref().join("config.json"))
     }
 
+    /// A configuration that only names a model type (for sources whose real configuration
+    /// is elsewhere: see `HfCheckpoint::open_gguf_named`).
+    pub(crate) fn minimal(dir: &Path, model_type: &str) -> HfConfig {
+        HfConfig {
+            path: dir.to_path_buf(),
+            root: Map::new(),
+            text: None,
+            model_type: model_type.to_string(),
+        }
+    }
+
     /// Reads a config file at an explicit path.
     pub fn from_file(path: impl AsRef<Path>) -> Result<HfConfig, FormatError> {
         let path = path.as_ref().to_path_buf();

@@ -5,20 +5,24 @@
 //! is `[out_features, in_features]` and its rows are contiguous. (GGUF stores `ne` innermost
 //! first; its reader reverses them.)
 
+pub mod checkpoint;
 pub mod claims;
 pub mod error;
 pub mod gguf;
 pub mod hf_config;
 pub mod hf_names;
+pub mod kasoku_st;
+pub mod kasoku_write;
 pub mod limits;
 pub mod safetensors;
 pub mod tensor;
 #[cfg(test)]
 pub(crate) mod test_util;
 
+pub use checkpoint::Checkpoint;
 pub use claims::Claims;
 pub use error::FormatError;
 pub use gguf::{write_gguf, GgufFile, GgufTensorInfo, MetaValue};
 pub use hf_config::{GenerationDefaults, HfConfig};
 pub use safetensors::HfCheckpoint;
-pub use tensor::{RawTensor, SourceOrigin, TensorBytes, TensorSource};
+pub use tensor::{QuantizedTensor, RawTensor, SourceOrigin, TensorBytes, TensorSource};

@@ -4,7 +4,7 @@
 //! model code knows one naming scheme; [`HfCheckpoint::hf_name`] gives the original name.
 //! Element types: F32, F16, BF16 (anything else is [`FormatError::UnsupportedType`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +14,10 @@ use ::safetensors::SafeTensors;
 use memmap2::Mmap;
 
 use super::hf_names::{translate, HfName};
-use super::{FormatError, HfConfig, RawTensor, SourceOrigin, TensorBytes, TensorSource};
+use super::kasoku_st::Declared;
+use super::{
+    FormatError, HfConfig, QuantizedTensor, RawTensor, SourceOrigin, TensorBytes, TensorSource,
+};
 use crate::quant::DType;
 
 const SINGLE: &str = "model.safetensors";
@@ -38,6 +41,10 @@ pub struct HfCheckpoint {
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     skipped: Vec<String>,
+    /// Matrices in kasoku's formats, by GGUF name (see `kasoku_st`).
+    quantized: BTreeMap<String, QuantizedTensor>,
+    /// Whether the files use GGUF names and conventions (`kasoku.names = "gguf"`).
+    gguf_names: Option<bool>,
 }
 
 impl std::fmt::Debug for HfCheckpoint {
@@ -56,6 +63,28 @@ impl HfCheckpoint {
     pub fn open(dir: impl AsRef<Path>) -> Result<HfCheckpoint, FormatError> {
         let dir = dir.as_ref().to_path_buf();
         let config = HfConfig::load(&dir)?;
+        Self::open_with(dir, config)
+    }
+
+    /// Opens the safetensors of `dir` without a `config.json`, for the checkpoints
+    /// `kasoku quantize` writes from a GGUF file (GGUF names; their configuration is the GGUF
+    /// metadata beside them, `format::checkpoint`). The files must say they use GGUF names.
+    pub fn open_gguf_named(dir: impl AsRef<Path>) -> Result<HfCheckpoint, FormatError> {
+        let dir = dir.as_ref().to_path_buf();
+        let ckpt = Self::open_with(dir.clone(), HfConfig::minimal(&dir, "gguf"))?;
+        if ckpt.gguf_names != Some(true) {
+            return Err(FormatError::Metadata {
+                path: dir,
+                reason: format!(
+                    "the safetensors beside kasoku.gguf do not declare {}=gguf",
+                    super::kasoku_st::NAMES_KEY
+                ),
+            });
+        }
+        Ok(ckpt)
+    }
+
+    fn open_with(dir: PathBuf, config: HfConfig) -> Result<HfCheckpoint, FormatError> {
         let index_path = dir.join(INDEX);
         let shard_files: Vec<String> = if index_path.exists() {
             read_index(&index_path)?
@@ -70,6 +99,8 @@ impl HfCheckpoint {
             entries: Vec::new(),
             by_name: HashMap::new(),
             skipped: Vec::new(),
+            quantized: BTreeMap::new(),
+            gguf_names: None,
         };
         for file in shard_files {
             ckpt.add_shard(&file)?;
@@ -100,11 +131,36 @@ impl HfCheckpoint {
             .map_err(|e| corrupt(format!("safetensors header: {e}")))?;
         let data_start = 8 + header_len; // read_metadata checked this fits the file
         let shard = self.shards.len();
+        let mut declared = Declared::read(metadata.metadata().as_ref(), &corrupt)?;
+        // Every shard of a checkpoint names its tensors one way.
+        let gguf_names = declared.gguf_names;
+        if *self.gguf_names.get_or_insert(gguf_names) != gguf_names {
+            return Err(corrupt("shards disagree on their naming scheme".into()));
+        }
+        let model_type = self.config.model_type().to_string();
+        let translated = |st_name: &str| {
+            if gguf_names {
+                HfName::Name(st_name.to_string())
+            } else {
+                translate(&model_type, st_name)
+            }
+        };
         for hf_name in metadata.offset_keys() {
             let info = metadata
                 .info(&hf_name)
                 .expect("offset_keys lists known tensors");
-            let name = match translate(self.config.model_type(), &hf_name) {
+            let (s, e) = info.data_offsets;
+            let part = declared.take_part(
+                &hf_name,
+                info.dtype,
+                &info.shape,
+                || TensorBytes::mapped(mmap.clone(), data_start + s, e - s),
+                &corrupt,
+            )?;
+            if part {
+                continue;
+            }
+            let name = match translated(&hf_name) {
                 HfName::Skipped => {
                     self.skipped.push(hf_name);
                     continue;
@@ -123,8 +179,7 @@ impl HfCheckpoint {
                     })
                 }
             };
-            let (s, e) = info.data_offsets;
-            if self.by_name.contains_key(&name) {
+            if self.by_name.contains_key(&name) || self.quantized.contains_key(&name) {
                 return Err(corrupt(format!(
                     "tensor '{hf_name}' duplicates '{name}' (from another name or shard)"
                 )));
@@ -139,6 +194,23 @@ impl HfCheckpoint {
                 start: data_start + s,
                 len: e - s,
             });
+        }
+        for mut q in declared.finish(&corrupt)? {
+            let name = match translated(&q.name) {
+                HfName::Skipped => {
+                    self.skipped.push(q.name);
+                    continue;
+                }
+                HfName::Name(n) => n,
+            };
+            if self.by_name.contains_key(&name) || self.quantized.contains_key(&name) {
+                return Err(corrupt(format!(
+                    "kasoku tensor '{}' duplicates '{name}' (from another name or shard)",
+                    q.name
+                )));
+            }
+            q.name = name.clone();
+            self.quantized.insert(name, q);
         }
         self.shards.push((path, mmap));
         Ok(())
@@ -213,7 +285,12 @@ impl TensorSource for HfCheckpoint {
     }
 
     fn names(&self) -> Vec<String> {
-        self.entries.iter().map(|e| e.name.clone()).collect()
+        let plain = self.entries.iter().map(|e| e.name.clone());
+        plain.chain(self.quantized.keys().cloned()).collect()
+    }
+
+    fn quantized(&self, name: &str) -> Option<QuantizedTensor> {
+        self.quantized.get(name).cloned()
     }
 
     fn get(&self, name: &str) -> Option<RawTensor> {
@@ -228,7 +305,11 @@ impl TensorSource for HfCheckpoint {
     }
 
     fn origin(&self) -> SourceOrigin {
-        SourceOrigin::HuggingFace
+        if self.gguf_names == Some(true) {
+            SourceOrigin::Gguf
+        } else {
+            SourceOrigin::HuggingFace
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use memmap2::{Mmap, UncheckedAdvice};
 
+use crate::quant::kasoku::{KasokuError, QuantizedView, TensorSpec};
 use crate::quant::DType;
 
 /// The page size [`TensorBytes::release_pages`] aligns to (where pages are larger, the advice
@@ -111,6 +112,55 @@ impl RawTensor {
     }
 }
 
+/// A matrix stored in one of kasoku's formats (`quant::kasoku`): its spec and its parts'
+/// bytes, whose sizes were checked against the spec when it was made.
+#[derive(Clone, Debug)]
+pub struct QuantizedTensor {
+    pub name: String,
+    pub spec: TensorSpec,
+    codes: TensorBytes,
+    scales: TensorBytes,
+    /// Empty for L.
+    zeros: TensorBytes,
+}
+
+impl QuantizedTensor {
+    /// The tensor, if every part has the size the spec implies (the error names the part).
+    pub fn new(
+        name: &str,
+        spec: TensorSpec,
+        codes: TensorBytes,
+        scales: TensorBytes,
+        zeros: TensorBytes,
+    ) -> Result<QuantizedTensor, KasokuError> {
+        QuantizedView::new(spec, codes.as_slice(), scales.as_slice(), zeros.as_slice())?;
+        Ok(QuantizedTensor {
+            name: name.to_string(),
+            spec,
+            codes,
+            scales,
+            zeros,
+        })
+    }
+
+    /// The parts as a view (sizes already checked).
+    pub fn view(&self) -> QuantizedView<'_> {
+        QuantizedView {
+            spec: self.spec,
+            codes: self.codes.as_slice(),
+            scales: self.scales.as_slice(),
+            zeros: self.zeros.as_slice(),
+        }
+    }
+
+    /// Releases the parts' pages of a file mapping (see [`TensorBytes::release_pages`]).
+    pub fn release_pages(&self) {
+        self.codes.release_pages();
+        self.scales.release_pages();
+        self.zeros.release_pages();
+    }
+}
+
 /// A set of named tensors: one GGUF file, or a Hugging Face directory of safetensors shards.
 /// Tensor names are the source's own names (GGUF: `blk.0.attn_q.weight`; HF:
 /// `model.layers.0.self_attn.q_proj.weight`).
@@ -119,8 +169,15 @@ pub trait TensorSource: Send + Sync {
     fn path(&self) -> &std::path::Path;
     /// Every tensor name, in file order.
     fn names(&self) -> Vec<String>;
-    /// The tensor of that name, if present.
+    /// The tensor of that name, if present (`None` for a matrix in kasoku's formats: see
+    /// [`TensorSource::quantized`]).
     fn get(&self, name: &str) -> Option<RawTensor>;
+    /// The matrix of that name if it is stored in one of kasoku's formats. [`TensorSource::names`]
+    /// lists these too.
+    fn quantized(&self, name: &str) -> Option<QuantizedTensor> {
+        let _ = name;
+        None
+    }
     /// Which converter's conventions the values follow (see [`SourceOrigin`]).
     fn origin(&self) -> SourceOrigin {
         SourceOrigin::Gguf

@@ -8,7 +8,7 @@
 
 use crate::format::gguf::GgufFile;
 use crate::format::hf_config::HfConfig;
-use crate::format::{limits, TensorSource};
+use crate::format::{limits, Checkpoint, TensorSource};
 pub use crate::kernels::rope::{RopeLayout, RopeScaling};
 
 use super::ModelError;
@@ -86,6 +86,34 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Reads the configuration from a GGUF file's metadata (`{arch}.*` keys).
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_gguf_with(file, file)
+    }
+
+    /// The configuration of any open checkpoint (`format::Checkpoint`).
+    pub fn of_checkpoint(ckpt: &Checkpoint) -> Result<ModelConfig, ModelError> {
+        match ckpt {
+            Checkpoint::Gguf(f) => ModelConfig::from_gguf(f),
+            Checkpoint::Hf(c) => ModelConfig::from_hf(c.config()),
+            Checkpoint::GgufMeta { meta, tensors } => ModelConfig::from_gguf_with(meta, tensors),
+        }
+    }
+
+    /// [`ModelConfig::from_gguf`] with the tensors in `tensors` (the GGUF's own, or those of a
+    /// checkpoint that `kasoku quantize` wrote beside the GGUF's metadata): what the
+    /// configuration learns from tensors (vocabulary, tied head, biases, RoPE factors) comes
+    /// from there.
+    pub fn from_gguf_with(
+        file: &GgufFile,
+        tensors: &dyn TensorSource,
+    ) -> Result<ModelConfig, ModelError> {
+        let shape_of = |name: &str| -> Option<Vec<usize>> {
+            match tensors.get(name) {
+                Some(t) => Some(t.shape),
+                None => tensors
+                    .quantized(name)
+                    .map(|q| vec![q.spec.rows, q.spec.cols]),
+            }
+        };
         let path = file.path().display().to_string();
         let bad = |reason: String| ModelError::Config {
             source_path: path.clone(),
@@ -225,21 +253,17 @@ impl ModelConfig {
                 )))
             }
         };
-        let vocab = match file.tensor_info("token_embd.weight") {
-            Some(t) if t.shape.len() == 2 => {
-                if t.shape[1] != hidden {
+        let vocab = match shape_of("token_embd.weight") {
+            Some(shape) if shape.len() == 2 => {
+                if shape[1] != hidden {
                     return Err(bad(format!(
                         "'{}' = {hidden}, but token_embd.weight has rows of {}",
                         key("embedding_length"),
-                        t.shape[1]
+                        shape[1]
                     )));
                 }
-                limits::bounded(
-                    "token_embd.weight rows",
-                    t.shape[0] as u64,
-                    limits::MAX_VOCAB,
-                )
-                .map_err(bad)?
+                limits::bounded("token_embd.weight rows", shape[0] as u64, limits::MAX_VOCAB)
+                    .map_err(bad)?
             }
             _ => match opt("vocab_size", limits::MAX_VOCAB)? {
                 Some(v) => v,
@@ -263,7 +287,7 @@ impl ModelConfig {
         }
         // Llama 3 GGUFs carry their RoPE scaling as frequency divisors: each must be a finite
         // positive number (a 0 turns every logit into NaN).
-        if let Some(t) = file.tensor("rope_freqs.weight") {
+        if let Some(t) = tensors.get("rope_freqs.weight") {
             let n: usize = t.shape.iter().product();
             if n > limits::MAX_HEAD_DIM / 2 {
                 return Err(bad(format!(
@@ -279,9 +303,9 @@ impl ModelConfig {
                 )));
             }
         }
-        let tied_embeddings = file.tensor_info("output.weight").is_none();
+        let tied_embeddings = shape_of("output.weight").is_none();
         let qkv_bias =
-            arch == Arch::Qwen2 || file.names().iter().any(|n| n.ends_with(".attn_q.bias"));
+            arch == Arch::Qwen2 || tensors.names().iter().any(|n| n.ends_with(".attn_q.bias"));
 
         let mut layer_kinds = vec![LayerKind::Attention; n_layers];
         let (mut lnk, mut lnv, mut ldk, mut ldv, mut lconv) = (0, 0, 0, 0, 0);

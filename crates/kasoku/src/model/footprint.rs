@@ -10,9 +10,9 @@
 
 use std::path::Path;
 
-use crate::format::gguf::GgufFile;
-use crate::format::{HfCheckpoint, TensorSource};
-use crate::quant::{requantize, DType};
+use crate::format::{Checkpoint, TensorSource};
+use crate::quant::kasoku::TensorSpec;
+use crate::quant::{requantize, Target};
 
 use super::mixer::KvType;
 use super::run::CHUNK;
@@ -42,31 +42,42 @@ impl Footprint {
     /// does, its KV cache stored as `kv_type`. Reads metadata and tensor headers only.
     pub fn of_path(
         path: impl AsRef<Path>,
-        matrix_format: Option<DType>,
+        matrix_format: Option<Target>,
         kv_type: KvType,
     ) -> Result<Footprint, ModelError> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            let ckpt = HfCheckpoint::open(path)?;
-            let config = ModelConfig::from_hf(ckpt.config())?;
-            return Ok(Footprint::of(&config, &ckpt, matrix_format, kv_type));
-        }
-        let file = GgufFile::open(path)?;
-        let config = ModelConfig::from_gguf(&file)?;
-        Ok(Footprint::of(&config, &file, matrix_format, kv_type))
+        let ckpt = Checkpoint::open(path)?;
+        let config = ModelConfig::of_checkpoint(&ckpt)?;
+        Ok(Footprint::of(
+            &config,
+            ckpt.tensors(),
+            matrix_format,
+            kv_type,
+        ))
     }
 
     /// The footprint of `config` with the tensors of `source`.
     pub fn of(
         config: &ModelConfig,
         source: &dyn TensorSource,
-        matrix_format: Option<DType>,
+        matrix_format: Option<Target>,
         kv_type: KvType,
     ) -> Footprint {
         let tied = source.get("output.weight").is_none();
         let mut weights = 0u64;
         let mut mtp_layer = false;
+        // A kasoku-format matrix as packed: rows padded to the packing group.
+        let kasoku_bytes = |spec: TensorSpec| {
+            TensorSpec {
+                rows: spec.rows.div_ceil(ROW_GROUP) * ROW_GROUP,
+                ..spec
+            }
+            .total_bytes() as u64
+        };
         for name in source.names() {
+            if let Some(q) = source.quantized(&name) {
+                weights = weights.saturating_add(kasoku_bytes(q.spec));
+                continue;
+            }
             let Some(t) = source.get(&name) else { continue };
             mtp_layer |=
                 name.starts_with(&format!("blk.{}.", config.n_layers)) || name.starts_with("mtp.");
@@ -75,7 +86,22 @@ impl Footprint {
                 // The embedding stays mapped; a tied head packs a copy of it.
                 _ if name == "token_embd.weight" && !tied => 0,
                 [rows, cols] => {
+                    let recipe = match matrix_format {
+                        Some(Target::Kasoku(r)) => r.spec_for(&name, rows, cols),
+                        _ => None,
+                    };
+                    let head = (name == "token_embd.weight" && tied)
+                        .then(|| match matrix_format {
+                            Some(Target::Kasoku(r)) => r.spec_for("output.weight", rows, cols),
+                            _ => None,
+                        })
+                        .flatten();
+                    if let Some(spec) = recipe.or(head) {
+                        weights = weights.saturating_add(kasoku_bytes(spec));
+                        continue;
+                    }
                     let dtype = matrix_format
+                        .and_then(Target::gguf)
                         .filter(|&to| requantize::worth_it(t.dtype, to, cols))
                         .unwrap_or(t.dtype);
                     let padded = rows.div_ceil(ROW_GROUP) * ROW_GROUP;

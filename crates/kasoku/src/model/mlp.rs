@@ -45,7 +45,7 @@ impl Mlp {
         let [g, u] = carve(work, [n * ffn, n * ffn]);
         let op = |name| Op::new(name, Some(layer), n);
         let gate_up = op("ffn_gate_up")
-            .matmul(self.gate.dtype)
+            .matmul(self.gate.format())
             .reading(self.gate.size_bytes() + self.up.size_bytes());
         // Gate and up in one job: the pool synchronises once for both.
         tr.op(gate_up, || {
@@ -60,7 +60,7 @@ impl Mlp {
             Cpu.activation(Activation::SwiGlu { gate: g, up: u })
         });
         let down = op("ffn_down")
-            .matmul(self.down.dtype)
+            .matmul(self.down.format())
             .reading(self.down.size_bytes());
         tr.op(down, || {
             Cpu.matmul(MatMul {

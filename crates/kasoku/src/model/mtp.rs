@@ -279,7 +279,7 @@ impl MtpHead {
             });
             let x = rows(x, n * h);
             let eh = op("eh_proj")
-                .matmul(self.eh_proj.dtype)
+                .matmul(self.eh_proj.format())
                 .reading(self.eh_proj.size_bytes());
             tr.op(eh, || {
                 Cpu.matmul(MatMul {

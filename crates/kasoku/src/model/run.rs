@@ -455,7 +455,7 @@ pub(crate) fn head_logits<T: Trace>(
     let at = logits.len();
     logits.resize(at + m * head.rows, 0.0);
     let op = Op::new("head", None, m)
-        .matmul(head.dtype)
+        .matmul(head.format())
         .reading(head.size_bytes());
     tr.op(op, || {
         Cpu.matmul(MatMul {

@@ -4,7 +4,7 @@
 //! profiler times them (`kasoku bench --profile`); [`NoTrace`], what
 //! [`Model::run`](super::Model::run) uses, compiles to nothing.
 
-use crate::quant::DType;
+use crate::kernels::matmul::WeightFormat;
 
 /// One named step of a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub struct Op {
     /// Rows in the pass.
     pub rows: usize,
     /// The weight format of a matrix product (the first matrix's, when several run as one).
-    pub dtype: Option<DType>,
+    pub format: Option<WeightFormat>,
     /// Bytes of weights and state the step reads (0 where not counted).
     pub bytes: u64,
 }
@@ -29,7 +29,7 @@ impl Op {
             name,
             layer,
             rows,
-            dtype: None,
+            format: None,
             bytes: 0,
         }
     }
@@ -40,9 +40,9 @@ impl Op {
         self
     }
 
-    /// The same step as a matrix product on weights of `dtype`.
-    pub fn matmul(mut self, dtype: DType) -> Op {
-        self.dtype = Some(dtype);
+    /// The same step as a matrix product on weights stored as `format`.
+    pub fn matmul(mut self, format: WeightFormat) -> Op {
+        self.format = Some(format);
         self
     }
 }

@@ -8,16 +8,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::format::gguf::GgufFile;
-use crate::format::HfCheckpoint;
-use crate::format::{Claims, TensorSource};
+use crate::format::{Checkpoint, Claims, TensorSource};
 use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
-use crate::quant::DType;
+use crate::quant::Target;
 
 use super::batch::{Batch, Logits, Output};
 use super::config::{Arch, LayerKind, ModelConfig};
-use super::embedding::Embedding;
+use super::embedding::{Embedding, EmbeddingTable};
 use super::mixer::{Attention, GatedDeltaNet, KvType, Mixer};
 use super::mlp::Mlp;
 use super::mtp::MtpHead;
@@ -86,17 +84,11 @@ impl Model {
     /// that format (see `crate::quant::requantize`; for draft models).
     pub fn load_with(
         path: impl AsRef<Path>,
-        matrix_format: Option<DType>,
+        matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            let ckpt = HfCheckpoint::open(path)?;
-            let config = ModelConfig::from_hf(ckpt.config())?;
-            return Model::from_source_with(config, &ckpt, matrix_format);
-        }
-        let file = GgufFile::open(path)?;
-        let config = ModelConfig::from_gguf(&file)?;
-        Model::from_source_with(config, &file, matrix_format)
+        let ckpt = Checkpoint::open(path)?;
+        let config = ModelConfig::of_checkpoint(&ckpt)?;
+        Model::from_source_with(config, ckpt.tensors(), matrix_format)
     }
 
     /// Builds the model from `source` (tensors under GGUF names), claiming every tensor:
@@ -112,7 +104,7 @@ impl Model {
     pub fn from_source_with(
         mut config: ModelConfig,
         source: &dyn TensorSource,
-        matrix_format: Option<DType>,
+        matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
         config.validate().map_err(|reason| ModelError::Config {
             source_path: source.path().display().to_string(),
@@ -177,8 +169,15 @@ impl Model {
             Some(m) => m,
             None => {
                 let name = "token_embd.weight (tied head)";
-                let t = embedding.tensor().clone();
-                weights::MatrixRows::new(&claims, name, t, config.vocab, h).pack()?
+                match embedding.tensor() {
+                    EmbeddingTable::Raw(t) => {
+                        weights::MatrixRows::new(&claims, name, t.clone(), config.vocab, h)?
+                            .pack()?
+                    }
+                    EmbeddingTable::Quantized(q) => {
+                        weights::MatrixRows::stored(name, q.clone()).pack()?
+                    }
+                }
             }
         };
         config.tied_embeddings = !claims.has("output.weight");
@@ -333,6 +332,7 @@ mod tests {
     use crate::model::testing::{
         random_weights, reference_forward, rel_diff, tiny_config, MemSource, Rng,
     };
+    use crate::quant::DType;
 
     const TOL: f64 = 1e-4;
 
@@ -425,15 +425,15 @@ mod tests {
             let want = reference_forward(&cfg, &src, &toks);
             let mut diffs = Vec::new();
             for to in [DType::Q8_0, DType::Q4_0] {
-                let model = Model::from_source_with(cfg.clone(), &src, Some(to)).unwrap();
+                let model = Model::from_source_with(cfg.clone(), &src, Some(to.into())).unwrap();
                 for layer in &model.layers {
                     for m in [&layer.mlp.gate, &layer.mlp.up, &layer.mlp.down] {
                         // Rows that 32-value blocks do not divide keep their format.
                         let want = if m.cols % 32 == 0 { to } else { DType::F32 };
-                        assert_eq!(m.dtype, want, "{what}: {}x{}", m.rows, m.cols);
+                        assert_eq!(m.dtype(), Some(want), "{what}: {}x{}", m.rows, m.cols);
                     }
                 }
-                assert_eq!(model.head.dtype, to, "{what}");
+                assert_eq!(model.head.dtype(), Some(to), "{what}");
                 let mut st = model.new_state(32);
                 let got = model.forward(&mut st, &toks, Logits::All).unwrap();
                 diffs.push(rel_diff(&got, &want));
@@ -446,6 +446,67 @@ mod tests {
                 q4 > 4.0 * q8 && q4 < 1.0,
                 "{what}: Q4_0 rel diff {q4} (Q8_0: {q8})"
             );
+        }
+    }
+
+    /// Quantized to kasoku's formats as it loads (a model wide enough for them: columns of
+    /// 64 and 128): every layer matrix, the head and the embedding take the recipe's format,
+    /// and the logits stay close to the f32 model's (L closer than M, mixed between; on random
+    /// weights, whose logits are all noise, M moves far but stays finite).
+    #[test]
+    fn kasoku_formats_quantized_at_load_take_the_recipe_and_stay_close() {
+        use crate::kernels::matmul::WeightFormat;
+        use crate::quant::kasoku::{Format, Recipe, Scheme};
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+            let mut cfg = tiny_config(arch, SourceKind::Gguf);
+            cfg.hidden = 64;
+            cfg.ffn = 128;
+            cfg.head_dim = 16;
+            cfg.rope_dim = 16;
+            let src = random_weights(&cfg, 21);
+            let toks = tokens(11, cfg.vocab, 9);
+            let want = reference_forward(&cfg, &src, &toks);
+            let diff = |recipe: Recipe| {
+                let model =
+                    Model::from_source_with(cfg.clone(), &src, Some(Target::Kasoku(recipe)))
+                        .unwrap();
+                for layer in &model.layers {
+                    let m = &layer.mlp;
+                    let (plain, fine) = match recipe.scheme {
+                        Scheme::M => (Format::M, Format::M),
+                        Scheme::L => (Format::L, Format::L),
+                        Scheme::Mixed => (Format::M, Format::L),
+                    };
+                    assert_eq!(m.gate.format(), WeightFormat::Kasoku(plain));
+                    assert_eq!(m.down.format(), WeightFormat::Kasoku(fine));
+                    let spec = m.gate.kasoku_spec().unwrap();
+                    assert_eq!(spec.rotation.is_some(), recipe.rotate);
+                    assert_eq!(spec.rotation, m.up.kasoku_spec().unwrap().rotation);
+                }
+                assert_eq!(model.head.format(), WeightFormat::Kasoku(Format::L));
+                let mut st = model.new_state(32);
+                let got = model.forward(&mut st, &toks, Logits::All).unwrap();
+                assert!(got.iter().all(|v| v.is_finite()));
+                rel_diff(&got, &want)
+            };
+            let l = diff(Recipe::new(Scheme::L));
+            let m = diff(Recipe::new(Scheme::M));
+            let mixed = diff(Recipe::new(Scheme::Mixed));
+            let m_plain = diff(Recipe {
+                rotate: false,
+                ..Recipe::new(Scheme::M)
+            });
+            let l_plain = diff(Recipe {
+                rotate: false,
+                ..Recipe::new(Scheme::L)
+            });
+            // The random weights are uniform, which a rotation makes Gaussian: for them (unlike
+            // real, heavy-tailed weights) it doubles the squared error of both formats.
+            for (what, d) in [("L", l), ("unrotated L", l_plain)] {
+                assert!(d > 1e-5 && d < 0.1, "{arch:?}: {what} rel diff {d}");
+            }
+            assert!(m > 2.0 * l && m < 0.6, "{arch:?}: M rel diff {m} (L {l})");
+            assert!(mixed < m && m_plain < 0.6, "{arch:?}: {mixed} {m_plain}");
         }
     }
 

@@ -9,6 +9,30 @@ pub mod requantize;
 
 pub use dtype::DType;
 
+/// What a model's heavier matrices are converted to as it loads: a GGUF type (see
+/// [`requantize`]; for draft models) or kasoku's formats ([`kasoku::Recipe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Gguf(DType),
+    Kasoku(kasoku::Recipe),
+}
+
+impl From<DType> for Target {
+    fn from(d: DType) -> Target {
+        Target::Gguf(d)
+    }
+}
+
+impl Target {
+    /// The GGUF type, if that is the target.
+    pub fn gguf(self) -> Option<DType> {
+        match self {
+            Target::Gguf(d) => Some(d),
+            Target::Kasoku(_) => None,
+        }
+    }
+}
+
 /// Dequantizes `out.len()` consecutive values stored as `dtype` in `bytes`
 /// (`bytes.len()` must equal `dtype.bytes_for(out.len())`).
 pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {

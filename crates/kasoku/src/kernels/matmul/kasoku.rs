@@ -214,6 +214,21 @@ impl KasokuMatrix {
         self.signs.as_ref()
     }
 
+    /// The matrix of its first `n ≤ rows` rows (e.g. a drafter's head over a reduced
+    /// vocabulary): each row keeps its packed bytes, so it computes what it computed here.
+    pub fn first_rows(&self, n: usize) -> KasokuMatrix {
+        let n = n.min(self.spec.rows);
+        let keep = self.group_bytes() * n.div_ceil(GROUP);
+        KasokuMatrix {
+            spec: TensorSpec {
+                rows: n,
+                ..self.spec
+            },
+            signs: self.signs.clone(),
+            packed: PackedBytes::copy_of(&self.packed[..keep]),
+        }
+    }
+
     fn group_bytes(&self) -> usize {
         let kind = Kind::of(&self.spec);
         kind.group_header() + self.spec.cols / kind.block_cols() * kind.block_bytes()
@@ -222,6 +237,7 @@ impl KasokuMatrix {
 
 /// Activation rows rotated and quantized to int8 for products with matrices of one rotation
 /// (see the module documentation). Build once, use for every matrix that reads them.
+#[derive(Default)]
 pub struct Int8Acts {
     pub n: usize,
     pub cols: usize,
@@ -261,23 +277,30 @@ fn quantize_block(v: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
 impl Int8Acts {
     /// Rotates (with `signs`, if any) and quantizes `n` rows of `cols` values.
     pub fn new(x: &[f32], n: usize, cols: usize, signs: Option<&Signs>) -> Int8Acts {
+        let mut acts = Int8Acts::default();
+        acts.fill(x, n, cols, signs);
+        acts
+    }
+
+    /// [`Int8Acts::new`] into `self`, reusing its memory.
+    pub fn fill(&mut self, x: &[f32], n: usize, cols: usize, signs: Option<&Signs>) {
         assert!(cols.is_multiple_of(ACT_BLOCK), "activations: columns");
         assert_eq!(x.len(), n * cols, "activations: length");
         if let Some(s) = signs {
             assert_eq!(s.values.len(), cols, "activations: signs");
         }
         let nb = cols / ACT_BLOCK;
-        let mut acts = Int8Acts {
-            n,
-            cols,
-            rotation: signs.map(|s| s.rotation),
-            qs: vec![0; n * cols],
-            d: vec![0.0; n * nb],
-            nsum32: vec![0; 2 * n * nb],
-            nsum64: vec![0; n * nb],
-            n128sum32: vec![0; 2 * n * nb],
-            n128sum64: vec![0; n * nb],
-        };
+        let acts = self;
+        acts.n = n;
+        acts.cols = cols;
+        acts.rotation = signs.map(|s| s.rotation);
+        // Every entry below is written for every row, so stale values never survive.
+        acts.qs.resize(n * cols, 0);
+        acts.d.resize(n * nb, 0.0);
+        acts.nsum32.resize(2 * n * nb, 0);
+        acts.nsum64.resize(n * nb, 0);
+        acts.n128sum32.resize(2 * n * nb, 0);
+        acts.n128sum64.resize(n * nb, 0);
         let norm = signs.map_or(1.0, |s| s.rotation.norm());
         // Rows are independent: large batches (prefill) are quantized in parallel, each task
         // writing its rows' entries (disjoint indices of the block-major arrays).
@@ -347,7 +370,6 @@ impl Int8Acts {
                 }
             }
         });
-        acts
     }
 
     /// Entry index of row `r`, block `b`.
@@ -408,6 +430,22 @@ pub(crate) enum Path {
 }
 
 impl Path {
+    /// The path of an instruction-set level (the kernels need exactly the features the
+    /// levels check).
+    pub(crate) fn of(isa: crate::kernels::simd::Isa) -> Path {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa.vnni() {
+                return Path::Vnni;
+            }
+            if isa.avx2() {
+                return Path::Avx2;
+            }
+        }
+        let _ = isa;
+        Path::Portable
+    }
+
     /// The fastest path this CPU runs (`KASOKU_NO_VNNI=1` keeps AVX2, for comparisons).
     pub(crate) fn detect() -> Path {
         static PATH: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
@@ -542,8 +580,9 @@ pub(crate) fn matmul_prepared_with(
         let (w, a, out) = (ws[i], acts[i], outs[i]);
         TILE.with(|cell| {
             let mut tile = cell.borrow_mut();
-            tile.resize(a.n * rows.len(), 0.0);
-            compute_tile(w, a, rows.clone(), &mut tile, path);
+            tile.resize(a.n * rows.len() + work_len(a.n), 0.0);
+            let (tile, acc) = tile.split_at_mut(a.n * rows.len());
+            compute_tile(w, a, rows.clone(), tile, path, acc);
             for r in 0..a.n {
                 // SAFETY: tasks write disjoint row ranges of the outputs, which outlive the
                 // call.
@@ -559,14 +598,20 @@ pub(crate) fn matmul_prepared_with(
     });
 }
 
+/// The f32 accumulators [`compute_tile`] needs for `n` activation rows.
+pub(crate) fn work_len(n: usize) -> usize {
+    XB.min(n) * GROUP
+}
+
 /// `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for the weight rows `rows` (starting on a
-/// group boundary).
+/// group boundary), with `acc` of at least [`work_len`]`(n)` values.
 pub(crate) fn compute_tile(
     w: &KasokuMatrix,
     acts: &Int8Acts,
     rows: Range<usize>,
     tile: &mut [f32],
     path: Path,
+    acc: &mut [f32],
 ) {
     debug_assert_eq!(rows.start % GROUP, 0);
     let kind = Kind::of(&w.spec);
@@ -574,7 +619,7 @@ pub(crate) fn compute_tile(
     let nb = w.cols() / ACT_BLOCK;
     let (bb, hdr) = (kind.block_bytes(), kind.group_header());
     let group_bytes = w.group_bytes();
-    let mut acc = vec![0f32; XB.min(n) * GROUP];
+    let acc = &mut acc[..work_len(n)];
     for xr0 in (0..n).step_by(XB) {
         let xn = XB.min(n - xr0);
         for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {

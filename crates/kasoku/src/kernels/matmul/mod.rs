@@ -14,8 +14,8 @@
 //! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations as int8 blocks of 32, the Q8_0 / Q8_1
 //!   information)
 //! - `k_quants`: Q4_K, Q5_K, Q6_K (activations as Q8_K blocks)
-//! - `kasoku`: kasoku's own formats M and L (rotated int8 activations); its own matrix type
-//!   `KasokuMatrix` for now, until it joins the [`Format`] interface
+//! - `kasoku`: kasoku's own formats M and L (rotated int8 activations): `KasokuMatrix`, which
+//!   a `MatMulWeight` holds and reaches through the [`Format`] of `kasoku_family`
 //! - and, for tests, `reference`: any format, dequantized to f32 row by row.
 //!
 //! Each family's portable, AVX2 and AVX512-VNNI paths compute the same function, bit for bit.
@@ -38,6 +38,7 @@ mod k_quants;
 pub mod kasoku;
 #[cfg(target_arch = "x86_64")]
 mod kasoku_avx2;
+mod kasoku_family;
 #[cfg(target_arch = "x86_64")]
 mod kasoku_vnni;
 mod legacy;
@@ -70,13 +71,34 @@ pub enum MatMulError {
 
 /// A weight matrix packed for fast products. Immutable; share it with `Arc`.
 pub struct MatMulWeight {
-    pub dtype: DType,
+    /// The GGUF element type of the GGUF families' matrices (unused for kasoku's formats:
+    /// [`MatMulWeight::format`] says what a matrix is).
+    pub(crate) dtype: DType,
     pub rows: usize,
     pub cols: usize,
-    /// Format-specific layout produced by the family's [`Format::pack`].
+    /// Format-specific layout produced by the family's [`Format::pack`] (empty for kasoku's
+    /// formats, whose packed bytes live in `kasoku`).
     pub(crate) packed: PackedBytes,
+    /// A matrix in one of kasoku's formats.
+    pub(crate) kasoku: Option<Box<kasoku::KasokuMatrix>>,
     /// The kernels of its format's family.
     format: &'static dyn Format,
+}
+
+/// What a packed matrix is stored as: a GGUF element type or one of kasoku's formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    Gguf(DType),
+    Kasoku(crate::quant::kasoku::Format),
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightFormat::Gguf(d) => write!(f, "{d}"),
+            WeightFormat::Kasoku(k) => write!(f, "kasoku-{k:?}"),
+        }
+    }
 }
 
 impl std::fmt::Debug for MatMulWeight {
@@ -84,7 +106,9 @@ impl std::fmt::Debug for MatMulWeight {
         write!(
             f,
             "MatMulWeight({} {}x{})",
-            self.dtype, self.rows, self.cols
+            self.format(),
+            self.rows,
+            self.cols
         )
     }
 }
@@ -142,6 +166,16 @@ pub(crate) struct Acts {
     pub(crate) q8: legacy::Q8Acts,
     /// K-quant formats: Q8_K blocks.
     pub(crate) q8k: Vec<u8>,
+    /// kasoku's formats: rotated int8 blocks of 64.
+    pub(crate) kasoku: kasoku::Int8Acts,
+}
+
+/// Which activations a matrix needs: those of its GGUF type, or for kasoku's formats those
+/// rotated with its rotation (M and L of one rotation share them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActsKey {
+    Gguf(DType),
+    Kasoku(Option<crate::quant::kasoku::Rotation>),
 }
 
 /// Rows per packed group in the layouts of every fast family.
@@ -196,8 +230,47 @@ impl MatMulWeight {
             rows,
             cols,
             packed: format.pack(dtype, rows, cols, bytes),
+            kasoku: None,
             format,
         })
+    }
+
+    /// Packs a matrix in one of kasoku's formats (its parts checked by the view).
+    pub fn kasoku(q: crate::quant::kasoku::QuantizedView) -> MatMulWeight {
+        let m = kasoku::KasokuMatrix::new(q);
+        MatMulWeight {
+            dtype: DType::F32,
+            rows: m.rows(),
+            cols: m.cols(),
+            packed: PackedBytes::copy_of(&[]),
+            kasoku: Some(Box::new(m)),
+            format: &kasoku_family::KasokuFamily,
+        }
+    }
+
+    /// What the matrix is stored as.
+    pub fn format(&self) -> WeightFormat {
+        match &self.kasoku {
+            Some(k) => WeightFormat::Kasoku(k.spec.format),
+            None => WeightFormat::Gguf(self.dtype),
+        }
+    }
+
+    /// The GGUF element type (`None` for kasoku's formats).
+    pub fn dtype(&self) -> Option<DType> {
+        self.kasoku.is_none().then_some(self.dtype)
+    }
+
+    /// The spec of a matrix in one of kasoku's formats.
+    pub fn kasoku_spec(&self) -> Option<crate::quant::kasoku::TensorSpec> {
+        self.kasoku.as_ref().map(|k| k.spec)
+    }
+
+    fn acts_key(&self) -> ActsKey {
+        match &self.kasoku {
+            Some(k) => ActsKey::Kasoku(k.spec.rotation),
+            None => ActsKey::Gguf(self.dtype),
+        }
     }
 
     /// The matrix of the first `n` rows (`n ≤ rows`), e.g. an LM head over a reduced
@@ -205,18 +278,32 @@ impl MatMulWeight {
     /// computes exactly what row `j` of `self` does.
     pub fn first_rows(&self, n: usize) -> MatMulWeight {
         let n = n.min(self.rows);
+        if let Some(k) = &self.kasoku {
+            return MatMulWeight {
+                dtype: self.dtype,
+                rows: n,
+                cols: self.cols,
+                packed: PackedBytes::copy_of(&[]),
+                kasoku: Some(Box::new(k.first_rows(n))),
+                format: self.format,
+            };
+        }
         MatMulWeight {
             dtype: self.dtype,
             rows: n,
             cols: self.cols,
             packed: self.format.first_rows(self, n),
+            kasoku: None,
             format: self.format,
         }
     }
 
     /// Bytes the packed weights occupy (what one product reads).
     pub fn size_bytes(&self) -> usize {
-        self.packed.len()
+        match &self.kasoku {
+            Some(k) => k.size_bytes(),
+            None => self.packed.len(),
+        }
     }
 }
 
@@ -282,7 +369,7 @@ fn matmul_job(
         }
         // The activations in each format the matrices need, prepared once per format into
         // slot `act_of[i]` of `acts`; slot `k` holds `prepared[k]`'s.
-        let mut prepared: [Option<DType>; MAX_LIST] = [None; MAX_LIST];
+        let mut prepared: [Option<ActsKey>; MAX_LIST] = [None; MAX_LIST];
         let mut act_of = [0usize; MAX_LIST];
         // Weight rows per task of each matrix: a task computes one block of its output columns.
         let mut step = [0usize; MAX_LIST];
@@ -296,7 +383,7 @@ fn matmul_job(
             if n == 0 || w.rows == 0 {
                 continue;
             }
-            act_of[i] = match prepared.iter().position(|d| *d == Some(w.dtype)) {
+            act_of[i] = match prepared.iter().position(|d| *d == Some(w.acts_key())) {
                 Some(k) => k,
                 None => {
                     let k = prepared
@@ -304,7 +391,7 @@ fn matmul_job(
                         .position(Option::is_none)
                         .expect("a free slot");
                     w.format.prepare(w, x, n, isa, &mut acts[k]);
-                    prepared[k] = Some(w.dtype);
+                    prepared[k] = Some(w.acts_key());
                     k
                 }
             };

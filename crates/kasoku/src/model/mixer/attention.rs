@@ -10,9 +10,8 @@ use std::sync::Arc;
 use crate::backend::{Activation, Attend, Backend, Cpu, MatMul, MatMulMany, RopeArgs};
 use crate::format::Claims;
 use crate::kernels::attention::AttnGeometry;
-use crate::kernels::matmul::MatMulWeight;
+use crate::kernels::matmul::{MatMulWeight, WeightFormat};
 use crate::kernels::rope::Rope;
-use crate::quant::DType;
 
 use super::super::batch::Pass;
 use super::super::scratch::carve;
@@ -70,10 +69,10 @@ impl Projections {
     }
 
     /// The format of the (first) matrix.
-    pub fn dtype(&self) -> DType {
+    pub fn format(&self) -> WeightFormat {
         match self {
-            Projections::Stacked { w, .. } => w.dtype,
-            Projections::Separate { wq, .. } => wq.dtype,
+            Projections::Stacked { w, .. } => w.format(),
+            Projections::Separate { wq, .. } => wq.format(),
         }
     }
 
@@ -267,7 +266,7 @@ impl Attention {
         );
 
         let qkv_op = op("qkv")
-            .matmul(self.qkv.dtype())
+            .matmul(self.qkv.format())
             .reading(self.qkv.size_bytes());
         tr.op(qkv_op, || self.qkv.project(x, n, all, q_raw, k, v));
         if self.bq.is_some() {
@@ -343,7 +342,7 @@ impl Attention {
             });
         }
         let wo = op("attn_out")
-            .matmul(self.wo.dtype)
+            .matmul(self.wo.format())
             .reading(self.wo.size_bytes());
         tr.op(wo, || {
             Cpu.matmul(MatMul {
@@ -360,6 +359,7 @@ impl Attention {
 mod tests {
     use super::*;
     use crate::quant::legacy::tests::{random_blocks, Rng};
+    use crate::quant::DType;
 
     /// Stacked projections give exactly the separate ones' rows, in every matrix format
     /// family, for one row and for several.

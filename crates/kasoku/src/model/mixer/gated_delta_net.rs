@@ -253,7 +253,7 @@ impl GatedDeltaNet {
         // The four input projections.
         let proj = |name, w: &MatMulWeight| {
             Op::new(name, Some(layer), n)
-                .matmul(w.dtype)
+                .matmul(w.format())
                 .reading(w.size_bytes())
         };
         let mm = |w, y| Cpu.matmul(MatMul { w, x, n, y });
@@ -340,7 +340,7 @@ impl GatedDeltaNet {
             Cpu.activation(Activation::SiluGate { x: o, gate: z });
         });
         let op_out = op("ssm_out")
-            .matmul(self.out.dtype)
+            .matmul(self.out.format())
             .reading(self.out.size_bytes());
         tr.op(op_out, || {
             Cpu.matmul(MatMul {

@@ -18,8 +18,10 @@
 
 pub mod l8;
 pub mod m4;
+pub mod recipe;
 pub mod rotation;
 
+pub use recipe::{Recipe, Scheme};
 pub use rotation::{Rotation, Signs};
 
 use serde_json::{json, Value};
