@@ -358,7 +358,8 @@ impl DFlash {
                 source_path: path.clone(),
                 reason: format!("DFlash drafter for this target: {reason}"),
             })?;
-        let claims = Claims::new(source).with_matrix_format(matrix_format);
+        let claims =
+            Claims::new(source).with_matrix_format(matrix_format.map(crate::quant::Target::from));
         let c = &config;
         let (h, hd, eps) = (c.hidden, c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
