@@ -418,6 +418,19 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             1000usize,
             None,
         ),
+        // More chunks than attention launches blocks per head: each block takes several.
+        (
+            "neox, 3000 cached",
+            4,
+            2,
+            64,
+            64,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            false,
+            3000,
+            None,
+        ),
         (
             "interleaved, llama3 scaling",
             8,

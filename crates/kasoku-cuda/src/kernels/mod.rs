@@ -42,6 +42,9 @@ pub const NAMES: [&str; 12] = [
     "attn_partial",
 ];
 
+/// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
+/// row's keys, so a pass launches blocks by the cache's length, not its capacity.
+pub const ATT_BLOCKS: usize = 32;
 /// Key positions per attention chunk (ATT_CHUNK in attention.cu).
 pub const ATT_CHUNK: usize = 64;
 /// The matvec kernel for `n` activation rows: tiles of 1, 2, 4 or 8 rows.
@@ -468,7 +471,11 @@ impl Kernels {
         let q_ld = (a.n_heads * a.head_dim) as i32;
         self.launch(
             "attn_partial",
-            (a.n as u32, a.n_heads as u32, a.chunks as u32),
+            (
+                a.n as u32,
+                a.n_heads as u32,
+                a.chunks.min(ATT_BLOCKS) as u32,
+            ),
             128,
             &mut [
                 p(&a.q),
