@@ -148,7 +148,8 @@ pub fn matvec(k: &Kernels) -> R<Report> {
     let mut rng = Rng(0x5eed);
     let nmax = 64;
     for dtype in DType::ALL {
-        for &(rows, cols) in &[(77usize, 512usize), (300, 1536)] {
+        // 9216 columns: long rows, split over 2 or 4 warps per pair (kernels::matvec_split).
+        for &(rows, cols) in &[(77usize, 512usize), (300, 1536), (45, 9216)] {
             let bytes = random_tensor(&mut rng, dtype, rows * cols, 0.05);
             let m = DeviceMatrix::upload(gpu, dtype, rows, cols, &bytes)?;
             let mut wf = vec![0f32; rows * cols];

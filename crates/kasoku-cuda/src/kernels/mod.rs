@@ -95,6 +95,8 @@ pub struct MatArgs {
     pub cols: i32,
     pub n: i32,
     pub ldx: i32,
+    /// Warps per pair of weight rows (1, 2 or 4; [`matvec_split`]).
+    pub split: i32,
     /// Weights of later products, prefetched into L2 while this one runs (null: none).
     pub pre: [u64; 3],
     pub pre_len: [i64; 3],
@@ -215,6 +217,28 @@ impl Acts {
     }
 }
 
+/// Warps per pair of weight rows for a `matvec` call: rows of 256 or more units (a unit is
+/// what one lane takes at a time: 8 floats, a 32-value block, or half a Q6_K super-block's
+/// 128 values) are split over 4 warps, of 128 or more over 2, shorter ones take one. Depends
+/// only on the matrices' formats and width, never on the number of activation rows, so a
+/// row's arithmetic is the same at every batch size.
+pub fn matvec_split(segs: &[MatSeg], cols: usize) -> usize {
+    let units = segs
+        .iter()
+        .map(|s| match s.fmt {
+            0 | 1 | 30 => cols / 8,
+            14 => cols / 64,
+            _ => cols / 32,
+        })
+        .min()
+        .unwrap_or(0);
+    match units {
+        256.. => 4,
+        128.. => 2,
+        _ => 1,
+    }
+}
+
 /// Builds the `matvec` parameters for `segs` (at most 3, each the same width `cols`) over
 /// `n` activation rows `x`; returns them with the grid size.
 pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatArgs, u32)> {
@@ -244,9 +268,10 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
             segs.len()
         )));
     }
-    // A warp per pair of rows of one matrix.
+    // `split` warps per pair of rows of one matrix.
+    a.split = matvec_split(segs, cols) as i32;
     let pairs: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(2)).sum();
-    Ok((a, pairs.div_ceil(MATVEC_WARPS) as u32))
+    Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
 /// The int8 targets of a producer: both or neither set, for a whole number of blocks.
