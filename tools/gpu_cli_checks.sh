@@ -25,7 +25,12 @@ stats=$($K run --model "$m" -m "hello" -n 8 2>&1)
 check "the default device is the GPU and the statistics say so" \
   "$(echo "$stats" | grep -q "device cuda:0" && echo 1)"
 echo "$stats" | tail -2
-err=$($K run --model "$m" -m "hello" -n 8 --temp 0.7 --device cuda 2>&1)
-check "sampling at a temperature on --device cuda is refused with the reason" \
-  "$(echo "$err" | grep -q "greedily" && echo 1)"
+hot1=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --seed 7 --device cuda -q 2>&1)
+hot2=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --seed 7 --device cuda -q 2>&1)
+greedy=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --device cuda -q 2>&1)
+check "sampling on the GPU: the same seed gives the same text (${hot1:0:40})" "$([ "$hot1" = "$hot2" ] && echo 1)"
+check "sampling on the GPU at temperature 1 differs from greedy" "$([ "$hot1" != "$greedy" ] && echo 1)"
+err=$($K run --model "$m" -m "hello" -n 8 --spec mtp --device cuda 2>&1)
+check "MTP drafting on --device cuda is refused with the reason" \
+  "$(echo "$err" | grep -q "prompt lookup only" && echo 1)"
 echo "$checks checks, $fails failed"

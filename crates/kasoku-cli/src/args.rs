@@ -118,8 +118,8 @@ pub struct RunArgs {
     #[arg(long, short = 'q')]
     pub quiet: bool,
     /// cpu, cuda or cuda:N (default: the GPU when one is usable and runs this request, else
-    /// the CPU; the statistics say which). The GPU decodes GGUF files of dense models greedily,
-    /// with prompt lookup.
+    /// the CPU; the statistics say which). The GPU runs GGUF files of dense models, greedy (with
+    /// prompt lookup) or sampled.
     #[arg(long)]
     pub device: Option<kasoku_cuda::Device>,
     #[command(flatten)]

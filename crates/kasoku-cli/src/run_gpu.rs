@@ -2,9 +2,11 @@
 //! greedily with every pass on the device (one graph launch and one synchronisation per token,
 //! or per verified draft tree with prompt lookup), the answer streamed as text as on the CPU.
 //!
-//! What the GPU path does not do yet (sampling at a temperature, penalties, draft models, MTP,
-//! the hybrid Qwen3.5 layers) is reported by [`unsupported`], so `run` takes the CPU instead
-//! (or says why, when the GPU was asked for).
+//! Sampling at a temperature (and repetition penalties) draws each token on the host from the
+//! pass's logits with the same (seed, position)-keyed sampler as the CPU path, one token per
+//! pass. What the GPU path does not do yet (draft models, MTP, DFlash, the hybrid Qwen3.5
+//! layers) is reported by [`unsupported`], so `run` takes the CPU instead (or says why, when the
+//! GPU was asked for).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -13,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kasoku::engine::stop::StopMatcher;
-use kasoku::engine::{render_prompt, PromptOptions, SpecKind};
+use kasoku::engine::{render_prompt, PromptOptions, SamplingParams, SpecKind};
 use kasoku::format::gguf::GgufFile;
 use kasoku::spec::ngram::NgramDrafter;
 use kasoku::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -31,15 +33,6 @@ pub fn unsupported(args: &RunArgs, path: &Path) -> Option<String> {
             "the GPU runs GGUF files; {} is not one",
             path.display()
         ));
-    }
-    if args.temperature != 0.0 {
-        return Some("the GPU decodes greedily for now (--temp 0)".into());
-    }
-    if args.repetition_penalty != 1.0
-        || args.presence_penalty != 0.0
-        || args.frequency_penalty != 0.0
-    {
-        return Some("the GPU path has no repetition penalties yet".into());
     }
     match args.spec.spec {
         SpecKind::None | SpecKind::Ngram => None,
@@ -175,8 +168,21 @@ fn answer(
             let _ = out.flush();
         }
     };
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        penalty_last_n: args.penalty_last_n,
+        seed: args.seed,
+    };
+    sampling.validate()?;
     let mut drafter = NgramDrafter::default();
-    let drafting = (args.spec.spec != SpecKind::None).then_some(Drafting {
+    // Drafts are checked greedily on the device; sampled tokens come one per pass.
+    let drafting = (args.spec.spec != SpecKind::None && sampling.is_greedy()).then_some(Drafting {
         drafter: &mut drafter,
         budget: args.spec.tree_budget,
         max_depth: args.spec.max_depth,
@@ -184,28 +190,33 @@ fn answer(
     let start = Instant::now();
     let mut first_token_at = None;
     let (mut generated, mut finish) = (0usize, "length");
-    let run = kasoku_cuda::generate_greedy(
-        &m.model,
-        state,
-        &prompt,
-        args.max_tokens,
-        drafting,
-        &mut |t| {
-            first_token_at.get_or_insert_with(|| start.elapsed());
-            if stop_ids.contains(&t) {
-                finish = "stop";
-                return false;
-            }
-            generated += 1;
-            let released = stops.push(&decoder.push(t));
-            emit(&released, &mut text);
-            if stops.stopped() {
-                finish = "stop";
-                return false;
-            }
-            true
-        },
-    )?;
+    let mut on_token = |t: u32| {
+        first_token_at.get_or_insert_with(|| start.elapsed());
+        if stop_ids.contains(&t) {
+            finish = "stop";
+            return false;
+        }
+        generated += 1;
+        let released = stops.push(&decoder.push(t));
+        emit(&released, &mut text);
+        if stops.stopped() {
+            finish = "stop";
+            return false;
+        }
+        true
+    };
+    let run = if sampling.is_greedy() {
+        kasoku_cuda::generate_greedy(
+            &m.model,
+            state,
+            &prompt,
+            args.max_tokens,
+            drafting,
+            &mut on_token,
+        )?
+    } else {
+        generate_sampled(m, state, &prompt, args.max_tokens, &sampling, &mut on_token)?
+    };
     if !stops.stopped() {
         let tail = stops.push(&decoder.flush());
         emit(&tail, &mut text);
@@ -240,4 +251,32 @@ fn answer(
         eprintln!("{line}");
     }
     Ok(text)
+}
+
+/// Sampled decoding: each pass's logits come to the host, where `sampling` draws the next
+/// token at its position (as the CPU path does); at most `n` tokens, until `on_token` says stop.
+fn generate_sampled(
+    m: &GpuModel,
+    state: &mut CudaState,
+    prompt: &[u32],
+    n: usize,
+    sampling: &SamplingParams,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<kasoku_cuda::SpecRun> {
+    let mut run = kasoku_cuda::SpecRun::default();
+    if n == 0 {
+        return Ok(run);
+    }
+    let mut history = prompt.to_vec();
+    state.prefill(&m.model, prompt)?;
+    loop {
+        let logits = state.last_logits(&m.model)?;
+        let token = kasoku::sampler::sample(sampling, &logits, &history, history.len());
+        history.push(token);
+        if !on_token(token) || history.len() - prompt.len() >= n || state.len + 1 >= state.max_len {
+            return Ok(run);
+        }
+        state.step(&m.model, token)?;
+        run.passes += 1;
+    }
 }

@@ -488,13 +488,13 @@ fn run_picks_a_device_and_says_which() {
     let err = stderr(&default);
     let has_gpu = err.contains("device cuda:0");
     assert!(has_gpu || err.contains("device: cpu ("), "{err}");
-    // Sampling at a temperature: the GPU path is greedy, so the default takes the CPU and
-    // an explicit GPU is refused with the reason.
-    let hot = run(&["--temp", "0.8", "--device", "cuda"]);
-    assert!(!hot.status.success());
-    let why = stderr(&hot);
+    // MTP drafting is not on the GPU path: the default takes the CPU and an explicit GPU is
+    // refused with the reason.
+    let mtp = run(&["--spec", "mtp", "--device", "cuda"]);
+    assert!(!mtp.status.success());
+    let why = stderr(&mtp);
     assert!(
-        why.contains("no usable CUDA device") || why.contains("greedily"),
+        why.contains("no usable CUDA device") || why.contains("prompt lookup only"),
         "{why}"
     );
     let cpu = run(&["--device", "cpu"]);

@@ -675,6 +675,12 @@ impl CudaState {
         Ok((0..rows).map(|r| argmax_id(keys[2 * r] as u64)).collect())
     }
 
+    /// The logits after the last token of the last `prefill` or `step` (the head's row of
+    /// that pass), copied to the host: for sampling on the host.
+    pub fn last_logits(&self, m: &CudaModel) -> Result<Vec<f32>> {
+        self.logits.read_f32(m.config.vocab)
+    }
+
     /// Appends `tokens` (any number; passes of [`PREFILL_ROWS`]) and returns the greedy next
     /// token after them.
     pub fn prefill(&mut self, m: &CudaModel, tokens: &[u32]) -> Result<u32> {
