@@ -3,8 +3,8 @@
 the Python standard library's own source (whatever Python runs this; the manifest records which).
 No benchmark prompt is used: HumanEval, MBPP and the like never enter.
 
-Three kinds, all over functions that have a docstring (tests, `encodings/`, `pydoc_data/`, `idlelib/`
-and `lib2to3/` excluded):
+Three kinds, all over functions that have a docstring (tests, `encodings/`, `pydoc_data/`,
+`idlelib/` and `lib2to3/` excluded):
 
   instruct  a chat request: "Write a Python function `name(signature)` that ...", from the
             docstring (and the class it belongs to), which the target answers in its own words;

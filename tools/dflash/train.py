@@ -15,10 +15,12 @@ tenth) spans `--total-time` seconds over all calls. Two ways to continue in a la
 `--state` (the drafter in f32, the optimizer and the counters: ~12 bytes per parameter, for a
 machine that keeps its disk), or `--init OUT/drafter` (the exported drafter and its
 train_state.json: 2 bytes per parameter, small enough to come back from a GPU machine; the
-optimizer restarts with a short warm-up of `--rewarmup` steps). Every call ends with a validation (teacher-forced
-acceptance on held-out sequences: 1 + the number of leading correct drafts per block, and the
-hit rate per position) and an export to OUT/drafter; train_log.jsonl records each step's
-elapsed time, so acceptance per hour of training can be read off it.
+optimizer restarts with a short warm-up of `--rewarmup` steps).
+
+Every call ends with a validation (teacher-forced acceptance on held-out sequences: 1 + the
+number of leading correct drafts per block, and the hit rate per position) and an export to
+OUT/drafter; train_log.jsonl records each step's elapsed time, so acceptance per hour of
+training can be read off it.
 
   python tools/dflash/train.py --target MODEL.gguf --target-cache target.pt \\
       --data regen/ --out out/ --state out/state.pt --time 1500 --total-time 9000
