@@ -16,11 +16,14 @@ Configurations (after a warm-up each):
              bandwidth weighs on all of them alike;
   llama.cpp: llama-server plain | --spec-type ngram-simple | -md 0.5B (draft-simple) |
              -md 0.5B-as-Q4_0, one server each, after kasoku's run.
-For --rounds rounds.
+For --rounds rounds. With --dflash DIR (a DFlash drafter checkpoint for the 1.5B, e.g. from
+tools/dflash/), also "kasoku dflash" (--spec dflash --draft DIR) in a process of its own.
 
 Reported per configuration and prompt set: decode speed (all generated tokens after the first
 over their decode time), tokens per target pass, mean accepted drafts per verifying pass,
-ratios to kasoku's plain decoding and to llama.cpp's speculative decoding with the draft model.
+drafting and verifying seconds (kasoku), ratios to kasoku's plain decoding and to llama.cpp's
+speculative decoding with the draft model; and the peak resident memory of each kasoku process
+(the one running plain/ngram/draft/auto together, and the DFlash one).
 
     python3 bench/spec.py                      # 20 HumanEval prompts, 128 tokens, 2 rounds (~35 min)
     python3 bench/spec.py --prompts 5 --gen-tokens 64 --rounds 1   # quick look
@@ -84,13 +87,19 @@ def run_kasoku(model, prompts_file, strategies, draft, gen, threads, out):
            "--compare", ",".join(strategies), "--json", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     data = json.loads(Path(out).read_text())
+    PEAK[",".join(strategies)] = max(PEAK.get(",".join(strategies), 0), data.get("peak_rss_bytes") or 0)
     return {s["label"]: [{
         "generated": p["generated"],
         "decode_s": p["decode_s"],
         "passes": p["passes"],
         "accepted": sum(k * c for k, c in enumerate(p["accepted_histogram"] or [])),
         "verify_passes": p["verify_passes"] or 0,
+        "draft_s": p.get("draft_s") or 0.0,
+        "verify_s": p.get("verify_s") or 0.0,
     } for p in s["prompts"]] for s in data["strategies"]}
+
+
+PEAK = {}  # kasoku process (its strategies) -> peak resident bytes
 
 
 def post(port, path, body, timeout=600):
@@ -168,6 +177,8 @@ def summarize(rows):
         "median_prompt_tokens_per_s": statistics.median(per_prompt) if per_prompt else 0.0,
         "tokens_per_pass": tokens_after_first / passes if passes else 0.0,
         "mean_accepted": sum(r["accepted"] for r in rows) / vp if vp else 0.0,
+        "draft_s": sum(r.get("draft_s", 0.0) for r in rows),
+        "verify_s": sum(r.get("verify_s", 0.0) for r in rows),
     }
 
 
@@ -186,6 +197,8 @@ def main():
                     help="times the merge prompt is generated per round (one decode is noisy)")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
+    ap.add_argument("--dflash", default="", help="a DFlash drafter directory for the 1.5B: "
+                    "adds 'kasoku dflash'")
     args = ap.parse_args()
 
     if not args.no_build:
@@ -208,13 +221,16 @@ def main():
         ("llama.cpp draft q4_0", lambda s: run_llama(target, sets[s], "draft", q4_0_copy(draft), args.gen_tokens,
                                                      args.threads)),
     ]
+    dflash = [("kasoku dflash", "dflash")] if args.dflash else []
     if args.only:
         keep = set(args.only.split(","))
         kasoku = [c for c in kasoku if c[0] in keep]
         llama = [c for c in llama if c[0] in keep]
+        dflash = [c for c in dflash if c[0] in keep]
     order = ["kasoku plain", "llama.cpp plain", "kasoku ngram", "llama.cpp ngram", "kasoku draft",
-             "llama.cpp draft", "llama.cpp draft q4_0", "kasoku auto", "kasoku auto+draft"]
-    names = {c for c, _ in kasoku} | {c for c, _ in llama}
+             "llama.cpp draft", "llama.cpp draft q4_0", "kasoku auto", "kasoku auto+draft",
+             "kasoku dflash"]
+    names = {c for c, _ in kasoku} | {c for c, _ in llama} | {c for c, _ in dflash}
     results = {s: {c: [] for c in order if c in names} for s in sets}
     for rnd in range(args.rounds):
         for s in sets:
@@ -225,6 +241,11 @@ def main():
                     by_label[k]: v for k, v in run_kasoku(
                         target, files[s], [l for _, l in kasoku], draft, args.gen_tokens,
                         args.threads, OUT / "k.json").items()}))
+            if dflash:
+                runs.append(("kasoku dflash", lambda s=s: {
+                    "kasoku dflash": run_kasoku(
+                        target, files[s], ["dflash"], args.dflash, args.gen_tokens,
+                        args.threads, OUT / "k.json")["dflash"]}))
             runs += [(name, lambda s=s, fn=fn, name=name: {name: fn(s)}) for name, fn in llama]
             for what, fn in runs:
                 t = time.time()
@@ -240,7 +261,8 @@ def main():
     summary = {s: {c: summarize(rows) for c, rows in r.items() if rows} for s, r in results.items()}
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads,
               "gen_tokens": args.gen_tokens, "rounds": args.rounds, "loadavg": load,
-              "target": target, "draft": draft, "summary": summary, "raw": results}
+              "target": target, "draft": draft, "dflash": args.dflash or None,
+              "peak_rss_bytes": PEAK, "summary": summary, "raw": results}
     (OUT / "latest.json").write_text(json.dumps(report, indent=1))
     lines = [f"Speculative decoding, Qwen2.5-Coder-1.5B Q4_K_M (draft: Qwen2.5-Coder-0.5B Q4_K_M; kasoku "
              f"requantizes the draft's heavier matrices to Q4_0 at load, its default; 'llama.cpp draft q4_0' "
@@ -249,20 +271,25 @@ def main():
              f"{args.rounds} round(s); load average at the end {load[0]:.2f}. "
              f"Command: `python3 bench/spec.py --prompts {args.prompts} --gen-tokens {args.gen_tokens} "
              f"--rounds {args.rounds} --merge-repeats {args.merge_repeats}"
-             + (f" --only '{args.only}'" if args.only else "") + "`.", ""]
+             + (f" --only '{args.only}'" if args.only else "")
+             + (f" --dflash {args.dflash}" if args.dflash else "") + "`.", ""]
     for s, rows in summary.items():
         base = rows.get("kasoku plain", {}).get("decode_tokens_per_s") or 0
         ref = rows.get("llama.cpp draft", {}).get("decode_tokens_per_s") or 0
         title = (f"merge prompt (chat, {len(sets[s])} generations per round)" if s == "merge"
                  else f"{len(sets[s])} HumanEval prompts (raw)")
         lines += [f"**{title}**", "",
-                  "| configuration | decode t/s | median per prompt | tokens/pass | accepted/verify pass | vs kasoku plain | vs llama.cpp draft |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| configuration | decode t/s | median per prompt | tokens/pass | accepted/verify pass | drafting s | verifying s | vs kasoku plain | vs llama.cpp draft |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for c, m in rows.items():
             v = m["decode_tokens_per_s"]
             lines.append(f"| {c} | {v:.2f} | {m['median_prompt_tokens_per_s']:.2f} | {m['tokens_per_pass']:.2f} | "
-                         f"{m['mean_accepted']:.2f} | {times(v, base)} | {times(v, ref)} |")
+                         f"{m['mean_accepted']:.2f} | {m['draft_s']:.2f} | {m['verify_s']:.2f} | "
+                         f"{times(v, base)} | {times(v, ref)} |")
         lines.append("")
+    if PEAK:
+        lines += ["Peak resident memory per kasoku process: " + ", ".join(
+            f"{k}: {v / 2**20:.0f} MiB" for k, v in PEAK.items()) + ".", ""]
     (OUT / "latest.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

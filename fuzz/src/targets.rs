@@ -7,7 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use kasoku::format::{GgufFile, HfCheckpoint, HfConfig};
-use kasoku::model::{footprint, Footprint, KvType, Logits, Model, ModelConfig};
+use kasoku::model::dflash::Block;
+use kasoku::model::{
+    footprint, DFlash, DFlashConfig, Footprint, KvType, Logits, Model, ModelConfig,
+};
 use kasoku::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// A target's function of bytes.
@@ -413,6 +416,11 @@ fn config_json(data: &[u8]) {
         if let Ok(config) = ModelConfig::from_hf(&hf) {
             let _ = footprint::scratch_bytes(&config);
         }
+        // Read as a DFlash drafter's config: loaded over the tiny drafter's tensors for the
+        // tiny Qwen2 target when it fits them, then one block drafted.
+        if let Ok(config) = DFlashConfig::from_hf(&hf) {
+            dflash_block(config);
+        }
     }
     if let Ok(ckpt) = HfCheckpoint::open(&dir) {
         if let Ok(config) = ModelConfig::from_hf(ckpt.config()) {
@@ -420,6 +428,30 @@ fn config_json(data: &[u8]) {
                 run_two_tokens(&model);
             }
         }
+    }
+}
+
+/// Loads the tiny DFlash drafter's tensors under `config` and drafts one block.
+fn dflash_block(config: DFlashConfig) {
+    let Ok(target) = Model::load(fixture("qwen2/tiny/model-f32.gguf")) else {
+        return;
+    };
+    let Ok(ckpt) = HfCheckpoint::open(fixture("qwen2/tiny_dflash")) else {
+        return;
+    };
+    let Ok(net) = DFlash::from_source(config, &ckpt, &target, None) else {
+        return;
+    };
+    let mut ctx = net.new_context();
+    let feats = vec![0.25f32; 3 * net.feature_width()];
+    if net.append_context(&mut ctx, &feats, &[0, 1, 2]).is_ok() {
+        let block = Block {
+            root: 7,
+            pos: 3,
+            rows: net.config.block_size - 1,
+            head: target.head(),
+        };
+        let _ = net.draft(&target, &mut ctx, block, &mut Vec::new());
     }
 }
 

@@ -108,13 +108,17 @@ class Attention(nn.Module):
         v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.hd))
         return rotate(k, *rope), v
 
-    def forward(self, x, ctx, rope_q, rope_c, mask):
-        """x [N, L, H] block rows (normed); ctx [N, T, H] context rows; mask [N, L, T + L] bool
-        (True: may attend) or None (everything)."""
+    def forward(self, x, ctx, rope_q, rope_c, mask, groups=1):
+        """x [N·G, L, H] block rows (normed); ctx [N, T, H] context rows, shared by the G
+        groups of blocks of a sequence; mask [N·G, L, T + L] bool (True: may attend) or None
+        (everything)."""
         n, length, _ = x.shape
         q = rotate(self.q_norm(self.q_proj(x).unflatten(-1, (self.heads, self.hd))), *rope_q)
         kb, vb = self.keys_values(x, rope_q)
         kc, vc = self.keys_values(ctx, rope_c)
+        if groups > 1:
+            kc = kc[:, None].expand(-1, groups, -1, -1, -1).flatten(0, 1)
+            vc = vc[:, None].expand(-1, groups, -1, -1, -1).flatten(0, 1)
         k = torch.cat([kc, kb], dim=1).transpose(1, 2)
         v = torch.cat([vc, vb], dim=1).transpose(1, 2)
         if self.heads != self.kv_heads:
@@ -146,8 +150,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = Norm(c["hidden_size"], c["rms_norm_eps"])
         self.mlp = Mlp(c)
 
-    def forward(self, h, ctx, rope_q, rope_c, mask):
-        h = h + self.self_attn(self.input_layernorm(h), ctx, rope_q, rope_c, mask)
+    def forward(self, h, ctx, rope_q, rope_c, mask, groups=1):
+        h = h + self.self_attn(self.input_layernorm(h), ctx, rope_q, rope_c, mask, groups)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -178,20 +182,23 @@ class DFlashDrafter(nn.Module):
         """Concatenated tap outputs [..., n_taps * H] -> context rows [..., H]."""
         return self.hidden_norm(self.fc(features))
 
-    def forward(self, ctx, ctx_pos, block, block_pos, mask=None):
-        """ctx [N, T, H] context rows at positions ctx_pos [N, T]; block [N, L, H] embeddings at
-        positions block_pos [N, L]; mask [N, L, T + L] or None. Returns norm(h) [N, L, H]."""
+    def forward(self, ctx, ctx_pos, block, block_pos, mask=None, groups=1):
+        """ctx [N, T, H] context rows at positions ctx_pos [N, T]; block [N·G, L, H] embeddings
+        at positions block_pos [N·G, L] (G groups of blocks per sequence); mask [N·G, L, T + L]
+        or None. Returns norm(h) [N·G, L, H]."""
         hd, theta = self.config["head_dim"], self.config["rope_theta"]
         rope_q = rotary(block_pos, hd, theta, block.dtype)
         rope_c = rotary(ctx_pos, hd, theta, block.dtype)
         h = block
         for layer in self.layers:
-            h = layer(h, ctx, rope_q, rope_c, mask)
+            h = layer(h, ctx, rope_q, rope_c, mask, groups)
         return self.norm(h)
 
 
-def export(drafter: DFlashDrafter, outdir: str, dtype=torch.bfloat16) -> int:
-    """Writes config.json and model.safetensors (published names, no prefix); returns bytes."""
+def export(drafter: DFlashDrafter, outdir: str, dtype=torch.bfloat16, split_mib: int = 0) -> int:
+    """Writes config.json and model.safetensors (published names, no prefix); returns bytes.
+    With `split_mib`, the weights file is written as pieces model.safetensors.partNN of at most
+    that size instead (a GPU machine returns files of 16 MiB at most); `cat` joins them."""
     from safetensors.torch import save_file
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, "config.json"), "w") as f:
@@ -199,16 +206,38 @@ def export(drafter: DFlashDrafter, outdir: str, dtype=torch.bfloat16) -> int:
         f.write("\n")
     sd = {k: v.detach().to(dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
     path = os.path.join(outdir, "model.safetensors")
+    for old in [path] + [os.path.join(outdir, n) for n in os.listdir(outdir) if ".part" in n]:
+        if os.path.exists(old):
+            os.remove(old)
     save_file(sd, path, metadata={"format": "pt"})
-    return os.path.getsize(path)
+    size = os.path.getsize(path)
+    if split_mib:
+        data = open(path, "rb").read()
+        os.remove(path)
+        step = split_mib << 20
+        for j, i in enumerate(range(0, len(data), step)):
+            with open(f"{path}.part{j:02d}", "wb") as f:
+                f.write(data[i:i + step])
+    return size
+
+
+def read_weights(indir: str) -> bytes:
+    """model.safetensors of a checkpoint directory, joined from its pieces if it was split."""
+    path = os.path.join(indir, "model.safetensors")
+    if os.path.exists(path):
+        return open(path, "rb").read()
+    parts = sorted(n for n in os.listdir(indir) if n.startswith("model.safetensors.part"))
+    if not parts:
+        raise FileNotFoundError(f"{indir}: no model.safetensors (or .partNN pieces)")
+    return b"".join(open(os.path.join(indir, n), "rb").read() for n in parts)
 
 
 def load(indir: str, dtype=torch.float32) -> DFlashDrafter:
-    """Reads a checkpoint in the published layout."""
-    from safetensors.torch import load_file
+    """Reads a checkpoint in the published layout (whole or in pieces)."""
+    from safetensors.torch import load as load_bytes
     with open(os.path.join(indir, "config.json")) as f:
         config = json.load(f)
     drafter = DFlashDrafter(config)
-    sd = load_file(os.path.join(indir, "model.safetensors"))
+    sd = load_bytes(read_weights(indir))
     drafter.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True)
     return drafter.to(dtype)

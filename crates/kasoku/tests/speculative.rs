@@ -18,8 +18,9 @@ use kasoku::model::{KvType, Model, TokenTree};
 use kasoku::quant::DType;
 use kasoku::spec::draft_model::DraftModelConfig;
 use kasoku::spec::{
-    Accepted, DFlashDrafter, DFlashDrafterConfig, DraftError, DraftModelDrafter, DraftRequest,
-    Drafter, Features, MergedDrafter, MtpDrafter, NgramDrafter, PolicyConfig, SpecStats,
+    Accepted, ChoiceDrafter, DFlashDrafter, DFlashDrafterConfig, DraftError, DraftModelDrafter,
+    DraftRequest, Drafter, Features, MergedDrafter, MtpDrafter, NgramDrafter, PolicyConfig,
+    SpecStats,
 };
 
 const TOKENS: usize = 240;
@@ -256,6 +257,16 @@ fn dflash_speculation_equals_plain_decoding() {
     }
     // Random drafter weights rarely agree with the target; the lookup branches do.
     assert!(lookup_accepted > 0, "no draft token was accepted");
+    // A choice per pass between DFlash trees and prompt lookup alone (what --spec dflash runs).
+    for f in [FIXTURES[1], FIXTURES[3]] {
+        check(f, &|t| {
+            let block = DFlashDrafter::new(t.clone(), dflash_for(t), merged).unwrap();
+            Box::new(ChoiceDrafter::new(vec![
+                Box::new(block),
+                Box::new(NgramDrafter::default()),
+            ]))
+        });
+    }
     // Through the engine's builder, as `--spec dflash` and `auto` make it.
     let target = load("qwen3_5/tiny/model-f32.gguf");
     let net = dflash_for(&target);

@@ -139,6 +139,8 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         "fixed_budget": args.spec.fixed_budget,
         "gen_tokens": args.gen_tokens,
         "threads": kasoku::kernels::threads::num_threads(),
+        // The process's peak resident memory (every strategy's weights and caches).
+        "peak_rss_bytes": kasoku::engine::stats::peak_rss_bytes(),
     });
     if args.compare.is_empty() {
         out["spec"] = json!(strategies[0].0);

@@ -12,10 +12,12 @@
 //!   marginals out) and its trees.
 //! - [`marginal_tree`]: the best paths under a product of per-depth marginals.
 //! - [`merged`]: several drafters' branches in one tree.
+//! - [`choice`]: one of several drafters per pass, by measured tokens per second.
 //! - [`policy`]: how many nodes a pass may verify, from measured cost and acceptance.
 //! - [`stats`]: accepted lengths, drafting and verifying time.
 
 pub mod accept;
+pub mod choice;
 pub mod dflash;
 pub mod draft_model;
 pub mod drafter;
@@ -27,6 +29,7 @@ pub mod policy;
 pub mod stats;
 
 pub use accept::{accept_path, accept_path_constrained, Acceptance};
+pub use choice::ChoiceDrafter;
 pub use dflash::{DFlashDrafter, DFlashDrafterConfig};
 pub use draft_model::DraftModelDrafter;
 pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
