@@ -8,6 +8,8 @@ use std::time::Instant;
 use anyhow::Result;
 use kasoku::engine::{self, GenerateOptions, LoadedModel, PromptOptions, SamplingParams, Session};
 use kasoku::model::{footprint, KvType};
+use kasoku::quant::kasoku::{Recipe, Scheme};
+use kasoku::quant::Target;
 use kasoku::tokenizer::ChatMessage;
 
 use crate::args::RunArgs;
@@ -15,7 +17,13 @@ use crate::progress;
 
 pub fn run(args: &RunArgs) -> Result<()> {
     let name = args.model.as_deref().unwrap_or(kasoku_fetch::DEFAULT_MODEL);
-    let model = load(name, args.threads, args.cache_type, args.quiet)?;
+    let model = load(
+        name,
+        args.threads,
+        args.cache_type,
+        args.quantize,
+        args.quiet,
+    )?;
     let draft = args.spec.load_draft(args.cache_type, args.quiet)?;
     let plan = engine::ContextRequest {
         requested: args.ctx_size,
@@ -80,6 +88,7 @@ pub fn load(
     name: &str,
     threads: Option<usize>,
     kv_type: KvType,
+    quantize: Option<Scheme>,
     quiet: bool,
 ) -> Result<LoadedModel> {
     if let Some(n) = threads {
@@ -93,7 +102,8 @@ pub fn load(
         s
     });
     let start = Instant::now();
-    let model = LoadedModel::load_with(&path, kv_type)?;
+    let target = quantize.map(|s| Target::Kasoku(Recipe::new(s)));
+    let model = LoadedModel::load_as(&path, kv_type, target)?;
     if let Some(s) = spinner {
         s.finish_and_clear();
         let cfg = &model.model.config;
