@@ -40,7 +40,10 @@ fn log_softmax(row: &[f32], out: &mut [f64]) {
 fn argmax(row: &[f32]) -> usize {
     row.iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |m, (i, &v)| if v > m.1 { (i, v) } else { m },
+        )
         .0
 }
 
@@ -80,7 +83,12 @@ fn main() {
     let refm = LoadedModel::load_with(&reference, KvType::F32).expect("reference model");
     let loaded: Vec<(String, Model)> = models
         .iter()
-        .map(|(l, p)| (l.clone(), Model::load(p).unwrap_or_else(|e| panic!("{p}: {e}"))))
+        .map(|(l, p)| {
+            (
+                l.clone(),
+                Model::load(p).unwrap_or_else(|e| panic!("{p}: {e}")),
+            )
+        })
         .collect();
     eprintln!(
         "loaded {} models in {:.1} s",
