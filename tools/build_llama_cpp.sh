@@ -48,15 +48,23 @@ src=$sdist_dir/vendor/llama.cpp
 bin=$src/build/bin
 built=1
 for t in "${targets[@]}"; do [ -x "$bin/$t" ] || built=0; done
+# The CPU features to build for. Not -march=native: some virtual machines report AMX (Sapphire
+# Rapids) while their kernel refuses AMX state, and a native build then dies with SIGILL at
+# its first matrix product. The x86-64 SIMD levels kasoku's own kernels use, explicitly
+# (override with LLAMA_CPU_FLAGS, e.g. "-DGGML_NATIVE=ON" on a machine where native works).
+cpu_flags=${LLAMA_CPU_FLAGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=OFF"}
+grep -q -- "$cpu_flags" "$root/configure.flags" 2>/dev/null || built=0
 if [ $built = 1 ] && [ -f "$bin/libllama.so" ]; then
   log "already built: $bin"
 else
-  if [ ! -f "$src/build/build.ninja" ] || ! grep -q "$src/CMakeLists.txt" "$src/build/build.ninja"; then
+  if [ ! -f "$src/build/build.ninja" ] || ! grep -q "$src/CMakeLists.txt" "$src/build/build.ninja" \
+     || ! grep -q -- "$cpu_flags" "$root/configure.flags" 2>/dev/null; then
     rm -rf "$src/build"
     log "configuring"
-    (cd "$src" && cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    (cd "$src" && cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release $cpu_flags \
       -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF >"$root/configure.log" 2>&1)
+    echo "$cpu_flags" >"$root/configure.flags"
   fi
   log "building ${targets[*]} with -j$jobs at nice $nice_lvl (≈15 min on 2 cores)"
   start=$(date +%s)
@@ -75,7 +83,7 @@ fi
   echo "llama.cpp commit=$commit"
   echo "bench_version=$("$bin/llama-cli" --version 2>&1 | tr '\n' ' ' | sed 's/  */ /g')"
   echo "built=$(date -u +%FT%TZ)"
-  echo "flags=-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF"
+  echo "flags=-DCMAKE_BUILD_TYPE=Release $cpu_flags -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF"
 } >"$root/VERSION"
 log "done; $(cat "$root/VERSION" | head -3 | tr '\n' ';')"
 echo "$root"

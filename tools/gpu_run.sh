@@ -9,10 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${STAGE:-/work/main/.gpu}
 cargo build --release -p kasoku-cuda --bin kasoku-cuda-check
+cargo build --release -p kasoku-cli
 mkdir -p "$STAGE/fixtures"
-cp target/release/kasoku-cuda-check "$STAGE/"
-strip "$STAGE/kasoku-cuda-check" 2>/dev/null || true
+cp target/release/kasoku-cuda-check target/release/kasoku "$STAGE/"
+strip "$STAGE/kasoku-cuda-check" "$STAGE/kasoku" 2>/dev/null || true
 cp tools/gpu_device.sh "$STAGE/run.sh"
+cp tools/gpu_cli_checks.sh "$STAGE/cli_checks.sh"
 cp bench/gpu_bench.sh "$STAGE/bench.sh"
 for f in llama/tiny llama/tiny_rope_llama3 qwen2/tiny qwen3/tiny; do
   mkdir -p "$STAGE/fixtures/$f"

@@ -123,6 +123,11 @@ pub struct RunArgs {
     /// Print only the answer, no statistics or progress.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// cpu, cuda or cuda:N (default: the GPU when one is usable and runs this request, else
+    /// the CPU; the statistics say which). The GPU decodes GGUF files of dense models greedily,
+    /// with prompt lookup.
+    #[arg(long)]
+    pub device: Option<kasoku_cuda::Device>,
     #[command(flatten)]
     pub spec: crate::spec_args::SpecArgs,
 }
@@ -132,6 +137,9 @@ pub struct BenchArgs {
     /// GGUF file, Hugging Face directory, or a known model name.
     #[arg(long)]
     pub model: String,
+    /// cpu (default) or cuda / cuda:N: where the passes run.
+    #[arg(long)]
+    pub device: Option<kasoku_cuda::Device>,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,

@@ -17,6 +17,7 @@
 //!
 //! The human table goes to stderr, the JSON to stdout (and to `--json FILE`).
 
+mod gpu;
 mod profile;
 mod prompts;
 
@@ -55,6 +56,26 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     );
     if let Some(prompts) = &args.prompts {
         return prompts::bench_prompts(args, &path, prompts);
+    }
+    // A GPU only when asked for: a benchmark's device is never a guess.
+    if let Some(kasoku_cuda::Device::Cuda(i)) = args.device {
+        kasoku_cuda::select_device(args.device)?;
+        let result = gpu::bench(args, &path, i, &verify_sizes)?;
+        let d = &result["decode"];
+        eprintln!(
+            "cuda:{i}: prefill {:.0} t/s, decode {:.1} t/s",
+            result["prefill"]["tokens_per_second"]
+                .as_f64()
+                .unwrap_or(0.0),
+            d["tokens_per_second"].as_f64().unwrap_or(0.0)
+        );
+        let text = serde_json::to_string_pretty(&result)?;
+        if let Some(out) = &args.json {
+            std::fs::write(out, format!("{text}\n"))
+                .with_context(|| format!("writing {}", out.display()))?;
+        }
+        println!("{text}");
+        return Ok(());
     }
 
     let t = Instant::now();

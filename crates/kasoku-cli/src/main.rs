@@ -9,6 +9,7 @@ mod logits;
 mod progress;
 mod quantize;
 mod run;
+mod run_gpu;
 mod serve;
 mod spec_args;
 

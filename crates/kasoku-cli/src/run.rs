@@ -17,6 +17,9 @@ use crate::progress;
 
 pub fn run(args: &RunArgs) -> Result<()> {
     let name = args.model.as_deref().unwrap_or(kasoku_fetch::DEFAULT_MODEL);
+    if let Some(gpu) = gpu_model(args, name)? {
+        return crate::run_gpu::run(args, &gpu);
+    }
     let model = load(
         name,
         args.threads,
@@ -24,21 +27,21 @@ pub fn run(args: &RunArgs) -> Result<()> {
         args.quantize,
         args.quiet,
     )?;
-    let draft = args.spec.load_draft(args.cache_type, args.quiet)?;
+    let draft = args
+        .spec
+        .load_draft(&model.model, args.cache_type, args.quiet)?;
     let plan = engine::ContextRequest {
         requested: args.ctx_size,
         model_max: model.model.config.max_context,
         kv_bytes_per_token: model.model.kv_bytes_per_token()
-            + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token()),
+            + crate::spec_args::draft_kv_bytes_per_token(draft.as_ref()),
         kv_type: args.cache_type,
         sessions: 1,
         other_bytes: 0,
         // Loaded: MemAvailable already excludes the weights.
         weight_bytes: 0,
         scratch_bytes: footprint::scratch_bytes(&model.model.config)
-            + draft
-                .as_ref()
-                .map_or(0, |d| footprint::scratch_bytes(&d.config)),
+            + crate::spec_args::draft_scratch_bytes(draft.as_ref()),
         available: engine::available_memory(),
     }
     .plan()?;
@@ -79,6 +82,49 @@ pub fn run(args: &RunArgs) -> Result<()> {
             &options,
             args,
         ),
+    }
+}
+
+/// The model on a GPU when `--device` asks for one, or when none was asked and a usable GPU
+/// runs this request (else None: the CPU runs it, and the reason is printed). A GPU that was
+/// asked for and cannot run the request is an error.
+fn gpu_model(args: &RunArgs, name: &str) -> Result<Option<crate::run_gpu::GpuModel>> {
+    if args.device == Some(kasoku_cuda::Device::Cpu) {
+        return Ok(None);
+    }
+    let asked = args.device.is_some();
+    let say = |why: &str| {
+        if !args.quiet {
+            eprintln!("device: cpu ({why})");
+        }
+    };
+    let ordinal = match kasoku_cuda::select_device(args.device) {
+        Ok((kasoku_cuda::Device::Cuda(i), _)) => i,
+        Ok((_, why)) => {
+            say(why.as_deref().unwrap_or("no GPU"));
+            return Ok(None);
+        }
+        Err(e) if asked => return Err(e.into()),
+        Err(e) => {
+            say(&e.to_string());
+            return Ok(None);
+        }
+    };
+    let path = progress::resolve_model(name, args.quiet)?;
+    if let Some(why) = crate::run_gpu::unsupported(args, &path) {
+        if asked {
+            anyhow::bail!("--device cuda: {why}");
+        }
+        say(&why);
+        return Ok(None);
+    }
+    match crate::run_gpu::GpuModel::load(&path, ordinal, args.quiet) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if asked => Err(e),
+        Err(e) => {
+            say(&format!("the GPU cannot run this model: {e:#}"));
+            Ok(None)
+        }
     }
 }
 

@@ -99,10 +99,13 @@ fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
 
 impl ServeArgs {
     /// The server configuration these flags describe (the draft model already loaded).
-    fn config(
-        &self,
-        draft: Option<std::sync::Arc<kasoku::model::Model>>,
-    ) -> anyhow::Result<ServerConfig> {
+    fn config(&self, draft: Option<kasoku::engine::DraftSource>) -> anyhow::Result<ServerConfig> {
+        use kasoku::engine::DraftSource;
+        let (draft, dflash) = match draft {
+            Some(DraftSource::Model(d)) => (Some(d), None),
+            Some(DraftSource::DFlash(d)) => (None, Some(d)),
+            None => (None, None),
+        };
         Ok(ServerConfig {
             context: self.ctx_size,
             sessions: self.parallel,
@@ -126,6 +129,7 @@ impl ServeArgs {
             speculation: Speculation {
                 kind: self.spec.spec,
                 draft,
+                dflash,
                 policy: self.spec.policy(),
             },
             handle_signals: true,
@@ -142,7 +146,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         args.quantize,
         false,
     )?;
-    let draft = args.spec.load_draft(args.cache_type, false)?;
+    let draft = args.spec.load_draft(&model.model, args.cache_type, false)?;
     let server = Server::new(model, args.config(draft)?)?;
     if let Some(note) = server.context_note() {
         eprintln!("note: {note}");

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kasoku::engine::{build_speculator, SpecKind, Speculator};
+use kasoku::engine::{build_speculator_from, DraftSource, SpecKind, Speculator};
 
-use kasoku::model::{KvType, Model};
+use kasoku::model::{is_dflash_checkpoint, DFlash, KvType, Model};
 use kasoku::quant::{requantize, DType};
 use kasoku::spec::PolicyConfig;
 
@@ -16,12 +16,14 @@ use crate::progress;
 #[derive(Args, Debug, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding: none, ngram (prompt lookup), draft (a smaller model, --draft),
-    /// mtp (the checkpoint's multi-token-prediction head), or auto (the draft model if given,
-    /// else the MTP head if present, else prompt lookup; drafting turns itself off when it
-    /// does not pay).
+    /// mtp (the checkpoint's multi-token-prediction head), dflash (a DFlash block drafter,
+    /// --draft DIR), or auto (the draft model or DFlash drafter if given, else the MTP head if
+    /// present, else prompt lookup; drafting turns itself off when it does not pay).
     #[arg(long, default_value = "auto")]
     pub spec: SpecKind,
-    /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer).
+    /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer),
+    /// or a DFlash checkpoint directory for --spec dflash (config.json naming
+    /// DFlashDraftModel + model.safetensors; it drafts with the target's embedding and head).
     #[arg(long)]
     pub draft: Option<String>,
     /// Most draft-tree nodes one target pass verifies (besides the root).
@@ -69,12 +71,24 @@ impl SpecArgs {
         }
     }
 
-    /// Loads the draft model, if one was named, with its KV caches as `kv_type` (f16 where its
-    /// head size cannot be stored so).
-    pub fn load_draft(&self, kv_type: KvType, quiet: bool) -> Result<Option<Arc<Model>>> {
+    /// Loads what `--draft` names, if anything: a DFlash drafter for `target` when it is a
+    /// DFlash checkpoint directory, else a draft model with its KV caches as `kv_type` (f16
+    /// where its head size cannot be stored so).
+    pub fn load_draft(
+        &self,
+        target: &Model,
+        kv_type: KvType,
+        quiet: bool,
+    ) -> Result<Option<DraftSource>> {
         let Some(name) = &self.draft else {
             return Ok(None);
         };
+        let local = std::path::Path::new(name);
+        if is_dflash_checkpoint(local) {
+            let net = DFlash::load(local, target, self.draft_format.0)
+                .with_context(|| format!("loading the DFlash drafter {name}"))?;
+            return Ok(Some(DraftSource::DFlash(Arc::new(net))));
+        }
         let path = progress::resolve_model(name, quiet)?;
         kasoku::engine::check_memory(
             &path,
@@ -88,22 +102,40 @@ impl SpecArgs {
         if model.set_kv_type(kv_type).is_err() {
             model.set_kv_type(KvType::F16)?;
         }
-        Ok(Some(Arc::new(model)))
+        Ok(Some(DraftSource::Model(Arc::new(model))))
     }
 
     /// The speculator for a session on `target` (None: plain decoding).
     pub fn speculator(
         &self,
         target: &Arc<Model>,
-        draft: Option<Arc<Model>>,
+        draft: Option<DraftSource>,
         ctx: usize,
     ) -> Result<Option<Speculator>> {
-        Ok(build_speculator(
+        Ok(build_speculator_from(
             self.spec,
             target,
             draft,
             ctx,
             self.policy(),
         )?)
+    }
+}
+
+/// Bytes a loaded draft adds per token of context (its KV cache, or a DFlash drafter's
+/// context rows).
+pub fn draft_kv_bytes_per_token(draft: Option<&DraftSource>) -> usize {
+    match draft {
+        Some(DraftSource::Model(d)) => d.kv_bytes_per_token(),
+        Some(DraftSource::DFlash(d)) => d.context_bytes_per_token(),
+        None => 0,
+    }
+}
+
+/// Activation scratch a loaded draft model needs (a DFlash drafter's is a block's: small).
+pub fn draft_scratch_bytes(draft: Option<&DraftSource>) -> u64 {
+    match draft {
+        Some(DraftSource::Model(d)) => kasoku::model::footprint::scratch_bytes(&d.config),
+        _ => 0,
     }
 }

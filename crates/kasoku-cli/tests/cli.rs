@@ -284,6 +284,65 @@ fn speculative_run_answers_like_plain_decoding() {
     );
 }
 
+/// `--spec dflash --draft DIR` (and `auto` given a DFlash checkpoint) answers like plain
+/// decoding; a DFlash checkpoint made for another target, or none, is a clear error.
+#[test]
+fn dflash_run_answers_like_plain_decoding() {
+    let tiny = fixture("llama/tiny/model-f32.gguf");
+    let dflash = fixture("qwen2/tiny_dflash");
+    let answer = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            &tiny,
+            "--raw",
+            "-m",
+            "one two three one two",
+            "-n",
+            "80",
+            "--ignore-eos",
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let out = kasoku(&args);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        (out.stdout, err)
+    };
+    let (plain, _) = answer(&["--spec", "none"]);
+    for extra in [
+        &["--spec", "dflash", "--draft", &dflash][..],
+        &["--spec", "auto", "--draft", &dflash][..],
+        &[
+            "--spec",
+            "dflash",
+            "--draft",
+            &dflash,
+            "--fixed-budget",
+            "--tree-budget",
+            "6",
+        ][..],
+    ] {
+        let (out, err) = answer(extra);
+        assert_eq!(out, plain, "{extra:?}");
+        assert!(err.contains("speculation (dflash"), "{extra:?}: {err}");
+    }
+    let none = kasoku(&["run", "--model", &tiny, "-m", "x", "--spec", "dflash"]);
+    assert!(!none.status.success());
+    assert!(
+        stderr(&none).contains("DFlash checkpoint"),
+        "{}",
+        stderr(&none)
+    );
+    let other = fixture("qwen3/tiny/model-f32.gguf");
+    let wrong = kasoku(&["run", "--model", &other, "-m", "x", "--draft", &dflash]);
+    assert!(!wrong.status.success());
+    let err = stderr(&wrong);
+    assert!(err.contains("num_target_layers 2 does not match"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// `bench --prompts --compare` runs every strategy on every prompt, in turns; greedy decoding
 /// gives each strategy the same number of tokens, and only the drafting strategies verify.
 #[test]
@@ -467,4 +526,38 @@ fn quantize_writes_checkpoints_that_every_command_loads() {
     ]);
     assert!(!bad.status.success() && stderr(&bad).contains("not m, l or mixed"));
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// `run` picks its device as `logits` does: the default says which (a GPU only when it can
+/// run the request), an asked-for GPU that is absent or cannot run the request is an error
+/// with the reason, and `--device cpu` runs here whatever the machine has.
+#[test]
+fn run_picks_a_device_and_says_which() {
+    let model = fixture("qwen2/tiny/model-f32.gguf");
+    let args = |extra: &[&str]| {
+        let mut a = vec!["run", "--model", &model, "--raw", "-m", "hello", "-n", "4"];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        kasoku(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let default = run(&[]);
+    assert!(default.status.success(), "{}", stderr(&default));
+    let err = stderr(&default);
+    let has_gpu = err.contains("device cuda:0");
+    assert!(has_gpu || err.contains("device: cpu ("), "{err}");
+    // Sampling at a temperature: the GPU path is greedy, so the default takes the CPU and
+    // an explicit GPU is refused with the reason.
+    let hot = run(&["--temp", "0.8", "--device", "cuda"]);
+    assert!(!hot.status.success());
+    let why = stderr(&hot);
+    assert!(
+        why.contains("no usable CUDA device") || why.contains("greedily"),
+        "{why}"
+    );
+    let cpu = run(&["--device", "cpu"]);
+    assert!(cpu.status.success(), "{}", stderr(&cpu));
+    assert!(!stderr(&cpu).contains("device: cpu ("));
 }

@@ -148,7 +148,8 @@ pub fn matvec(k: &Kernels) -> R<Report> {
     let mut rng = Rng(0x5eed);
     let nmax = 64;
     for dtype in DType::ALL {
-        for &(rows, cols) in &[(77usize, 512usize), (300, 1536)] {
+        // 9216 columns: long rows, split over 2 or 4 warps per pair (kernels::matvec_split).
+        for &(rows, cols) in &[(77usize, 512usize), (300, 1536), (45, 9216)] {
             let bytes = random_tensor(&mut rng, dtype, rows * cols, 0.05);
             let m = DeviceMatrix::upload(gpu, dtype, rows, cols, &bytes)?;
             let mut wf = vec![0f32; rows * cols];
@@ -418,6 +419,19 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             1000usize,
             None,
         ),
+        // More chunks than attention launches blocks per head: each block takes several.
+        (
+            "neox, 3000 cached",
+            4,
+            2,
+            64,
+            64,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            false,
+            3000,
+            None,
+        ),
         (
             "interleaved, llama3 scaling",
             8,
@@ -573,6 +587,8 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
         let chunks = attention_chunks(max_slots);
         let pml = gpu.alloc(n * nh * chunks * 2 * 4)?;
         let po = gpu.alloc(n * nh * chunks * hd * 4)?;
+        let arrivals = gpu.alloc(n * nh * 4)?;
+        arrivals.fill(0)?;
         let out = out_buf(gpu, n * q_dim)?;
         let qb = QuantBufs::new(gpu, n * q_dim)?;
         let oq = qb.acts(&out, q_dim);
@@ -591,6 +607,7 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             path: meta.at(layout_m.path * 4),
             part_ml: pml.ptr(),
             part_o: po.ptr(),
+            arrivals: arrivals.ptr(),
             chunks,
             out: out.ptr(),
             out_q: oq.xq,

@@ -27,7 +27,9 @@ pub mod model;
 pub mod runtime;
 pub mod synth;
 
-pub use model::{generate_plain, generate_speculative, CudaModel, CudaState, SpecRun};
+pub use model::{
+    generate_greedy, generate_plain, generate_speculative, CudaModel, CudaState, Drafting, SpecRun,
+};
 pub use runtime::{Error, Gpu};
 
 /// Where a model runs.

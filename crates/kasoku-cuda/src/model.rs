@@ -337,6 +337,7 @@ pub struct CudaState {
     u: DeviceBuffer,
     part_ml: DeviceBuffer,
     part_o: DeviceBuffer,
+    arrivals: DeviceBuffer,
     logits: DeviceBuffer,
     /// The int8 blocks of the activations the next product reads (one set, reused).
     xq: DeviceBuffer,
@@ -354,6 +355,29 @@ pub struct CudaState {
     pending: Option<TokenTree>,
     /// Whether passes are captured and replayed as graphs (on by default).
     pub use_graphs: bool,
+    /// Whether each product prefetches the next product's weights into L2 (on by default;
+    /// `KASOKU_CUDA_PREFETCH=0` turns it off). Results do not change.
+    pub prefetch: bool,
+    /// For measuring only: kernel classes left out of every pass ([`Skip`] bits), so a
+    /// benchmark can tell what each class costs inside a captured graph. Results are wrong
+    /// while any bit is set.
+    pub skip: u32,
+}
+
+/// Kernel classes [`CudaState::skip`] can leave out of a pass (for measuring only).
+pub struct Skip;
+
+impl Skip {
+    /// The q/k/v epilogue and attention.
+    pub const ATTENTION: u32 = 1;
+    /// RMSNorm and SwiGLU.
+    pub const ELEMENTWISE: u32 = 2;
+    /// The layers' matrix products.
+    pub const PRODUCTS: u32 = 4;
+    /// The head's norm and product.
+    pub const HEAD: u32 = 8;
+    /// The q/k/v epilogue alone (per-head norm, RoPE, cache write).
+    pub const QKV_EPILOGUE: u32 = 16;
 }
 
 impl CudaState {
@@ -387,6 +411,11 @@ impl CudaState {
             u: f(rows * c.ffn)?,
             part_ml: f(rows * c.n_heads * chunks * 2)?,
             part_o: f(rows * c.n_heads * chunks * hd)?,
+            arrivals: {
+                let b = f(rows * c.n_heads)?;
+                b.fill(0)?;
+                b
+            },
             logits: f(MAX_TREE * c.vocab)?,
             xq: gpu.alloc(rows * max_width)?,
             xs: gpu.alloc(rows * max_width / 32 * 16)?,
@@ -400,6 +429,8 @@ impl CudaState {
             graphs: HashMap::new(),
             pending: None,
             use_graphs: true,
+            prefetch: std::env::var("KASOKU_CUDA_PREFETCH").map_or(true, |v| v != "0"),
+            skip: 0,
             gpu,
         };
         Ok(st)
@@ -453,85 +484,135 @@ impl CudaState {
             ld,
         };
         let fused_merge = hd.is_multiple_of(32);
+        let skip = |what: u32| self.skip & what != 0;
+        // The weights the next product reads, prefetched by the one before it.
+        let prefetch = self.prefetch;
+        fn next<'a>(on: bool, ms: &[&'a DeviceMatrix]) -> Vec<&'a DeviceMatrix> {
+            if on {
+                ms.to_vec()
+            } else {
+                Vec::new()
+            }
+        }
         for (li, l) in m.layers.iter().enumerate() {
             let normed = acts(&self.normed, h);
-            k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
-            k.matvec(
-                &[
-                    l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
-                    l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
-                    l.wv.seg(self.v.ptr(), kv_dim, opt(&l.bv), false),
-                ],
-                normed,
-                n,
-                h,
-            )?;
+            if !skip(Skip::ELEMENTWISE) {
+                k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
+            }
+            if !skip(Skip::PRODUCTS) {
+                k.matvec_prefetch(
+                    &[
+                        l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
+                        l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
+                        l.wv.seg(self.v.ptr(), kv_dim, opt(&l.bv), false),
+                    ],
+                    normed,
+                    n,
+                    h,
+                    &next(prefetch, &[&l.wo]),
+                )?;
+            }
             let k_cache = self.kv.at(li * 2 * layer_elems * 2);
             let v_cache = self.kv.at((li * 2 + 1) * layer_elems * 2);
-            k.qkv_post(&QkvPost {
-                q: self.q.ptr(),
-                k: self.k.ptr(),
-                v: self.v.ptr(),
-                n,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                rot_dim: c.rope_dim,
-                interleaved: c.rope_layout == kasoku::kernels::rope::RopeLayout::Interleaved,
-                inv_freq: m.inv_freq.ptr(),
-                q_norm: opt(&l.q_norm).unwrap_or(0),
-                k_norm: opt(&l.k_norm).unwrap_or(0),
-                eps: c.rms_eps,
-                batch: self.meta.ptr(),
-                pos: word(self.layout.pos),
-                k_cache,
-                v_cache,
-                max_slots: self.max_slots,
-            })?;
             let att = acts(&self.att, q_dim);
-            k.attention(&AttnCall {
-                q: self.q.ptr(),
-                k_cache,
-                v_cache,
-                max_slots: self.max_slots,
-                n,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                batch: self.meta.ptr(),
-                pos: word(self.layout.pos),
-                path: word(self.layout.path),
-                part_ml: self.part_ml.ptr(),
-                part_o: self.part_o.ptr(),
-                chunks: self.chunks,
-                out: self.att.ptr(),
-                out_q: if fused_merge { att.xq } else { 0 },
-                out_s: if fused_merge { att.xs } else { 0 },
-            })?;
-            if !fused_merge {
-                k.quantize(att, n * q_dim)?;
+            if !skip(Skip::ATTENTION | Skip::QKV_EPILOGUE) {
+                k.qkv_post(&QkvPost {
+                    q: self.q.ptr(),
+                    k: self.k.ptr(),
+                    v: self.v.ptr(),
+                    n,
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: hd,
+                    rot_dim: c.rope_dim,
+                    interleaved: c.rope_layout == kasoku::kernels::rope::RopeLayout::Interleaved,
+                    inv_freq: m.inv_freq.ptr(),
+                    q_norm: opt(&l.q_norm).unwrap_or(0),
+                    k_norm: opt(&l.k_norm).unwrap_or(0),
+                    eps: c.rms_eps,
+                    batch: self.meta.ptr(),
+                    pos: word(self.layout.pos),
+                    k_cache,
+                    v_cache,
+                    max_slots: self.max_slots,
+                })?;
             }
-            k.matvec(&[l.wo.seg(self.x.ptr(), h, None, true)], att, n, q_dim)?;
-            k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
-            k.matvec(
-                &[
-                    l.gate.seg(self.g.ptr(), c.ffn, None, false),
-                    l.up.seg(self.u.ptr(), c.ffn, None, false),
-                ],
-                normed,
-                n,
-                h,
-            )?;
+            if !skip(Skip::ATTENTION) {
+                k.attention(&AttnCall {
+                    q: self.q.ptr(),
+                    k_cache,
+                    v_cache,
+                    max_slots: self.max_slots,
+                    n,
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    batch: self.meta.ptr(),
+                    pos: word(self.layout.pos),
+                    path: word(self.layout.path),
+                    part_ml: self.part_ml.ptr(),
+                    part_o: self.part_o.ptr(),
+                    chunks: self.chunks,
+                    arrivals: self.arrivals.ptr(),
+                    out: self.att.ptr(),
+                    out_q: if fused_merge { att.xq } else { 0 },
+                    out_s: if fused_merge { att.xs } else { 0 },
+                })?;
+                if !fused_merge {
+                    k.quantize(att, n * q_dim)?;
+                }
+            }
+            if !skip(Skip::PRODUCTS) {
+                k.matvec_prefetch(
+                    &[l.wo.seg(self.x.ptr(), h, None, true)],
+                    att,
+                    n,
+                    q_dim,
+                    &next(prefetch, &[&l.gate, &l.up]),
+                )?;
+            }
+            if !skip(Skip::ELEMENTWISE) {
+                k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
+            }
+            if !skip(Skip::PRODUCTS) {
+                k.matvec_prefetch(
+                    &[
+                        l.gate.seg(self.g.ptr(), c.ffn, None, false),
+                        l.up.seg(self.u.ptr(), c.ffn, None, false),
+                    ],
+                    normed,
+                    n,
+                    h,
+                    &next(prefetch, &[&l.down]),
+                )?;
+            }
             let g = acts(&self.g, c.ffn);
-            k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn, g)?;
-            k.matvec(&[l.down.seg(self.x.ptr(), h, None, true)], g, n, c.ffn)?;
+            if !skip(Skip::ELEMENTWISE) {
+                k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn, g)?;
+            }
+            if !skip(Skip::PRODUCTS) {
+                let after: Vec<&DeviceMatrix> = match m.layers.get(li + 1) {
+                    Some(nl) => next(prefetch, &[&nl.wq, &nl.wk, &nl.wv]),
+                    None => Vec::new(),
+                };
+                k.matvec_prefetch(
+                    &[l.down.seg(self.x.ptr(), h, None, true)],
+                    g,
+                    n,
+                    c.ffn,
+                    &after,
+                )?;
+            }
         }
         let (first, rows) = match head {
             Head::All => (0, n),
             Head::Last => (n - 1, 1),
         };
         let normed = acts(&self.normed, h);
+        if skip(Skip::HEAD) {
+            return self.best.read_async(0, &self.best_host, rows * 8);
+        }
         k.rmsnorm(
             self.x.at(first * h * 4),
             m.output_norm.ptr(),
@@ -784,6 +865,7 @@ impl CudaModel {
                     path: word(st.layout.path),
                     part_ml: st.part_ml.ptr(),
                     part_o: st.part_o.ptr(),
+                    arrivals: st.arrivals.ptr(),
                     chunks: st.chunks,
                     out: st.att.ptr(),
                     out_q: att.xq,
@@ -846,11 +928,11 @@ pub fn generate_plain(
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<u32>> {
-    let mut out = vec![st.prefill(m, prompt)?];
-    while out.len() < n {
-        let t = st.step(m, *out.last().expect("one token"))?;
+    let mut out = Vec::new();
+    generate_greedy(m, st, prompt, n, None, &mut |t| {
         out.push(t);
-    }
+        true
+    })?;
     Ok(out)
 }
 
@@ -875,28 +957,90 @@ pub fn generate_speculative(
     budget: usize,
     max_depth: usize,
 ) -> Result<SpecRun> {
+    let mut tokens = Vec::new();
+    let mut run = generate_greedy(
+        m,
+        st,
+        prompt,
+        n,
+        Some(Drafting {
+            drafter,
+            budget,
+            max_depth,
+        }),
+        &mut |t| {
+            tokens.push(t);
+            true
+        },
+    )?;
+    run.tokens = tokens;
+    Ok(run)
+}
+
+/// A drafter for [`generate_greedy`] and the size of the trees it may propose.
+pub struct Drafting<'a> {
+    pub drafter: &'a mut dyn kasoku::spec::Drafter,
+    /// Most draft nodes besides the root.
+    pub budget: usize,
+    /// Deepest draft path.
+    pub max_depth: usize,
+}
+
+/// Greedy decoding on the GPU after `prompt` (appended to what `st` holds), at most `n`
+/// tokens, each handed to `on_token` as soon as it is known; `on_token` returning false
+/// stops the generation there (tokens already verified after it are not emitted). With a
+/// drafter, each cycle verifies its tree in one pass; the tokens are the same either way.
+/// The returned counts' `tokens` is left empty (the caller has them).
+pub fn generate_greedy(
+    m: &CudaModel,
+    st: &mut CudaState,
+    prompt: &[u32],
+    n: usize,
+    mut drafting: Option<Drafting<'_>>,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<SpecRun> {
     use kasoku::spec::{Accepted, DraftRequest, Features};
     let err = |e: kasoku::spec::DraftError| Error::Invalid(e.to_string());
-    drafter.start(prompt, Features::default()).map_err(err)?;
+    let mut run = SpecRun::default();
+    if n == 0 {
+        return Ok(run);
+    }
+    if let Some(d) = drafting.as_mut() {
+        d.drafter.start(prompt, Features::default()).map_err(err)?;
+    }
     let mut history = prompt.to_vec();
     let first = st.prefill(m, prompt)?;
-    let mut run = SpecRun {
-        tokens: vec![first],
-        ..SpecRun::default()
-    };
     history.push(first);
-    while run.tokens.len() < n {
+    let mut emitted = 1;
+    if !on_token(first) {
+        return Ok(run);
+    }
+    while emitted < n {
         let token = *history.last().expect("one token");
+        if st.len + 1 >= st.max_len {
+            break;
+        }
+        let Some(d) = drafting.as_mut() else {
+            let t = st.step(m, token)?;
+            run.passes += 1;
+            history.push(t);
+            emitted += 1;
+            if !on_token(t) {
+                break;
+            }
+            continue;
+        };
         let room = (st.max_len - st.len)
             .saturating_sub(1)
             .min(MAX_TREE - 1)
-            .min(budget);
-        drafter.catch_up(&history).map_err(err)?;
-        let mut tree = drafter
+            .min(d.budget);
+        d.drafter.catch_up(&history).map_err(err)?;
+        let mut tree = d
+            .drafter
             .draft(&DraftRequest {
                 tokens: &history,
                 budget: room,
-                max_depth,
+                max_depth: d.max_depth,
             })
             .map_err(err)?;
         if tree.is_empty() || tree.token(0) != token || tree.len() > room + 1 {
@@ -920,7 +1064,7 @@ pub fn generate_speculative(
         run.drafted += tree.len() - 1;
         run.accepted += path.len() - 1;
         let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
-        drafter
+        d.drafter
             .accept(&Accepted {
                 tokens: &committed,
                 committed_len: st.len,
@@ -928,8 +1072,15 @@ pub fn generate_speculative(
             })
             .map_err(err)?;
         history.extend_from_slice(&new);
-        run.tokens.extend_from_slice(&new);
+        for t in new {
+            if emitted == n {
+                return Ok(run);
+            }
+            emitted += 1;
+            if !on_token(t) {
+                return Ok(run);
+            }
+        }
     }
-    run.tokens.truncate(n);
     Ok(run)
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kasoku::engine::{build_speculator, EngineError, SpecKind, Speculator};
+use kasoku::engine::{build_speculator_from, DraftSource, EngineError, SpecKind, Speculator};
 use kasoku::model::Model;
 use kasoku::spec::PolicyConfig;
 
@@ -139,6 +139,9 @@ pub struct Speculation {
     pub kind: SpecKind,
     /// The draft model for [`SpecKind::Draft`] (and `Auto`), shared by every session.
     pub draft: Option<Arc<Model>>,
+    /// A DFlash drafter for [`SpecKind::DFlash`] (and `Auto`, before `draft`), loaded for
+    /// the served model and shared by every session.
+    pub dflash: Option<Arc<kasoku::model::DFlash>>,
     /// Tree budget and depth.
     pub policy: PolicyConfig,
 }
@@ -148,6 +151,7 @@ impl Default for Speculation {
         Speculation {
             kind: SpecKind::Auto,
             draft: None,
+            dflash: None,
             policy: PolicyConfig::default(),
         }
     }
@@ -158,6 +162,7 @@ impl std::fmt::Debug for Speculation {
         f.debug_struct("Speculation")
             .field("kind", &self.kind)
             .field("draft", &self.draft.as_ref().map(|_| "a draft model"))
+            .field("dflash", &self.dflash.as_ref().map(|_| "a DFlash drafter"))
             .field("policy", &self.policy)
             .finish()
     }
@@ -170,6 +175,11 @@ impl Speculation {
         target: &Arc<Model>,
         ctx: usize,
     ) -> Result<Option<Speculator>, EngineError> {
-        build_speculator(self.kind, target, self.draft.clone(), ctx, self.policy)
+        let draft = match (&self.dflash, &self.draft) {
+            (Some(net), _) => Some(DraftSource::DFlash(net.clone())),
+            (None, Some(d)) => Some(DraftSource::Model(d.clone())),
+            (None, None) => None,
+        };
+        build_speculator_from(self.kind, target, draft, ctx, self.policy)
     }
 }

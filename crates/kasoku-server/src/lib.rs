@@ -119,7 +119,8 @@ impl Server {
             requested: config.context,
             model_max: model.model.config.max_context,
             kv_bytes_per_token: model.model.kv_bytes_per_token()
-                + draft.map_or(0, |d| d.kv_bytes_per_token()),
+                + draft.map_or(0, |d| d.kv_bytes_per_token())
+                + (config.speculation.dflash.as_ref()).map_or(0, |d| d.context_bytes_per_token()),
             kv_type: model.model.kv_type(),
             sessions: config.sessions(),
             other_bytes: config.prefix_cache.map_or(0, |c| c.budget_bytes as u64),

@@ -8,13 +8,18 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use kasoku::constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
-use kasoku::engine::{Flow, GenerateOptions, SamplingParams, Session, Speculator, TokenLogprobs};
+use kasoku::engine::{
+    build_speculator_from, DraftSource, Flow, GenerateOptions, SamplingParams, Session, SpecKind,
+    Speculator, TokenLogprobs,
+};
+use kasoku::format::HfCheckpoint;
+use kasoku::model::{DFlash, DFlashConfig};
 use kasoku::model::{KvType, Model, TokenTree};
 use kasoku::quant::DType;
 use kasoku::spec::draft_model::DraftModelConfig;
 use kasoku::spec::{
-    Accepted, DraftError, DraftModelDrafter, DraftRequest, Drafter, Features, MergedDrafter,
-    MtpDrafter, NgramDrafter, PolicyConfig, SpecStats,
+    Accepted, DFlashDrafter, DFlashDrafterConfig, DraftError, DraftModelDrafter, DraftRequest,
+    Drafter, Features, MergedDrafter, MtpDrafter, NgramDrafter, PolicyConfig, SpecStats,
 };
 
 const TOKENS: usize = 240;
@@ -241,6 +246,63 @@ fn mtp_speculation_equals_plain_decoding() {
         Box::new(MtpDrafter::new(t.clone(), 512).unwrap())
     });
     let _ = hf;
+}
+
+/// The tiny DFlash drafter (made for qwen2/tiny) loaded for `target`: every tiny fixture has
+/// its width and vocabulary and at least the two layers it taps, so only the stated target
+/// depth is set aside.
+fn dflash_for(target: &Model) -> Arc<DFlash> {
+    let ckpt = HfCheckpoint::open(common::fixture("qwen2/tiny_dflash")).unwrap();
+    let mut config = DFlashConfig::from_hf(ckpt.config()).unwrap();
+    config.target_layers = None;
+    Arc::new(DFlash::from_source(config, &ckpt, target, None).unwrap())
+}
+
+/// DFlash trees (best paths under the marginals' product), alone and with prompt lookup's
+/// branches, with a reduced head or the whole vocabulary, on the dense fixtures and the
+/// hybrid one, greedy and sampled.
+#[test]
+fn dflash_speculation_equals_plain_decoding() {
+    let alone = DFlashDrafterConfig {
+        lookup_nodes: 0,
+        ..DFlashDrafterConfig::default()
+    };
+    let merged = DFlashDrafterConfig {
+        vocab_rows: 64,
+        top_k: 4,
+        lookup_nodes: 3,
+    };
+    let mut lookup_accepted = 0;
+    for f in FIXTURES {
+        for config in [alone, merged] {
+            let accepted = check(f, &|t| {
+                Box::new(DFlashDrafter::new(t.clone(), dflash_for(t), config).unwrap())
+            });
+            if config.lookup_nodes > 0 {
+                lookup_accepted += accepted;
+            }
+        }
+    }
+    // Random drafter weights rarely agree with the target; the lookup branches do.
+    assert!(lookup_accepted > 0, "no draft token was accepted");
+    // Through the engine's builder, as `--spec dflash` and `auto` make it.
+    let target = load("qwen3_5/tiny/model-f32.gguf");
+    let net = dflash_for(&target);
+    for kind in [SpecKind::DFlash, SpecKind::Auto] {
+        let draft = Some(DraftSource::DFlash(net.clone()));
+        let spec = build_speculator_from(kind, &target, draft, 512, PolicyConfig::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.drafter.name(), "dflash");
+    }
+    let e = build_speculator_from(
+        SpecKind::DFlash,
+        &target,
+        None,
+        512,
+        PolicyConfig::default(),
+    );
+    assert!(e.err().unwrap().to_string().contains("DFlash checkpoint"));
 }
 
 /// A drafter that asks for the target's hidden states and two layers' outputs, and records

@@ -42,7 +42,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
 
     let model = LoadedModel::load_with(model_path, args.cache_type)
         .with_context(|| format!("loading {}", model_path.display()))?;
-    let draft = args.spec.load_draft(args.cache_type, true)?;
+    let draft = args.spec.load_draft(&model.model, args.cache_type, true)?;
     let ctx = 4096;
     let options = GenerateOptions {
         logprobs: None,
@@ -66,7 +66,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
             .map(|label| {
                 let (kind, with_draft) = match label.strip_suffix("+draft") {
                     Some(k) => (k, true),
-                    None => (label.as_str(), label == "draft"),
+                    None => (label.as_str(), label == "draft" || label == "dflash"),
                 };
                 let kind: SpecKind = kind.parse().map_err(|e: String| anyhow::anyhow!(e))?;
                 Ok((label.clone(), kind, with_draft))

@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use kasoku::model::TokenTree;
 use kasoku_cuda::checks::{self, Report};
 use kasoku_cuda::kernels::Kernels;
+use kasoku_cuda::model::Skip;
 use kasoku_cuda::runtime::{compile, Gpu, Timer};
 use kasoku_cuda::synth;
 use kasoku_cuda::CudaModel;
@@ -172,35 +173,59 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         512.0 / pp_ms * 1e3
     );
 
-    // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps; with
-    // and without programmatic dependent launch.
+    // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps; without
+    // programmatic dependent launch, with it, and with it and L2 prefetch of the next product's
+    // weights (the default).
     let pdl_default = gpu.dependent_launch();
-    for pdl in [false, true] {
-        gpu.set_dependent_launch(pdl);
+    let ceiling = 4.35e12 / m.weight_bytes as f64;
+    let tg = |st: &mut kasoku_cuda::CudaState, steps: usize| -> Result<f64> {
         st.drop_graphs();
         let mut tg = Vec::new();
         for _ in 0..4 {
             st.reset();
             let mut tok = st.prefill(&m, &[1])?;
             let t = Instant::now();
-            for _ in 0..128 {
+            for _ in 0..steps {
                 tok = st.step(&m, tok)?;
             }
             tg.push(t.elapsed().as_secs_f64());
         }
         tg.remove(0);
-        let tg_s = median(tg);
-        let tps = 128.0 / tg_s;
-        let ceiling = 4.35e12 / m.weight_bytes as f64;
+        Ok(steps as f64 / median(tg))
+    };
+    for (pdl, prefetch) in [(false, false), (true, false), (true, true)] {
+        gpu.set_dependent_launch(pdl);
+        st.prefetch = prefetch;
+        let tps = tg(&mut st, 128)?;
         println!(
-            "tg128 (dependent launch {}): {:.1} tokens/s ({:.3} ms/token; {:.1}% of the 4.35 TB/s ceiling {:.0} t/s)",
+            "tg128 (dependent launch {}, prefetch {}): {:.1} tokens/s ({:.3} ms/token; {:.1}% of the 4.35 TB/s ceiling {:.0} t/s)",
             if gpu.dependent_launch() { "on" } else { "off" },
+            if prefetch { "on" } else { "off" },
             tps,
-            tg_s / 128.0 * 1e3,
+            1e3 / tps,
             100.0 * tps / ceiling,
             ceiling
         );
     }
+    // What each kernel class costs inside the captured step: the step without it.
+    let full = tg(&mut st, 64)?;
+    for (what, bits) in [
+        ("attention (+q/k/v epilogue)", Skip::ATTENTION),
+        ("the q/k/v epilogue", Skip::QKV_EPILOGUE),
+        ("rmsnorm + swiglu", Skip::ELEMENTWISE),
+        ("layer products", Skip::PRODUCTS),
+        ("head", Skip::HEAD),
+        ("everything but the embedding", 15),
+    ] {
+        st.skip = bits;
+        let tps = tg(&mut st, 64)?;
+        println!(
+            "  in-graph cost of {what}: {:.1} us of {:.1} us per step",
+            1e6 / full - 1e6 / tps,
+            1e6 / full
+        );
+    }
+    st.skip = 0;
     gpu.set_dependent_launch(pdl_default);
     st.drop_graphs();
     // The same steps without graphs: what the launches cost.

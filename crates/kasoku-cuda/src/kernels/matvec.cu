@@ -13,6 +13,9 @@
 // with its scale d and d·Σq over each half (for the formats' offsets and minimums). Float
 // formats (F32, F16, BF16) multiply f32 activations.
 
+// Most activation rows one matvec call takes (the model's largest pass of tree rows).
+#define MATVEC_MAX_ROWS 64
+
 struct MatSeg {
     const u8* w;        // rows × row_bytes, GGUF layout
     float* y;           // output: y[r * ldy + j]
@@ -34,7 +37,21 @@ struct MatArgs {
     int cols;
     int n;
     int ldx;
+    int split;               // warps per pair of weight rows: 1, 2 or 4
+    const u8* pre[3];        // weights a later kernel reads (or null): prefetched into L2
+    long long pre_len[3];    // their lengths in bytes
 };
+
+// Brings `len` bytes at `p` into L2 without waiting for them: the pass's next matrices stream
+// in from DRAM while this kernel and the small ones after it run, so the next product finds
+// its weights in L2 instead of starting a DRAM round trip. Every thread of the grid takes
+// every (grid size)-th 128-byte line.
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long len) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long o = t * 128; o < len; o += stride * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
 
 // Quantizes 32 values, one per lane of a warp, to int8 with d = max|v| / 127 and
 // q = round-half-even(v / d); writes the quants and (d, d·Σq[0..16), d·Σq[16..32), 0). The
@@ -67,8 +84,8 @@ __device__ __forceinline__ u32 ld32u(const u8* p) { return (u32)ld16(p) | ((u32)
 // row r. The arithmetic of each (weight row, activation row) is the same whatever is beside it.
 
 template <int NR>
-__device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lane, const float* x, int ldx, int nr, float* acc) {
-    for (int u = lane; u < cols / 8; u += 32) {
+__device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lane, int step, const float* x, int ldx, int nr, float* acc) {
+    for (int u = lane; u < cols / 8; u += step) {
         float wv[2][8];
 #pragma unroll
         for (int w = 0; w < 2; w++) {
@@ -92,8 +109,8 @@ __device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lan
 }
 
 template <int NR, bool BF>
-__device__ __forceinline__ void dot_f16(const u8* const* rows, int cols, int lane, const float* x, int ldx, int nr, float* acc) {
-    for (int u = lane; u < cols / 8; u += 32) {
+__device__ __forceinline__ void dot_f16(const u8* const* rows, int cols, int lane, int step, const float* x, int ldx, int nr, float* acc) {
+    for (int u = lane; u < cols / 8; u += step) {
         float wv[2][8];
 #pragma unroll
         for (int w = 0; w < 2; w++) {
@@ -134,9 +151,9 @@ __device__ __forceinline__ void ld16B(const u8* p, u32* out) {
 // Legacy blocks of 32 values, one block per unit. Q4_0/Q5_0/Q8_0 are d·q (q with its offset
 // 8 / 16 / 0), Q4_1/Q5_1 are d·q + m.
 template <int NR>
-__device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
+__device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
     int bb = fmt == FMT_Q4_0 ? 18 : fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q5_0 ? 22 : fmt == FMT_Q5_1 ? 24 : 34;
-    for (int b = lane; b < cols / 32; b += 32) {
+    for (int b = lane; b < cols / 32; b += step) {
         float d[2], m[2], off = 0.0f;
         int wq[2][8];
 #pragma unroll
@@ -199,9 +216,9 @@ __device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int c
 // 16 low nibbles (values 64j + l0 + i, sub-block 2j) and 16 high ones (64j + 32 + l0 + i,
 // sub-block 2j + 1), l0 = 0 or 16: half l0/16 of activation blocks 8sb + 2j and 8sb + 2j + 1.
 template <int NR, bool Q5>
-__device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
+__device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
     const int bb = Q5 ? 176 : 144, qoff = Q5 ? 48 : 16;
-    for (int u = lane; u < cols / 32; u += 32) {
+    for (int u = lane; u < cols / 32; u += step) {
         int sb = u >> 3, j = (u >> 1) & 3, half = u & 1, l0 = half * 16;
         int lo[2][4], hi[2][4];
         float dl[2], ml[2], dh[2], mh[2];
@@ -254,8 +271,8 @@ __device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int la
 // values 128h + 32k + l0 + i (half l0/16 of activation block 8sb + 4h + k), scale
 // sc[8h + l0/16 + 2k]; quants minus 32 as signed bytes.
 template <int NR>
-__device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lane, const MatArgs& a, int r0, int nr, float* acc) {
-    for (int u = lane; u < cols / 64; u += 32) {
+__device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
+    for (int u = lane; u < cols / 64; u += step) {
         int sb = u >> 2, h = (u >> 1) & 1, l0 = (u & 1) * 16;
         int q[2][4][4];
         float ds[2][4];
@@ -306,16 +323,16 @@ __device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lan
 }
 
 template <int NR>
-__device__ __forceinline__ void row_dot(const u8* const* rows, int fmt, const MatArgs& a, int r0, int nr, int lane, float* acc) {
+__device__ __forceinline__ void row_dot(const u8* const* rows, int fmt, const MatArgs& a, int r0, int nr, int lane, int step, float* acc) {
     const float* x = a.x + (size_t)r0 * a.ldx;
     switch (fmt) {
-    case FMT_F32: dot_f32<NR>(rows, a.cols, lane, x, a.ldx, nr, acc); break;
-    case FMT_F16: dot_f16<NR, false>(rows, a.cols, lane, x, a.ldx, nr, acc); break;
-    case FMT_BF16: dot_f16<NR, true>(rows, a.cols, lane, x, a.ldx, nr, acc); break;
-    case FMT_Q4_K: dot_q45k<NR, false>(rows, a.cols, lane, a, r0, nr, acc); break;
-    case FMT_Q5_K: dot_q45k<NR, true>(rows, a.cols, lane, a, r0, nr, acc); break;
-    case FMT_Q6_K: dot_q6k<NR>(rows, a.cols, lane, a, r0, nr, acc); break;
-    default: dot_legacy<NR>(rows, fmt, a.cols, lane, a, r0, nr, acc); break;
+    case FMT_F32: dot_f32<NR>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+    case FMT_F16: dot_f16<NR, false>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+    case FMT_BF16: dot_f16<NR, true>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+    case FMT_Q4_K: dot_q45k<NR, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q5_K: dot_q45k<NR, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q6_K: dot_q6k<NR>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    default: dot_legacy<NR>(rows, fmt, a.cols, lane, step, a, r0, nr, acc); break;
     }
 }
 
@@ -327,18 +344,40 @@ __device__ __forceinline__ u64 argmax_key(float v, int j) {
     return ((u64)b << 32) | (u64)(0xFFFFFFFFu - (u32)j);
 }
 
-// Weight rows j0 and j0 + 1 (when `pair`) of segment s against activation rows r0..r0+nr.
+// Weight rows j0 and j0 + 1 (when `pair`) of segment s against activation rows r0..r0+nr, by
+// `split` warps of the block (this one is `part` of them): each takes every split-th group of
+// 32 units of the rows, and the first adds the warps' sums in order (p0 + p1 + ...). Every warp
+// of the block calls this the same number of times (`valid` false: a warp past the last row
+// only joins the block's synchronisations).
 template <int NR>
-__device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, const MatArgs& a, int r0, int nr, int lane) {
+__device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, bool valid, const MatArgs& a, int r0, int nr,
+                                         int lane, int part, int split, float* partial, u64* block_best) {
     float acc[2 * NR];
 #pragma unroll
     for (int i = 0; i < 2 * NR; i++) acc[i] = 0.0f;
-    // Without a partner, the warp computes row j0 twice and keeps one.
-    const u8* rows[2] = {s.w + (size_t)j0 * s.row_bytes, s.w + (size_t)(pair ? j0 + 1 : j0) * s.row_bytes};
-    row_dot<NR>(rows, s.fmt, a, r0, nr, lane, acc);
+    if (valid) {
+        // Without a partner, the warp computes row j0 twice and keeps one.
+        const u8* rows[2] = {s.w + (size_t)j0 * s.row_bytes, s.w + (size_t)(pair ? j0 + 1 : j0) * s.row_bytes};
+        row_dot<NR>(rows, s.fmt, a, r0, nr, lane + 32 * part, 32 * split, acc);
+    }
 #pragma unroll
     for (int i = 0; i < 2 * NR; i++) acc[i] = warp_sum(acc[i]);
-    if (lane == 0) {
+    if (split > 1) {
+        int warp = threadIdx.x >> 5;
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < 2 * NR; i++) partial[warp * 2 * NR + i] = acc[i];
+        __syncthreads();
+        if (part == 0)
+#pragma unroll
+            for (int i = 0; i < 2 * NR; i++) {
+                float t = partial[warp * 2 * NR + i];
+                for (int p = 1; p < split; p++) t += partial[(warp + p) * 2 * NR + i];
+                acc[i] = t;
+            }
+        __syncthreads();
+    }
+    if (valid && part == 0 && lane == 0) {
 #pragma unroll
         for (int w = 0; w < 2; w++) {
             if (w == 1 && !pair) break;
@@ -351,45 +390,70 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, con
                     float v = acc[w * NR + r] + b;
                     v = s.accumulate ? *out + v : v;
                     *out = v;
-                    if (s.best) atomicMax(s.best + r0 + r, argmax_key(v, j));
+                    if (s.best) atomicMax(block_best + r0 + r, argmax_key(v, j));
                 }
             }
         }
     }
 }
 
-// Grid: one warp per pair of weight rows over the segments' rows, 4 warps a block. One kernel
-// per tile height NR (each compiled with the registers its own tile needs: a decode step's
-// NR = 1 kernel keeps a high occupancy); rows past NR loop over further tiles, and a last
-// partial tile repeats its final row in the unused slots. A row's arithmetic is the same
-// source code at every NR and in either slot of a pair, so its bits do not depend on the
-// kernel, the tile or the pair it lands in.
+// Grid: `split` warps per pair of weight rows over the segments' rows, 4 warps a block. A split
+// of 1 (short rows: one warp has enough loads in flight) or 2 or 4 (long rows, e.g. the down
+// projection: one warp per pair would leave too few warps to keep DRAM busy) is chosen by the
+// launcher from the matrices' format and width only. One kernel per tile height NR (each
+// compiled with the registers its own tile needs: a decode step's NR = 1 kernel keeps a high
+// occupancy); rows past NR loop over further tiles, and a last partial tile repeats its final
+// row in the unused slots. A row's arithmetic is the same source code at every NR, in either
+// slot of a pair and at every batch size, so its bits do not depend on the kernel, the tile or
+// the pair it lands in.
 template <int NR>
 __device__ __forceinline__ void matvec_body(const MatArgs& a) {
-    int lane = threadIdx.x & 31;
-    int g = blockIdx.x * 4 + (threadIdx.x >> 5);
+    // A fused argmax (the head: one segment) first takes the maximum over the block in shared
+    // memory, then one atomic per block and row reaches the global key: one global atomic per
+    // weight row on a single address would serialize a 150k-row head.
+    __shared__ u64 block_best[MATVEC_MAX_ROWS];
+    __shared__ float partial[4 * 2 * NR];
+    const bool best = a.nseg == 1 && a.seg[0].best;
+    if (best) {
+        for (int r = threadIdx.x; r < a.n; r += blockDim.x) block_best[r] = 0;
+        __syncthreads();
+    }
+    const int split = a.split;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = warp % split;
+    int g = blockIdx.x * (4 / split) + warp / split;
     int si = 0;
     while (si < a.nseg && g >= (a.seg[si].rows + 1) / 2) { g -= (a.seg[si].rows + 1) / 2; si++; }
-    if (si >= a.nseg) return;
-    const MatSeg& s = a.seg[si];
+    bool valid = si < a.nseg;
+    const MatSeg& s = a.seg[valid ? si : 0];
     int j0 = 2 * g;
-    bool pair = j0 + 1 < s.rows;
-    for (int r0 = 0; r0 < a.n; r0 += NR) row_tile<NR>(s, j0, pair, a, r0, min(NR, a.n - r0), lane);
+    bool pair = valid && j0 + 1 < s.rows;
+    for (int r0 = 0; r0 < a.n; r0 += NR)
+        row_tile<NR>(s, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+    if (best) {
+        __syncthreads();
+        for (int r = threadIdx.x; r < a.n; r += blockDim.x)
+            if (block_best[r]) atomicMax(a.seg[0].best + r, block_best[r]);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128) matvec_1(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<1>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<2>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<4>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) {
+    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     wait_for_predecessor();
     matvec_body<8>(a);
 }

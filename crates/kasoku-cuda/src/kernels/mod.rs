@@ -27,7 +27,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 12] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -40,9 +40,11 @@ pub const NAMES: [&str; 13] = [
     "argmax",
     "kv_commit",
     "attn_partial",
-    "attn_merge",
 ];
 
+/// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
+/// row's keys, so a pass launches blocks by the cache's length, not its capacity.
+pub const ATT_BLOCKS: usize = 32;
 /// Key positions per attention chunk (ATT_CHUNK in attention.cu).
 pub const ATT_CHUNK: usize = 64;
 /// The matvec kernel for `n` activation rows: tiles of 1, 2, 4 or 8 rows.
@@ -93,7 +95,16 @@ pub struct MatArgs {
     pub cols: i32,
     pub n: i32,
     pub ldx: i32,
+    /// Warps per pair of weight rows (1, 2 or 4; [`matvec_split`]).
+    pub split: i32,
+    /// Weights of later products, prefetched into L2 while this one runs (null: none).
+    pub pre: [u64; 3],
+    pub pre_len: [i64; 3],
 }
+
+/// Most activation rows of a `matvec` call with a fused argmax (MATVEC_MAX_ROWS in
+/// matvec.cu).
+pub const MATVEC_MAX_ROWS: usize = 64;
 
 /// The batch description the kernels read (`struct Batch` in ops.cu).
 #[repr(C)]
@@ -206,6 +217,28 @@ impl Acts {
     }
 }
 
+/// Warps per pair of weight rows for a `matvec` call: rows of 256 or more units (a unit is
+/// what one lane takes at a time: 8 floats, a 32-value block, or half a Q6_K super-block's
+/// 128 values) are split over 4 warps, of 128 or more over 2, shorter ones take one. Depends
+/// only on the matrices' formats and width, never on the number of activation rows, so a
+/// row's arithmetic is the same at every batch size.
+pub fn matvec_split(segs: &[MatSeg], cols: usize) -> usize {
+    let units = segs
+        .iter()
+        .map(|s| match s.fmt {
+            0 | 1 | 30 => cols / 8,
+            14 => cols / 64,
+            _ => cols / 32,
+        })
+        .min()
+        .unwrap_or(0);
+    match units {
+        256.. => 4,
+        128.. => 2,
+        _ => 1,
+    }
+}
+
 /// Builds the `matvec` parameters for `segs` (at most 3, each the same width `cols`) over
 /// `n` activation rows `x`; returns them with the grid size.
 pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatArgs, u32)> {
@@ -229,9 +262,16 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
         ..MatArgs::default()
     };
     a.seg[..segs.len()].copy_from_slice(segs);
-    // A warp per pair of rows of one matrix.
+    if segs.iter().any(|s| s.best != 0) && (segs.len() != 1 || n > MATVEC_MAX_ROWS) {
+        return Err(Error::Invalid(format!(
+            "matvec: a fused argmax takes one matrix and at most {MATVEC_MAX_ROWS} rows ({} and {n})",
+            segs.len()
+        )));
+    }
+    // `split` warps per pair of rows of one matrix.
+    a.split = matvec_split(segs, cols) as i32;
     let pairs: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(2)).sum();
-    Ok((a, pairs.div_ceil(MATVEC_WARPS) as u32))
+    Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
 /// The int8 targets of a producer: both or neither set, for a whole number of blocks.
@@ -287,10 +327,27 @@ impl Kernels {
 
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.
     pub fn matvec(&self, segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<()> {
+        self.matvec_prefetch(segs, x, n, cols, &[])
+    }
+
+    /// [`Kernels::matvec`], and the weights of up to three matrices a later kernel reads are
+    /// brought into L2 while it runs (results unchanged; only where the bytes come from).
+    pub fn matvec_prefetch(
+        &self,
+        segs: &[MatSeg],
+        x: Acts,
+        n: usize,
+        cols: usize,
+        next: &[&DeviceMatrix],
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let (args, blocks) = matvec_args(segs, x, n, cols)?;
+        let (mut args, blocks) = matvec_args(segs, x, n, cols)?;
+        for (i, m) in next.iter().take(3).enumerate() {
+            args.pre[i] = m.buf.ptr();
+            args.pre_len[i] = m.buf.len() as i64;
+        }
         self.launch(
             matvec_kernel(n),
             (blocks, 1, 1),
@@ -439,7 +496,11 @@ impl Kernels {
         let q_ld = (a.n_heads * a.head_dim) as i32;
         self.launch(
             "attn_partial",
-            (a.n as u32, a.n_heads as u32, a.chunks as u32),
+            (
+                a.n as u32,
+                a.n_heads as u32,
+                a.chunks.min(ATT_BLOCKS) as u32,
+            ),
             128,
             &mut [
                 p(&a.q),
@@ -457,19 +518,7 @@ impl Kernels {
                 p(&a.part_ml),
                 p(&a.part_o),
                 p(&ch),
-            ],
-        )?;
-        self.launch(
-            "attn_merge",
-            (a.n as u32, a.n_heads as u32, 1),
-            128,
-            &mut [
-                p(&a.part_ml),
-                p(&a.part_o),
-                p(&ch),
-                p(&nh),
-                p(&hd),
-                p(&a.pos),
+                p(&a.arrivals),
                 p(&a.out),
                 p(&q_ld),
                 p(&a.out_q),
@@ -560,6 +609,9 @@ pub struct AttnCall {
     pub part_ml: u64,
     pub part_o: u64,
     pub chunks: usize,
+    /// Per (row, head) an i32 count of finished chunks: zero before the first call, and
+    /// left zero by every call.
+    pub arrivals: u64,
     pub out: u64,
     /// The int8 blocks of `out` (0: none; needs head_dim a multiple of 32).
     pub out_q: u64,

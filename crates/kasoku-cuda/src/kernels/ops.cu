@@ -23,24 +23,49 @@ extern "C" __global__ void embed(const u8* table, long long row_bytes, int fmt, 
 
 // y = x · w / sqrt(mean(x²) + eps), row by row; grid (rows), block 256. The sum of squares
 // in f64, as the CPU kernel. With xq/xs, also the int8 activations of y (dim a multiple of 32).
+// Rows of up to RMS_HELD × 256 values are read once into registers, all loads issued before
+// any is used (one memory round trip, not one per 32 values); longer rows are read twice.
+#define RMS_HELD 16
 extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int dim, float* y,
                                                           i8* xq, float4* xs) {
     wait_for_predecessor();
     __shared__ double red[32];
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    // Value i of this thread: block of 32 `warp + nw * i`, lane `lane` (the quantizer's map).
+    bool held = dim % 32 == 0 && dim <= RMS_HELD * (int)blockDim.x;
+    float hv[RMS_HELD], hw[RMS_HELD];
     double ss = 0.0;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += (double)xr[c] * (double)xr[c];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < RMS_HELD; i++) {
+            int c = 32 * (warp + nw * i) + lane;
+            hv[i] = c < dim ? xr[c] : 0.0f;
+            hw[i] = c < dim ? w[c] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < RMS_HELD; i++) ss += (double)hv[i] * (double)hv[i];
+    } else {
+        for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += (double)xr[c] * (double)xr[c];
+    }
     ss = warp_sum_d(ss);
     if (lane == 0) red[warp] = ss;
     __syncthreads();
-    double t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
+    double t = lane < nw ? red[lane] : 0.0;
     t = warp_sum_d(t);
     float scale = 1.0f / sqrtf((float)(t / dim) + eps);
-    if (xq) {
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < RMS_HELD; i++) {
+            int b = warp + nw * i;
+            if (32 * b >= dim) break;
+            float v = hv[i] * scale * hw[i];
+            yr[32 * b + lane] = v;
+            if (xq) quant_block32(v, xq + (size_t)blockIdx.x * dim + 32 * b, xs + (size_t)blockIdx.x * (dim / 32) + b);
+        }
+    } else if (xq) {
         // One warp per 32 values: normalize, write, quantize.
-        int nw = blockDim.x >> 5;
         for (int b = warp; b < dim / 32; b += nw) {
             int c = 32 * b + lane;
             float v = xr[c] * scale * w[c];

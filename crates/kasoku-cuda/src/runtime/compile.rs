@@ -143,13 +143,20 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 
 /// The options kasoku compiles with for `arch` (e.g. `sm_90`): no fused multiply-add
 /// contraction (see kernels/common.cuh), full-precision division and square roots.
+///
+/// `KASOKU_CUDA_EARLY_LAUNCH=0` compiles the kernels without their early launch of the next
+/// kernel (see `wait_for_predecessor` in common.cuh), for measuring what it gains.
 pub fn options(arch: &str) -> Vec<String> {
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--fmad=false".into(),
         "--std=c++17".into(),
         "-default-device".into(),
-    ]
+    ];
+    if std::env::var("KASOKU_CUDA_EARLY_LAUNCH").is_ok_and(|v| v == "0") {
+        o.push("-DKASOKU_NO_EARLY_LAUNCH".into());
+    }
+    o
 }
 
 /// Compiles `source` to machine code (CUBIN) for `arch`; the error carries NVRTC's log.

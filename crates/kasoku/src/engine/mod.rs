@@ -19,8 +19,9 @@ pub use loader::{check_memory, LoadError, LoadedModel};
 pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
 pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Session};
-pub use speculative::{build_speculator, SpecKind, Speculator};
+pub use speculative::{build_speculator, build_speculator_from, DraftSource, SpecKind, Speculator};
 pub use stats::GenerationStats;
 pub use text::{
-    generate_text, prompt_tokens, stop_tokens, PromptOptions, TextError, PROMPT_BYTES_PER_TOKEN,
+    generate_text, prompt_tokens, render_prompt, stop_tokens, PromptOptions, TextError,
+    PROMPT_BYTES_PER_TOKEN,
 };

@@ -35,9 +35,11 @@ impl Speculator {
             drafter: drafter.name().to_string(),
             ..SpecStats::default()
         };
+        let mut policy = Policy::new(config);
+        policy.set_flat_draft_cost(drafter.flat_draft_cost());
         Speculator {
             drafter,
-            policy: Policy::new(config),
+            policy,
             stats,
             out: Output::default(),
         }
@@ -192,10 +194,14 @@ pub enum SpecKind {
     Draft,
     /// The checkpoint's multi-token-prediction head.
     Mtp,
-    /// The best available: a draft model if given, else the MTP head if the checkpoint has
-    /// one, else prompt lookup. The adaptive policy turns drafting off where it does not pay.
-    /// (Merging prompt lookup's branches into the draft model's trees measured 6% slower on
-    /// the code prompts of bench/spec.py, so auto does not; `MergedDrafter` remains.)
+    /// A DFlash block drafter (a DFlash checkpoint must be given), its trees merged with
+    /// prompt lookup's branches.
+    DFlash,
+    /// The best available: the given draft model or DFlash drafter, else the MTP head if
+    /// the checkpoint has one, else prompt lookup. The adaptive policy turns drafting off
+    /// where it does not pay. (Merging prompt lookup's branches into the draft model's trees
+    /// measured 6% slower on the code prompts of bench/spec.py, so auto does not;
+    /// `MergedDrafter` remains.)
     Auto,
 }
 
@@ -207,14 +213,22 @@ impl std::str::FromStr for SpecKind {
             "ngram" => SpecKind::Ngram,
             "draft" => SpecKind::Draft,
             "mtp" => SpecKind::Mtp,
+            "dflash" => SpecKind::DFlash,
             "auto" => SpecKind::Auto,
             other => {
                 return Err(format!(
-                    "unknown speculation '{other}' (expected none, ngram, draft, mtp or auto)"
-                ))
+                "unknown speculation '{other}' (expected none, ngram, draft, mtp, dflash or auto)"
+            ))
             }
         })
     }
+}
+
+/// What `--draft` named: a draft model, or a DFlash drafter loaded for the target.
+#[derive(Clone)]
+pub enum DraftSource {
+    Model(std::sync::Arc<crate::model::Model>),
+    DFlash(std::sync::Arc<crate::model::DFlash>),
 }
 
 /// Builds the speculator for `kind` (`None` for plain decoding). `draft` is the draft model,
@@ -226,7 +240,27 @@ pub fn build_speculator(
     ctx_size: usize,
     policy: PolicyConfig,
 ) -> Result<Option<Speculator>, EngineError> {
-    use crate::spec::{draft_model::DraftModelConfig, DraftModelDrafter, MtpDrafter, NgramDrafter};
+    build_speculator_from(
+        kind,
+        target,
+        draft.map(DraftSource::Model),
+        ctx_size,
+        policy,
+    )
+}
+
+/// [`build_speculator`] with any [`DraftSource`].
+pub fn build_speculator_from(
+    kind: SpecKind,
+    target: &std::sync::Arc<crate::model::Model>,
+    draft: Option<DraftSource>,
+    ctx_size: usize,
+    policy: PolicyConfig,
+) -> Result<Option<Speculator>, EngineError> {
+    use crate::spec::{
+        draft_model::DraftModelConfig, DFlashDrafter, DFlashDrafterConfig, DraftModelDrafter,
+        MtpDrafter, NgramDrafter,
+    };
     let draft_model =
         |d: std::sync::Arc<crate::model::Model>| -> Result<Box<dyn Drafter>, EngineError> {
             Ok(Box::new(DraftModelDrafter::new(
@@ -236,23 +270,41 @@ pub fn build_speculator(
                 DraftModelConfig::default(),
             )?))
         };
-    let drafter: Box<dyn Drafter> = match kind {
-        SpecKind::None => return Ok(None),
-        SpecKind::Ngram => Box::new(NgramDrafter::default()),
-        SpecKind::Mtp => Box::new(MtpDrafter::new(target.clone(), ctx_size)?),
-        SpecKind::Draft => match draft {
-            Some(d) => draft_model(d)?,
-            None => {
-                return Err(EngineError::Draft(
-                    "speculation 'draft' needs a draft model (--draft PATH)".into(),
-                ))
-            }
-        },
-        SpecKind::Auto => match draft {
-            Some(d) => draft_model(d)?,
-            None if target.mtp.is_some() => Box::new(MtpDrafter::new(target.clone(), ctx_size)?),
-            None => Box::new(NgramDrafter::default()),
-        },
+    let dflash =
+        |net: std::sync::Arc<crate::model::DFlash>| -> Result<Box<dyn Drafter>, EngineError> {
+            Ok(Box::new(DFlashDrafter::new(
+                target.clone(),
+                net,
+                DFlashDrafterConfig::default(),
+            )?))
+        };
+    let drafter: Box<dyn Drafter> = match (kind, draft) {
+        (SpecKind::None, _) => return Ok(None),
+        (SpecKind::Ngram, _) => Box::new(NgramDrafter::default()),
+        (SpecKind::Mtp, _) => Box::new(MtpDrafter::new(target.clone(), ctx_size)?),
+        (SpecKind::Draft, Some(DraftSource::Model(d))) => draft_model(d)?,
+        (SpecKind::Draft, Some(DraftSource::DFlash(_))) => {
+            return Err(EngineError::Draft(
+                "the draft is a DFlash checkpoint: use speculation 'dflash' or 'auto'".into(),
+            ))
+        }
+        (SpecKind::Draft, None) => {
+            return Err(EngineError::Draft(
+                "speculation 'draft' needs a draft model (--draft PATH)".into(),
+            ))
+        }
+        (SpecKind::DFlash, Some(DraftSource::DFlash(net))) => dflash(net)?,
+        (SpecKind::DFlash, _) => {
+            return Err(EngineError::Draft(
+                "speculation 'dflash' needs a DFlash checkpoint directory (--draft PATH)".into(),
+            ))
+        }
+        (SpecKind::Auto, Some(DraftSource::Model(d))) => draft_model(d)?,
+        (SpecKind::Auto, Some(DraftSource::DFlash(net))) => dflash(net)?,
+        (SpecKind::Auto, None) if target.mtp.is_some() => {
+            Box::new(MtpDrafter::new(target.clone(), ctx_size)?)
+        }
+        (SpecKind::Auto, None) => Box::new(NgramDrafter::default()),
     };
     Ok(Some(Speculator::new(drafter, policy)))
 }

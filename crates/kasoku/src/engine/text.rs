@@ -8,7 +8,7 @@ use serde_json::Map;
 use super::loader::LoadedModel;
 use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
 use super::stop::StopMatcher;
-use crate::tokenizer::{ChatMessage, TokenizerError};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 
 /// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
 /// context. Real text averages 3-5 bytes per token (CJK ~3, code 3-6); only long runs of one
@@ -62,7 +62,22 @@ pub fn prompt_tokens(
     messages: &[ChatMessage],
     options: &PromptOptions,
 ) -> Result<Vec<u32>, TextError> {
-    let tokenizer = &model.tokenizer;
+    render_prompt(
+        &model.tokenizer,
+        model.template.as_deref(),
+        messages,
+        options,
+    )
+}
+
+/// [`prompt_tokens`] from a tokenizer and a chat template alone (for a model whose weights
+/// live elsewhere, e.g. on a GPU).
+pub fn render_prompt(
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    messages: &[ChatMessage],
+    options: &PromptOptions,
+) -> Result<Vec<u32>, TextError> {
     let fits = |bytes: usize| match options.context {
         Some(context) if bytes > context.saturating_mul(PROMPT_BYTES_PER_TOKEN) => {
             Err(TextError::PromptTooLong { bytes, context })
@@ -77,7 +92,7 @@ pub fn prompt_tokens(
         fits(text.len())?;
         return Ok(tokenizer.encode_with_bos(&text, true)?);
     }
-    let template = model.template.as_ref().ok_or(TextError::NoTemplate)?;
+    let template = template.ok_or(TextError::NoTemplate)?;
     fits(messages.iter().map(|m| m.content.len()).sum())?;
     let mut extra = Map::new();
     extra.insert("enable_thinking".into(), options.think.into());

@@ -15,6 +15,8 @@
 //! - `mlp.rs`, `norm.rs`, `embedding.rs`: the other parts; `weights.rs`: claiming tensors.
 //! - `footprint.rs`: the memory a checkpoint will need, estimated before loading it.
 //! - `mtp.rs`: Qwen3.5's multi-token-prediction head (`Model::mtp`), a drafter's part.
+//! - `dflash.rs`: a DFlash block drafter's network (the target's layer outputs in, the
+//!   marginals of the next block out), a drafter's part.
 //! - `state.rs`: `ModelState`, one layer state per layer, behind methods; `scratch.rs`: the
 //!   activation buffers a state's passes reuse.
 //!
@@ -22,6 +24,7 @@
 
 mod batch;
 mod config;
+pub mod dflash;
 mod embedding;
 mod error;
 pub mod footprint;
@@ -45,6 +48,7 @@ pub(crate) mod testing;
 
 pub use batch::{Batch, Logits, Output, Shape};
 pub use config::{Arch, LayerKind, ModelConfig, SourceKind};
+pub use dflash::{is_dflash_checkpoint, DFlash, DFlashConfig, DFlashContext, DFLASH_ARCHITECTURE};
 pub use error::ModelError;
 pub use footprint::Footprint;
 pub use mixer::KvType;

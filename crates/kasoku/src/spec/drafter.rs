@@ -63,6 +63,12 @@ pub trait Drafter: Send {
         Vec::new()
     }
 
+    /// Whether a draft costs about the same whatever its depth (a block drafter's one pass)
+    /// rather than a pass per level (a draft model); the budget policy weighs it so.
+    fn flat_draft_cost(&self) -> bool {
+        false
+    }
+
     /// A generation starts: the target's state holds all of `prompt`; `features` (what the
     /// drafter asked for) cover its last tokens, the ones just computed (the others came from
     /// a cache). Drafters resynchronise their own state here.

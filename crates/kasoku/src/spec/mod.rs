@@ -8,13 +8,18 @@
 //! - [`ngram`]: prompt lookup: continuations of earlier occurrences of the recent suffix.
 //! - [`draft_model`]: a smaller model with the same tokenizer, kept in sync by commits.
 //! - [`mtp`]: Qwen3.5's multi-token-prediction head.
+//! - [`dflash`]: a DFlash block drafter (the target's layer outputs in, one block of
+//!   marginals out) and its trees.
+//! - [`marginal_tree`]: the best paths under a product of per-depth marginals.
 //! - [`merged`]: several drafters' branches in one tree.
 //! - [`policy`]: how many nodes a pass may verify, from measured cost and acceptance.
 //! - [`stats`]: accepted lengths, drafting and verifying time.
 
 pub mod accept;
+pub mod dflash;
 pub mod draft_model;
 pub mod drafter;
+pub mod marginal_tree;
 pub mod merged;
 pub mod mtp;
 pub mod ngram;
@@ -22,6 +27,7 @@ pub mod policy;
 pub mod stats;
 
 pub use accept::{accept_path, accept_path_constrained, Acceptance};
+pub use dflash::{DFlashDrafter, DFlashDrafterConfig};
 pub use draft_model::DraftModelDrafter;
 pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 pub use merged::MergedDrafter;

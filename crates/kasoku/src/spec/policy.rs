@@ -45,8 +45,10 @@ pub struct Policy {
     /// Seconds per pass by node count (index = nodes), moving averages.
     verify_cost: Vec<Option<f64>>,
     /// Seconds of drafting per level of the drafted tree (a draft model runs one pass per
-    /// level; prompt lookup costs next to nothing).
+    /// level; prompt lookup costs next to nothing), or per draft when `flat_draft`.
     draft_cost: Option<f64>,
+    /// A draft costs the same whatever its depth (a block drafter's one pass).
+    flat_draft: bool,
     /// Per level d ≥ 1: (times offered with level d − 1 accepted, times accepted), decayed.
     levels: Vec<(f64, f64)>,
     passes: u64,
@@ -58,9 +60,16 @@ impl Policy {
             config,
             verify_cost: vec![None; config.max_budget + 2],
             draft_cost: None,
+            flat_draft: false,
             levels: vec![(0.0, 0.0); config.max_depth + 1],
             passes: 0,
         }
+    }
+
+    /// Models a draft's cost as one pass whatever its depth (`true`, a block drafter) or as
+    /// one per level (`false`, the default).
+    pub fn set_flat_draft_cost(&mut self, flat: bool) {
+        self.flat_draft = flat;
     }
 
     /// Nodes below the root the next pass may verify (0: decode plainly).
@@ -101,7 +110,8 @@ impl Policy {
             reach *= self.level_rate(d);
             expected += reach;
         }
-        let draft = self.draft_cost.unwrap_or(0.0) * depth as f64;
+        let levels = if self.flat_draft { depth.min(1) } else { depth };
+        let draft = self.draft_cost.unwrap_or(0.0) * levels as f64;
         expected / (draft + self.cost(b + 1))
     }
 
@@ -148,7 +158,11 @@ impl Policy {
             *slot = ema(*slot, verify.as_secs_f64());
         }
         if let Some(d) = draft {
-            let levels = depth.max(1) as f64;
+            let levels = if self.flat_draft {
+                1.0
+            } else {
+                depth.max(1) as f64
+            };
             self.draft_cost = ema(self.draft_cost, d.as_secs_f64() / levels);
         }
         for d in 1..=depth.min(self.config.max_depth) {
@@ -240,6 +254,35 @@ mod tests {
             tokens as f64 / passes as f64 > 2.0,
             "{tokens} tokens in {passes} passes"
         );
+    }
+
+    /// A block drafter costs one pass per draft, however deep its tree: measured on shallow
+    /// trees (a wide tree of depth 2), its cost is not multiplied by the levels of a deeper
+    /// budget, as a draft model's would be.
+    #[test]
+    fn a_flat_draft_cost_is_not_charged_per_level() {
+        let config = PolicyConfig {
+            max_budget: 16,
+            max_depth: 16,
+            adaptive: true,
+        };
+        let measured = |flat: bool| {
+            let mut p = Policy::new(config);
+            p.set_flat_draft_cost(flat);
+            for _ in 0..50 {
+                p.record(1, 0, 0, None, ms(30.0));
+                p.record(9, 2, 2, Some(ms(8.0)), ms(38.0));
+                p.record(17, 2, 2, Some(ms(8.0)), ms(46.0));
+            }
+            p
+        };
+        let (flat, per_level) = (measured(true), measured(false));
+        // Same expected tokens; 8 ms against 4 ms × 16 levels of drafting.
+        let ratio = flat.rate(16) / per_level.rate(16);
+        let want = (64.0 + 46.0) / (8.0 + 46.0);
+        assert!((ratio - want).abs() < 1e-9, "{ratio} vs {want}");
+        // A 2-level draft costs the same in both models.
+        assert!((flat.rate(2) - per_level.rate(2)).abs() < 1e-12);
     }
 
     #[test]
