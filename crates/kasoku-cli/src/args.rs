@@ -47,6 +47,8 @@ pub enum Command {
     Serve(crate::serve::ServeArgs),
     /// Measure OpenAI-compatible endpoints with one deterministic streaming chat request.
     BenchClient(crate::bench_client::BenchClientArgs),
+    /// Convert a checkpoint to kasoku's own formats (M: 4-bit, L: 8-bit, after a rotation).
+    Quantize(crate::quantize::QuantizeArgs),
     /// Download known models into the cache (lists them without names).
     Fetch {
         names: Vec<String>,
@@ -114,6 +116,10 @@ pub struct RunArgs {
     /// How the KV cache stores keys and values: f32, f16 or q8_0 (llama.cpp's block format).
     #[arg(long, default_value = "f16")]
     pub cache_type: KvType,
+    /// Quantize the matrices to kasoku's formats as the model loads: m, l or mixed (see
+    /// `kasoku quantize`).
+    #[arg(long, value_parser = crate::quantize::parse_scheme)]
+    pub quantize: Option<kasoku::quant::kasoku::Scheme>,
     /// Print only the answer, no statistics or progress.
     #[arg(long, short = 'q')]
     pub quiet: bool,

@@ -7,6 +7,7 @@ mod bench_client;
 mod inspect;
 mod logits;
 mod progress;
+mod quantize;
 mod run;
 mod run_gpu;
 mod serve;
@@ -84,6 +85,7 @@ fn run(cli: args::Cli) -> Result<()> {
         args::Command::Run(args) => run::run(&args),
         args::Command::Serve(args) => serve::serve(&args),
         args::Command::BenchClient(args) => bench_client::bench_client(&args),
+        args::Command::Quantize(args) => quantize::quantize(&args),
         args::Command::Logits {
             model,
             tokens,

@@ -8,6 +8,8 @@ use std::time::Instant;
 use anyhow::Result;
 use kasoku::engine::{self, GenerateOptions, LoadedModel, PromptOptions, SamplingParams, Session};
 use kasoku::model::{footprint, KvType};
+use kasoku::quant::kasoku::{Recipe, Scheme};
+use kasoku::quant::Target;
 use kasoku::tokenizer::ChatMessage;
 
 use crate::args::RunArgs;
@@ -18,7 +20,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(gpu) = gpu_model(args, name)? {
         return crate::run_gpu::run(args, &gpu);
     }
-    let model = load(name, args.threads, args.cache_type, args.quiet)?;
+    let model = load(
+        name,
+        args.threads,
+        args.cache_type,
+        args.quantize,
+        args.quiet,
+    )?;
     let draft = args
         .spec
         .load_draft(&model.model, args.cache_type, args.quiet)?;
@@ -126,6 +134,7 @@ pub fn load(
     name: &str,
     threads: Option<usize>,
     kv_type: KvType,
+    quantize: Option<Scheme>,
     quiet: bool,
 ) -> Result<LoadedModel> {
     if let Some(n) = threads {
@@ -139,7 +148,8 @@ pub fn load(
         s
     });
     let start = Instant::now();
-    let model = LoadedModel::load_with(&path, kv_type)?;
+    let target = quantize.map(|s| Target::Kasoku(Recipe::new(s)));
+    let model = LoadedModel::load_as(&path, kv_type, target)?;
     if let Some(s) = spinner {
         s.finish_and_clear();
         let cfg = &model.model.config;

@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// How the KV caches store keys and values: f32, f16 or q8_0 (llama.cpp's block format).
     #[arg(long, default_value = "f16")]
     pub cache_type: KvType,
+    /// Quantize the matrices to kasoku's formats as the model loads: m, l or mixed (see
+    /// `kasoku quantize`).
+    #[arg(long, value_parser = crate::quantize::parse_scheme)]
+    pub quantize: Option<kasoku::quant::kasoku::Scheme>,
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -135,7 +139,13 @@ impl ServeArgs {
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let model = crate::run::load(&args.model, args.threads, args.cache_type, false)?;
+    let model = crate::run::load(
+        &args.model,
+        args.threads,
+        args.cache_type,
+        args.quantize,
+        false,
+    )?;
     let draft = args.spec.load_draft(&model.model, args.cache_type, false)?;
     let server = Server::new(model, args.config(draft)?)?;
     if let Some(note) = server.context_note() {

@@ -468,6 +468,66 @@ fn fetch_verify_removes_corrupt_models_and_leftovers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `kasoku quantize` from an HF directory and from a GGUF file: the output runs, gives logits,
+/// and `run --quantize` converts on load; refusals are clear errors.
+#[test]
+fn quantize_writes_checkpoints_that_every_command_loads() {
+    let tmp = std::env::temp_dir().join(format!("kasoku-cli-quantize-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let out_of = |name: &str| tmp.join(name).to_string_lossy().into_owned();
+    for (src, format, name) in [
+        (fixture("qwen2/tiny"), "m", "hf-m"),
+        (fixture("llama/tiny/model-f32.gguf"), "l", "gguf-l"),
+        (fixture("qwen3/tiny"), "mixed", "hf-mixed"),
+    ] {
+        let out = out_of(name);
+        let q = kasoku(&["quantize", &src, &out, "--format", format]);
+        assert!(q.status.success(), "{}", stderr(&q));
+        assert!(String::from_utf8_lossy(&q.stdout).contains("bits per weight"));
+        let run = kasoku(&["run", "--model", &out, "-m", "hello", "--raw", "-n", "4"]);
+        assert!(run.status.success(), "{name}: {}", stderr(&run));
+        let logits = kasoku(&[
+            "logits", "--model", &out, "--tokens", "1,2,3", "--device", "cpu",
+        ]);
+        assert!(logits.status.success(), "{name}: {}", stderr(&logits));
+        let json: serde_json::Value = serde_json::from_slice(&logits.stdout).unwrap();
+        assert!(json.is_object() || json.is_array(), "{name}");
+    }
+    let conv = kasoku(&[
+        "run",
+        "--model",
+        &fixture("qwen2/tiny"),
+        "--quantize",
+        "l",
+        "-m",
+        "hi",
+        "--raw",
+        "-n",
+        "3",
+    ]);
+    assert!(conv.status.success(), "{}", stderr(&conv));
+    // Refusals: an occupied output, a kasoku checkpoint as input, an unknown format.
+    let again = kasoku(&[
+        "quantize",
+        &fixture("qwen2/tiny"),
+        &out_of("hf-m"),
+        "--format",
+        "m",
+    ]);
+    assert!(!again.status.success() && stderr(&again).contains("not an empty directory"));
+    let twice = kasoku(&["quantize", &out_of("hf-m"), &out_of("x"), "--format", "m"]);
+    assert!(!twice.status.success() && stderr(&twice).contains("already"));
+    let bad = kasoku(&[
+        "quantize",
+        &fixture("qwen2/tiny"),
+        &out_of("y"),
+        "--format",
+        "q4",
+    ]);
+    assert!(!bad.status.success() && stderr(&bad).contains("not m, l or mixed"));
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// `run` picks its device as `logits` does: the default says which (a GPU only when it can
 /// run the request), an asked-for GPU that is absent or cannot run the request is an error
 /// with the reason, and `--device cpu` runs here whatever the machine has.

@@ -3,7 +3,7 @@
 //! made, a tree's commit data is kept in buffers reused from tree to tree, and the results
 //! go into an `Output` the caller keeps. A counting global allocator checks it on the
 //! fixtures (attention-only in f32 and Q4_0, the Gated DeltaNet hybrid with its MTP head, KV
-//! caches in f32, f16 and q8_0): `Model::run` of one token, of a token tree (logits and
+//! caches in f32, f16 and q8_0; kasoku's M and mixed formats): `Model::run` of one token, of a token tree (logits and
 //! hidden states of every node), `Model::commit` of a path, and the MTP head's step.
 //!
 //! This binary holds one test, so nothing else runs while it counts (every thread counts).
@@ -13,6 +13,8 @@ mod counting_alloc;
 
 use counting_alloc::counted;
 use kasoku::model::{Batch, KvType, Logits, Model, ModelState, Output, TreeBuilder};
+use kasoku::quant::kasoku::{Recipe, Scheme};
+use kasoku::quant::Target;
 
 /// A draft tree of 7 nodes rooted at `root`, branching at two depths.
 fn tree(root: u32, vocab: u32) -> kasoku::model::TokenTree {
@@ -61,10 +63,20 @@ fn decode_and_verify_allocate_nothing_once_warmed_up() {
         ("qwen3_5/tiny/model-f32.gguf", KvType::Q8_0),
         ("qwen3_5/tiny_mtp/model-f32.gguf", KvType::F32),
     ];
-    for (rel, kv) in cases {
-        let mut model = Model::load(common::fixture(rel)).unwrap();
+    // And kasoku's own formats, quantized as the model loads.
+    let kasoku = |s| Some(Target::Kasoku(Recipe::new(s)));
+    let cases = cases.into_iter().map(|(rel, kv)| (rel, kv, None)).chain([
+        ("qwen2/tiny/model-f32.gguf", KvType::F16, kasoku(Scheme::M)),
+        (
+            "qwen3/tiny/model-f32.gguf",
+            KvType::F32,
+            kasoku(Scheme::Mixed),
+        ),
+    ]);
+    for (rel, kv, target) in cases {
+        let mut model = Model::load_with(common::fixture(rel), target).unwrap();
         model.set_kv_type(kv).unwrap();
-        let what = format!("{rel} ({kv} cache)");
+        let what = format!("{rel} ({kv} cache, {target:?})");
         let mut state = model.new_state(512);
         let mut out = Output::default();
         let prompt: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 90).collect();

@@ -153,6 +153,35 @@ fn ngram_speculation_equals_plain_decoding() {
     );
 }
 
+/// Targets in kasoku's own formats (quantized as they load; the fixtures' 64/128 columns fit
+/// them): their products are batch-invariant, so verified rows equal plain decoding's, with
+/// prompt lookup and with a draft model that is itself an M copy.
+#[test]
+fn kasoku_format_targets_speculate_exactly() {
+    use kasoku::quant::kasoku::{Recipe, Scheme};
+    use kasoku::quant::Target;
+    let mut accepted = 0;
+    for scheme in [Scheme::M, Scheme::L, Scheme::Mixed] {
+        let rel = "qwen2/tiny/model-f32.gguf";
+        let target = Arc::new(
+            Model::load_with(
+                common::fixture(rel),
+                Some(Target::Kasoku(Recipe::new(scheme))),
+            )
+            .unwrap(),
+        );
+        accepted += check_model(rel, target.clone(), &|_| Box::new(NgramDrafter::default()));
+        let small = DraftModelConfig {
+            vocab_rows: 40,
+            ..DraftModelConfig::default()
+        };
+        accepted += check_model(rel, target, &|t| {
+            Box::new(DraftModelDrafter::new(t.clone(), 512, t.config.vocab, small).unwrap())
+        });
+    }
+    assert!(accepted > 0, "no draft was ever accepted");
+}
+
 #[test]
 fn draft_model_speculation_equals_plain_decoding() {
     let config = DraftModelConfig::default();

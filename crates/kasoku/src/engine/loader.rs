@@ -83,6 +83,16 @@ impl LoadedModel {
         LoadedModel::load_converted(path, kv_type, None, available)
     }
 
+    /// [`LoadedModel::load_with`], converting the matrices to `target` as they load (see
+    /// [`LoadedModel::load_converted`]).
+    pub fn load_as(
+        path: impl AsRef<Path>,
+        kv_type: KvType,
+        target: Option<Target>,
+    ) -> Result<LoadedModel, LoadError> {
+        LoadedModel::load_converted(path, kv_type, target, available_memory())
+    }
+
     /// [`LoadedModel::load_within`], converting the matrices to `target` as they load (e.g.
     /// `--quantize m`: kasoku's formats, `quant::kasoku::Recipe`).
     pub fn load_converted(

@@ -47,7 +47,7 @@ use std::ops::Range;
 use half::f16;
 
 use super::PackedBytes;
-use crate::kernels::threads;
+use crate::kernels::{scratch, threads};
 use crate::quant::kasoku::m4::round_even;
 use crate::quant::kasoku::{Format, Grouping, QuantizedView, Rotation, Signs, TensorSpec};
 
@@ -320,55 +320,58 @@ impl Int8Acts {
         let simd = simd_prepare();
         threads::parallel_for(n.div_ceil(rows_per_task), |t| {
             let out = &out;
-            let mut rot = vec![0f32; cols];
-            let mut q = [0i8; ACT_BLOCK];
-            for r in t * rows_per_task..((t + 1) * rows_per_task).min(n) {
-                let row = &x[r * cols..(r + 1) * cols];
-                match (signs, simd) {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `simd` is only set when the AVX2 kernels run on this CPU.
-                    (s, true) => unsafe {
-                        super::kasoku_avx2::rotate_row(
-                            row,
-                            s.map(|s| (&s.values[..], s.rotation.block)),
-                            &mut rot,
-                        )
-                    },
-                    (Some(s), _) => s.rotate_unnormalised(row, &mut rot),
-                    (None, _) => rot.copy_from_slice(row),
-                }
-                for b in 0..nb {
-                    let e = b * n + r;
-                    let v = &rot[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
-                    let (amax, s0, s1) = if simd {
+            // The rotated row, in the running thread's memory (allocated on its first call).
+            scratch::with(&ROT, |rot| {
+                let rot = scratch::grow(rot, cols);
+                let mut q = [0i8; ACT_BLOCK];
+                for r in t * rows_per_task..((t + 1) * rows_per_task).min(n) {
+                    let row = &x[r * cols..(r + 1) * cols];
+                    match (signs, simd) {
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: as above.
+                        // SAFETY: `simd` is only set when the AVX2 kernels run on this CPU.
+                        (s, true) => unsafe {
+                            super::kasoku_avx2::rotate_row(
+                                row,
+                                s.map(|s| (&s.values[..], s.rotation.block)),
+                                rot,
+                            )
+                        },
+                        (Some(s), _) => s.rotate_unnormalised(row, rot),
+                        (None, _) => rot.copy_from_slice(row),
+                    }
+                    for b in 0..nb {
+                        let e = b * n + r;
+                        let v = &rot[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
+                        let (amax, s0, s1) = if simd {
+                            #[cfg(target_arch = "x86_64")]
+                            // SAFETY: as above.
+                            unsafe {
+                                super::kasoku_avx2::quantize_block(v, &mut q)
+                            }
+                            #[cfg(not(target_arch = "x86_64"))]
+                            unreachable!()
+                        } else {
+                            quantize_block(v, &mut q)
+                        };
+                        // SAFETY: entry `e = b·n + r` belongs to this task's row `r` alone, and
+                        // every index is within the arrays sized above (`e < nb·n`).
                         unsafe {
-                            super::kasoku_avx2::quantize_block(v, &mut q)
+                            std::ptr::copy_nonoverlapping(
+                                q.as_ptr(),
+                                out.qs.add(e * ACT_BLOCK),
+                                ACT_BLOCK,
+                            );
+                            *out.d.add(e) = amax / 127.0 * norm;
+                            *out.nsum32.add(2 * e) = -s0;
+                            *out.nsum32.add(2 * e + 1) = -s1;
+                            *out.nsum64.add(e) = -(s0 + s1);
+                            *out.n128sum32.add(2 * e) = -128 * s0;
+                            *out.n128sum32.add(2 * e + 1) = -128 * s1;
+                            *out.n128sum64.add(e) = -128 * (s0 + s1);
                         }
-                        #[cfg(not(target_arch = "x86_64"))]
-                        unreachable!()
-                    } else {
-                        quantize_block(v, &mut q)
-                    };
-                    // SAFETY: entry `e = b·n + r` belongs to this task's row `r` alone, and
-                    // every index is within the arrays sized above (`e < nb·n`).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            q.as_ptr(),
-                            out.qs.add(e * ACT_BLOCK),
-                            ACT_BLOCK,
-                        );
-                        *out.d.add(e) = amax / 127.0 * norm;
-                        *out.nsum32.add(2 * e) = -s0;
-                        *out.nsum32.add(2 * e + 1) = -s1;
-                        *out.nsum64.add(e) = -(s0 + s1);
-                        *out.n128sum32.add(2 * e) = -128 * s0;
-                        *out.n128sum32.add(2 * e + 1) = -128 * s1;
-                        *out.n128sum64.add(e) = -128 * (s0 + s1);
                     }
                 }
-            }
+            });
         });
     }
 
@@ -391,6 +394,8 @@ fn simd_prepare() -> bool {
 }
 
 thread_local! {
+    /// A rotated activation row ([`Int8Acts::fill`]'s tasks).
+    static ROT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// Tests set this to build activations with the portable code.
     static PORTABLE_ACTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

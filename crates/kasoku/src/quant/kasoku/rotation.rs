@@ -134,7 +134,9 @@ impl Signs {
         let b = self.rotation.block;
         assert_eq!(row.len(), self.values.len(), "rotation: row length");
         let norm = 1.0 / (b as f64).sqrt();
-        let mut buf = vec![0f64; b];
+        // The largest block of `BLOCKS`, on the stack (no allocation per row).
+        let mut stack = [0f64; 128];
+        let buf = &mut stack[..b];
         for (blk, signs) in row.chunks_exact_mut(b).zip(self.values.chunks_exact(b)) {
             for ((o, &v), &s) in buf.iter_mut().zip(blk.iter()).zip(signs) {
                 *o = if inverse {
@@ -143,8 +145,8 @@ impl Signs {
                     v as f64 * s as f64
                 };
             }
-            hadamard_f64(&mut buf);
-            for ((v, &o), &s) in blk.iter_mut().zip(&buf).zip(signs) {
+            hadamard_f64(buf);
+            for ((v, &o), &s) in blk.iter_mut().zip(buf.iter()).zip(signs) {
                 let o = o * norm;
                 *v = if inverse {
                     (o * s as f64) as f32
