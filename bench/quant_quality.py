@@ -46,6 +46,7 @@ DOC_DIRS = [Path("/usr/share/doc/python3.11/html/_sources"),
             Path("/tmp/pydoc/usr/share/doc/python3.11/html/_sources")]
 GGUF_TYPES = ["Q4_0", "Q4_K_M", "Q5_K_M", "Q8_0"]
 KASOKU_VARIANTS = [("M", ["--format", "m"]), ("M no-rot", ["--format", "m", "--no-rotate"]),
+                   ("mixed", ["--format", "mixed"]),
                    ("L", ["--format", "l"]), ("L no-rot", ["--format", "l", "--no-rotate"])]
 
 

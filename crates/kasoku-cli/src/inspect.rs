@@ -5,12 +5,28 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
+use kasoku::format::checkpoint::GGUF_META;
 use kasoku::format::gguf::GgufFile;
 use kasoku::format::safetensors::HfCheckpoint;
+use kasoku::format::Checkpoint;
 use kasoku::format::TensorSource;
 use kasoku::model::ModelConfig;
 
 pub fn inspect(path: &Path, list_tensors: bool) -> Result<()> {
+    if path.is_dir() && path.join(GGUF_META).exists() {
+        // Written by `kasoku quantize` from a GGUF file: its metadata beside GGUF-named weights.
+        let ckpt = Checkpoint::open(path)?;
+        println!(
+            "kasoku checkpoint {} (GGUF metadata in {GGUF_META})",
+            path.display()
+        );
+        match ModelConfig::of_checkpoint(&ckpt) {
+            Ok(cfg) => print_config(&cfg),
+            Err(e) => println!("config: {e}"),
+        }
+        print_tensors(ckpt.tensors(), list_tensors);
+        return Ok(());
+    }
     if path.is_dir() {
         let ckpt = HfCheckpoint::open(path)?;
         println!("Hugging Face directory {}", path.display());
@@ -121,6 +137,24 @@ fn print_tensors(source: &dyn TensorSource, list: bool) {
     let mut by_type: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     let names = source.names();
     for name in &names {
+        if let Some(q) = source.quantized(name) {
+            // Format and grouping, and whether rotated (the seeds differ matrix by matrix).
+            let spec = q.spec.to_string();
+            let grid = spec.split(' ').next().unwrap_or("?");
+            let rot = q
+                .spec
+                .rotation
+                .map_or("unrotated".into(), |r| format!("rot{}", r.block));
+            let e = by_type.entry(format!("{grid} {rot}")).or_default();
+            let kind = spec;
+            let v = q.view();
+            e.0 += 1;
+            e.1 += q.spec.rows * q.spec.cols;
+            e.2 += v.codes.len() + v.scales.len() + v.zeros.len();
+            if list {
+                println!("  {:<48} {kind} {:?}", q.name, [q.spec.rows, q.spec.cols]);
+            }
+        }
         if let Some(t) = source.get(name) {
             let e = by_type.entry(t.dtype.name().to_string()).or_default();
             e.0 += 1;

@@ -24,7 +24,7 @@ pub struct QuantizeArgs {
     /// The directory to write (created; must not exist or be empty).
     pub output: PathBuf,
     /// m (4-bit, zero points), l (8-bit) or mixed (m, with attn_v and ffn_down in l).
-    /// Embedding and head are l in every scheme.
+    /// The head is l in every scheme (and so is the embedding when it is the head).
     #[arg(long, value_parser = parse_scheme)]
     pub format: Scheme,
     /// Columns per scale of m: 32, 64 or 128.

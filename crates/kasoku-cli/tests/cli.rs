@@ -492,6 +492,17 @@ fn quantize_writes_checkpoints_that_every_command_loads() {
         assert!(logits.status.success(), "{name}: {}", stderr(&logits));
         let json: serde_json::Value = serde_json::from_slice(&logits.stdout).unwrap();
         assert!(json.is_object() || json.is_array(), "{name}");
+        let inspect = kasoku(&["inspect", &out]);
+        let text = String::from_utf8_lossy(&inspect.stdout);
+        let grid = if format == "l" {
+            "L/g32 rot32"
+        } else {
+            "M/g64 rot32"
+        };
+        assert!(
+            inspect.status.success() && text.contains(grid),
+            "{name}: {text}"
+        );
     }
     let conv = kasoku(&[
         "run",

@@ -78,6 +78,8 @@ pub fn write_quantized(
     };
     let mut plan = Vec::new();
     let mut report = WriteReport::default();
+    // Whether the embedding table is also the head.
+    let tied = source.get("output.weight").is_none() && source.quantized("output.weight").is_none();
     for name in source.names() {
         if source.quantized(&name).is_some() {
             return Err(bad(format!(
@@ -94,6 +96,7 @@ pub fn write_quantized(
         report.tensors += 1;
         report.dequantized += usize::from(t.dtype.is_quantized());
         let spec = match t.shape[..] {
+            [rows, cols] if name == "token_embd.weight" => recipe.embedding_spec(rows, cols, tied),
             [rows, cols] => recipe.spec_for(&name, rows, cols),
             _ => None,
         };

@@ -21,7 +21,8 @@ fn quantized_at_load(
     let Some(Target::Kasoku(recipe)) = claims.matrix_format() else {
         return Ok(None);
     };
-    let Some(spec) = recipe.spec_for(name, vocab, dim) else {
+    let tied = !claims.has("output.weight");
+    let Some(spec) = recipe.embedding_spec(vocab, dim, tied) else {
         return Ok(None);
     };
     let Some(t) = claims.take_optional(name, &[vocab, dim])? else {

@@ -6,8 +6,11 @@
 //!   DeltaNet's `attn_qkv`, `attn_gate`, `ssm_out`): M (group 64 unless chosen otherwise) under
 //!   `m`; L under `l`; under `mixed`, L for `attn_v` and `ffn_down` (the matrices llama.cpp's
 //!   `_M` mixes also keep finer) and M for the rest;
-//! - `output.weight` and `token_embd.weight` (which is the head when embeddings are tied): L,
-//!   groups of 32, in every scheme (the head's errors go straight into the logits);
+//! - `output.weight`, and `token_embd.weight` when it is also the head (tied embeddings): L,
+//!   groups of 32, in every scheme (the head's errors go straight into the logits); an
+//!   embedding table of its own takes M under `m` and `mixed`, L under `l`
+//!   ([`Recipe::embedding_spec`]: a step reads one of its rows, so its size is memory, not
+//!   time);
 //! - anything else (norms, biases, convolution taps, the tiny `ssm_alpha`/`ssm_beta`
 //!   projections, the multi-token-prediction block): kept as it is. So is a matrix whose
 //!   columns are not a multiple of 64.
@@ -15,8 +18,8 @@
 //! **Rotations** (unless `--no-rotate`): block 32, with the seed derived from the activation the
 //! matrix reads, so matrices that read the same activation share signs and one rotated
 //! activation serves them all: `blk.N.attn_in` for q, k, v (and Gated DeltaNet's qkv and gate
-//! projections), `blk.N.ffn_in` for gate and up, `output` for the head and the embedding table,
-//! and the matrix's own name otherwise (`attn_output`, `ffn_down`, `ssm_out`). The seed is the
+//! projections), `blk.N.ffn_in` for gate and up, `output` for the head (and a tied embedding
+//! table), `token_embd` for an embedding table of its own, and the matrix's own name otherwise (`attn_output`, `ffn_down`, `ssm_out`). The seed is the
 //! 64-bit FNV-1a hash of that key.
 
 use super::rotation::DEFAULT_BLOCK;
@@ -86,6 +89,27 @@ impl Recipe {
             (Role::Head, _) | (_, Scheme::L) => l,
             (Role::Fine, Scheme::Mixed) => l,
             _ => m,
+        };
+        spec.validate().is_ok().then_some(spec)
+    }
+}
+
+impl Recipe {
+    /// The spec for the `rows × cols` embedding table: the head's when it is also the head
+    /// (`tied`), else M (L under `l`) with its own rotation; `None` to keep it as stored.
+    pub fn embedding_spec(&self, rows: usize, cols: usize, tied: bool) -> Option<TensorSpec> {
+        if tied {
+            return self.spec_for("token_embd.weight", rows, cols);
+        }
+        if cols == 0 || !cols.is_multiple_of(COLUMN_MULTIPLE) || rows == 0 {
+            return None;
+        }
+        let rotation = self
+            .rotate
+            .then(|| Rotation::new(fnv1a("token_embd"), DEFAULT_BLOCK));
+        let spec = match self.scheme {
+            Scheme::L => TensorSpec::l(rows, cols, false, rotation),
+            Scheme::M | Scheme::Mixed => TensorSpec::m(rows, cols, self.m_group, rotation),
         };
         spec.validate().is_ok().then_some(spec)
     }
@@ -193,6 +217,18 @@ mod tests {
             32
         );
         assert_eq!(Scheme::from_name("MIXED"), Some(Scheme::Mixed));
+        // The embedding: the head's spec when tied, else M (L under l) on its own rotation.
+        let r = Recipe::new(Scheme::M);
+        let tied = r.embedding_spec(64, 128, true).unwrap();
+        assert_eq!(Some(tied), r.spec_for("output.weight", 64, 128));
+        let own = r.embedding_spec(64, 128, false).unwrap();
+        assert_eq!(own.format, Format::M);
+        assert_ne!(own.rotation, tied.rotation);
+        let l = Recipe::new(Scheme::L)
+            .embedding_spec(64, 128, false)
+            .unwrap();
+        assert_eq!(l.format, Format::L);
+        assert_eq!(r.embedding_spec(64, 96, false), None);
         assert_eq!(Scheme::from_name("q4"), None);
     }
 }
