@@ -6,14 +6,17 @@ use super::*;
 #[test]
 fn parameter_blocks_have_the_cuda_layout() {
     // struct MatSeg: 3 pointers, a long long, 4 ints, a pointer = 56 bytes; MatArgs: 3 segs,
-    // 3 pointers, 4 ints = 208 bytes, 8-aligned.
+    // 3 pointers, 5 ints (4 bytes of padding), 3 pointers, 3 long longs = 264 bytes, 8-aligned.
     assert_eq!(std::mem::size_of::<MatSeg>(), 56);
     assert_eq!(std::mem::offset_of!(MatSeg, best), 48);
-    assert_eq!(std::mem::size_of::<MatArgs>(), 208);
+    assert_eq!(std::mem::size_of::<MatArgs>(), 264);
     assert_eq!(std::mem::align_of::<MatArgs>(), 8);
     assert_eq!(std::mem::offset_of!(MatArgs, x), 168);
     assert_eq!(std::mem::offset_of!(MatArgs, xs), 184);
     assert_eq!(std::mem::offset_of!(MatArgs, ldx), 204);
+    assert_eq!(std::mem::offset_of!(MatArgs, split), 208);
+    assert_eq!(std::mem::offset_of!(MatArgs, pre), 216);
+    assert_eq!(std::mem::offset_of!(MatArgs, pre_len), 240);
     assert_eq!(std::mem::size_of::<BatchDesc>(), 16);
 }
 
@@ -106,4 +109,32 @@ fn matvec_tiles_follow_the_row_count() {
     for name in ["matvec_1", "matvec_2", "matvec_4", "matvec_8"] {
         assert!(NAMES.contains(&name));
     }
+}
+
+#[test]
+fn long_rows_are_split_over_warps_by_format_and_width_only() {
+    let seg = |dtype: DType| MatSeg {
+        fmt: dtype.ggml_id() as i32,
+        rows: 10,
+        ..MatSeg::default()
+    };
+    // Units per row: Q4_K 32 values, Q6_K 64, floats 8.
+    assert_eq!(matvec_split(&[seg(DType::Q4K)], 1536), 1);
+    assert_eq!(matvec_split(&[seg(DType::Q4K)], 8960), 4);
+    assert_eq!(matvec_split(&[seg(DType::Q6K)], 8960), 2);
+    assert_eq!(matvec_split(&[seg(DType::F32)], 1536), 2);
+    // One call takes the split of its shortest-unit matrix.
+    assert_eq!(matvec_split(&[seg(DType::Q4K), seg(DType::Q6K)], 8960), 2);
+    // The grid grows with the split: 5 pairs of rows at 4 warps a pair, 4 warps a block.
+    let (a, blocks) = matvec_args(
+        &[seg(DType::Q4K)],
+        Acts {
+            ld: 8960,
+            ..Acts::default()
+        },
+        1,
+        8960,
+    )
+    .unwrap();
+    assert_eq!((a.split, blocks), (4, 5));
 }
