@@ -166,7 +166,8 @@ pub fn load(
     Ok(model)
 }
 
-fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptions> {
+/// The sampling flags of `run`, checked.
+pub(crate) fn sampling_params(args: &RunArgs) -> Result<SamplingParams> {
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -179,6 +180,11 @@ fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptio
         seed: args.seed,
     };
     sampling.validate()?;
+    Ok(sampling)
+}
+
+fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptions> {
+    let sampling = sampling_params(args)?;
     let stop_tokens = if args.ignore_eos {
         Vec::new()
     } else {
@@ -228,13 +234,38 @@ fn answer(
 fn chat(
     session: &mut Session,
     model: &LoadedModel,
-    mut messages: Vec<ChatMessage>,
+    messages: Vec<ChatMessage>,
     prompt_options: &PromptOptions,
     options: &GenerateOptions,
     args: &RunArgs,
 ) -> Result<()> {
+    let session = std::cell::RefCell::new(session);
+    chat_loop(
+        messages,
+        &mut |messages| {
+            answer(
+                &mut session.borrow_mut(),
+                model,
+                messages,
+                prompt_options,
+                options,
+                args,
+            )
+        },
+        &mut || session.borrow_mut().reset(),
+    )
+}
+
+/// The interactive chat of `run`: reads user lines, answers each with `answer` (given the
+/// whole conversation), keeps the answers in the conversation; `/reset` goes back to the
+/// `system` messages (and calls `reset`), `/exit`, `/quit` or end of input stops.
+pub(crate) fn chat_loop(
+    system: Vec<ChatMessage>,
+    answer: &mut dyn FnMut(&[ChatMessage]) -> Result<String>,
+    reset: &mut dyn FnMut(),
+) -> Result<()> {
     eprintln!("chat with the model: type a message and press Enter; /reset starts over, /exit or Ctrl-D quits.");
-    let system = messages.clone();
+    let mut messages = system.clone();
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -248,13 +279,13 @@ fn chat(
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages = system.clone();
-                session.reset();
+                reset();
                 continue;
             }
             _ => {}
         }
         messages.push(ChatMessage::new("user", line.to_string()));
-        match answer(session, model, &messages, prompt_options, options, args) {
+        match answer(&messages) {
             Ok(text) => messages.push(ChatMessage::new("assistant", text)),
             Err(e) => {
                 eprintln!("error: {e:#}");

@@ -8,14 +8,13 @@
 //! layers) is reported by [`unsupported`], so `run` takes the CPU instead (or says why, when the
 //! GPU was asked for).
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kasoku::engine::stop::StopMatcher;
-use kasoku::engine::{render_prompt, PromptOptions, SamplingParams, SpecKind};
+use kasoku::engine::{render_prompt, PromptOptions, SamplingParams, SpecKind, TextStream};
 use kasoku::format::gguf::GgufFile;
 use kasoku::spec::ngram::NgramDrafter;
 use kasoku::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -106,30 +105,11 @@ pub fn run(args: &RunArgs, m: &GpuModel) -> Result<()> {
         answer(m, &mut state, &messages, &prompt_options, args)?;
         return Ok(());
     }
-    eprintln!("chat with the model: type a message and press Enter; /reset starts over, /exit or Ctrl-D quits.");
-    let system = messages.clone();
-    for line in std::io::stdin().lock().lines() {
-        let line = line?;
-        match line.trim() {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/reset" => {
-                messages = system.clone();
-                continue;
-            }
-            text => messages.push(ChatMessage::new("user", text.to_string())),
-        }
-        match answer(m, &mut state, &messages, &prompt_options, args) {
-            Ok(text) => messages.push(ChatMessage::new("assistant", text)),
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                messages.pop();
-            }
-        }
-        eprint!("> ");
-        let _ = std::io::stderr().flush();
-    }
-    Ok(())
+    crate::run::chat_loop(
+        messages,
+        &mut |messages| answer(m, &mut state, messages, &prompt_options, args),
+        &mut || {},
+    )
 }
 
 /// Generates and streams one answer; returns its text. The conversation is prefilled whole
@@ -156,8 +136,7 @@ fn answer(
     } else {
         m.tokenizer.eos_ids().to_vec()
     };
-    let mut decoder = m.tokenizer.stream_decoder().skip_special(true);
-    let mut stops = StopMatcher::new(&args.stop);
+    let mut stream = TextStream::new(&m.tokenizer, &args.stop);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut text = String::new();
@@ -168,18 +147,7 @@ fn answer(
             let _ = out.flush();
         }
     };
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repetition_penalty: args.repetition_penalty,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: args.frequency_penalty,
-        penalty_last_n: args.penalty_last_n,
-        seed: args.seed,
-    };
-    sampling.validate()?;
+    let sampling = crate::run::sampling_params(args)?;
     let mut drafter = NgramDrafter::default();
     // Drafts are checked greedily on the device; sampled tokens come one per pass.
     let drafting = (args.spec.spec != SpecKind::None && sampling.is_greedy()).then_some(Drafting {
@@ -197,9 +165,9 @@ fn answer(
             return false;
         }
         generated += 1;
-        let released = stops.push(&decoder.push(t));
+        let released = stream.push(t);
         emit(&released, &mut text);
-        if stops.stopped() {
+        if stream.stopped() {
             finish = "stop";
             return false;
         }
@@ -217,14 +185,8 @@ fn answer(
     } else {
         generate_sampled(m, state, &prompt, args.max_tokens, &sampling, &mut on_token)?
     };
-    if !stops.stopped() {
-        let tail = stops.push(&decoder.flush());
-        emit(&tail, &mut text);
-        if !stops.stopped() {
-            let held = stops.flush();
-            emit(&held, &mut text);
-        }
-    }
+    let tail = stream.finish();
+    emit(&tail, &mut text);
     let _ = writeln!(out);
     drop(out);
     if !args.quiet {

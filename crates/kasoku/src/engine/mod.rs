@@ -22,6 +22,6 @@ pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Gen
 pub use speculative::{build_speculator, build_speculator_from, DraftSource, SpecKind, Speculator};
 pub use stats::GenerationStats;
 pub use text::{
-    generate_text, prompt_tokens, render_prompt, stop_tokens, PromptOptions, TextError,
+    generate_text, prompt_tokens, render_prompt, stop_tokens, PromptOptions, TextError, TextStream,
     PROMPT_BYTES_PER_TOKEN,
 };

@@ -8,7 +8,7 @@ use serde_json::Map;
 use super::loader::LoadedModel;
 use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
 use super::stop::StopMatcher;
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
+use crate::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError};
 
 /// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
 /// context. Real text averages 3-5 bytes per token (CJK ~3, code 3-6); only long runs of one
@@ -122,8 +122,7 @@ pub fn generate_text(
     stop_strings: &[String],
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generation, String), TextError> {
-    let mut decoder = model.tokenizer.stream_decoder().skip_special(true);
-    let mut stops = StopMatcher::new(stop_strings);
+    let mut text = TextStream::new(&model.tokenizer, stop_strings);
     let mut answer = String::new();
     let mut emit = |piece: &str, answer: &mut String| {
         if !piece.is_empty() {
@@ -132,22 +131,56 @@ pub fn generate_text(
         }
     };
     let generation = session.generate(prompt, options, &mut |emitted| {
-        let piece = decoder.push(emitted.token);
-        let released = stops.push(&piece);
+        let released = text.push(emitted.token);
         emit(&released, &mut answer);
-        if stops.stopped() {
+        if text.stopped() {
             Flow::Stop
         } else {
             Flow::Continue
         }
     })?;
-    if !stops.stopped() {
-        let tail = stops.push(&decoder.flush());
-        emit(&tail, &mut answer);
-        if !stops.stopped() {
-            let held = stops.flush();
-            emit(&held, &mut answer);
+    let tail = text.finish();
+    emit(&tail, &mut answer);
+    Ok((generation, answer))
+}
+
+/// Answer tokens to answer text as it becomes final: decoded without splitting UTF-8
+/// characters (special tokens skipped), then held back while it may be the start of a stop
+/// string; nothing from a stop string on is ever released.
+pub struct TextStream {
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+}
+
+impl TextStream {
+    /// A stream over `tokenizer`'s tokens that ends at any of `stop_strings`.
+    pub fn new(tokenizer: &Tokenizer, stop_strings: &[String]) -> TextStream {
+        TextStream {
+            decoder: tokenizer.stream_decoder().skip_special(true),
+            stops: StopMatcher::new(stop_strings),
         }
     }
-    Ok((generation, answer))
+
+    /// The text `token` makes final (often empty).
+    pub fn push(&mut self, token: u32) -> String {
+        let piece = self.decoder.push(token);
+        self.stops.push(&piece)
+    }
+
+    /// Whether a stop string was seen (the answer ends there).
+    pub fn stopped(&self) -> bool {
+        self.stops.stopped()
+    }
+
+    /// At the end of the answer, the text still held back (none after a stop string).
+    pub fn finish(&mut self) -> String {
+        if self.stops.stopped() {
+            return String::new();
+        }
+        let mut out = self.stops.push(&self.decoder.flush());
+        if !self.stops.stopped() {
+            out.push_str(&self.stops.flush());
+        }
+        out
+    }
 }
