@@ -56,7 +56,7 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
 }
 
 /// [`swiglu_inplace`] with an explicit instruction set (the paths give the same bits).
-fn swiglu_inplace_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
+pub(crate) fn swiglu_inplace_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: length mismatch");
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {

@@ -93,6 +93,22 @@ pub fn attend(args: &AttnArgs, out: &mut [f32]) {
     attention_with(Isa::detect(), args, out)
 }
 
+/// [`attend`] on the path of `isa`, but instead of writing the output, hands `rows` a
+/// [`Merger`] that computes any output row on demand (each row once, from any thread): what
+/// an epilogue fused into attention's (`kernels::fused`) consumes. The rows get the bits
+/// [`attend`] writes.
+pub(crate) fn attend_rows(isa: Isa, args: &AttnArgs, rows: &mut dyn FnMut(&Merger)) {
+    attention_into(isa, args, Sink::Rows(rows))
+}
+
+/// Where an attention call's output goes.
+enum Sink<'a> {
+    /// Written in place: `n × n_heads × head_dim`.
+    Out(&'a mut [f32]),
+    /// Merged row by row by the function (see [`attend_rows`]).
+    Rows(&'a mut dyn FnMut(&Merger)),
+}
+
 /// [`attend`] for a chain of new rows: row `i` sees positions `0..=past + i`.
 pub fn attention(
     geo: AttnGeometry,
@@ -211,7 +227,12 @@ thread_local! {
 }
 
 /// [`attend`] with a chosen instruction set.
-fn attention_with(isa: Isa, args: &AttnArgs, out: &mut [f32]) {
+pub(crate) fn attention_with(isa: Isa, args: &AttnArgs, out: &mut [f32]) {
+    attention_into(isa, args, Sink::Out(out))
+}
+
+/// [`attend`] with a chosen instruction set, into `out`.
+fn attention_into(isa: Isa, args: &AttnArgs, out: Sink) {
     match args.tree {
         None => run(isa, args, None, out),
         Some(t) => scratch::with(&PATH_NODES, |nodes| {
@@ -223,8 +244,8 @@ fn attention_with(isa: Isa, args: &AttnArgs, out: &mut [f32]) {
     }
 }
 
-/// [`attention_with`] once the tree's paths are known: the keys' and values' format chosen.
-fn run(isa: Isa, args: &AttnArgs, tree: Option<&TreePaths>, out: &mut [f32]) {
+/// [`attention_into`] once the tree's paths are known: the keys' and values' format chosen.
+fn run(isa: Isa, args: &AttnArgs, tree: Option<&TreePaths>, out: Sink) {
     match (args.keys, args.values) {
         (KvHeads::F32(k), KvHeads::F32(v)) => run_stored(isa, args, k, v, tree, out),
         (KvHeads::F16(k), KvHeads::F16(v)) => run_stored(isa, args, k, v, tree, out),
@@ -240,7 +261,7 @@ fn run_stored<S: Stored>(
     keys: &[&[S]],
     values: &[&[S]],
     tree: Option<&TreePaths>,
-    out: &mut [f32],
+    out: Sink,
 ) {
     let AttnArgs {
         geo,
@@ -259,8 +280,12 @@ fn run_stored<S: Stored>(
         "attention: n_heads must be a multiple of n_kv_heads"
     );
     let q_row = n_heads * hd;
+    let out_len = match &out {
+        Sink::Out(o) => o.len(),
+        Sink::Rows(_) => q.len(),
+    };
     assert!(
-        q.len().is_multiple_of(q_row) && out.len() == q.len(),
+        q.len().is_multiple_of(q_row) && out_len == q.len(),
         "attention: q/out lengths"
     );
     assert!(
@@ -281,10 +306,23 @@ fn run_stored<S: Stored>(
         tree.is_none_or(|t| t.start.len() == t.first + n + 1),
         "attention: tree of another size"
     );
+    let group = n_heads / n_kv_heads;
     if n == 0 {
+        if let Sink::Rows(f) = out {
+            let split = Split {
+                rows_per: 1,
+                row_blocks: 0,
+                chunks: 0,
+                per_task: 0,
+            };
+            f(&Merger {
+                partial: &[],
+                geo,
+                split,
+            });
+        }
         return;
     }
-    let group = n_heads / n_kv_heads;
     let row_blocks = n.div_ceil(ROW_BLOCK);
     let rows_per = n.div_ceil(row_blocks);
     let chunk_len = if n <= FIXED_SPLIT_ROWS || tree.is_some() {
@@ -339,11 +377,24 @@ fn run_stored<S: Stored>(
             chunks,
             per_task,
         };
-        merge(partial, geo, n, &split, out);
+        let merger = Merger {
+            partial,
+            geo,
+            split,
+        };
+        match out {
+            Sink::Out(out) => {
+                for (i, row) in out.chunks_exact_mut(q_row).enumerate() {
+                    merger.row(i, row);
+                }
+            }
+            Sink::Rows(f) => f(&merger),
+        }
     });
 }
 
 /// How a call's work was split into tasks: KV head, then block of rows, then chunk of keys.
+#[derive(Clone, Copy)]
 struct Split {
     rows_per: usize,
     row_blocks: usize,
@@ -352,18 +403,29 @@ struct Split {
     per_task: usize,
 }
 
-/// Merges the partial results of the chunks of each of the `n` (row, head) into `out`.
-fn merge(partial: &[f32], geo: AttnGeometry, n: usize, split: &Split, out: &mut [f32]) {
-    let Split {
-        rows_per,
-        row_blocks,
-        chunks,
-        per_task,
-    } = *split;
-    let (n_heads, hd) = (geo.n_heads, geo.head_dim);
-    let (q_row, slot) = (n_heads * hd, hd + 2);
-    let group = n_heads / geo.n_kv_heads;
-    for i in 0..n {
+/// The partial results of an attention call's tasks, from which [`Merger::row`] makes any
+/// output row.
+pub(crate) struct Merger<'a> {
+    partial: &'a [f32],
+    geo: AttnGeometry,
+    split: Split,
+}
+
+impl Merger<'_> {
+    /// Output row `i` (`n_heads × head_dim` values) into `dst`: for each head, the partial
+    /// results of its key chunks merged in chunk order.
+    pub(crate) fn row(&self, i: usize, dst: &mut [f32]) {
+        let Split {
+            rows_per,
+            row_blocks,
+            chunks,
+            per_task,
+        } = self.split;
+        let (geo, partial) = (self.geo, self.partial);
+        let (n_heads, hd) = (geo.n_heads, geo.head_dim);
+        assert_eq!(dst.len(), n_heads * hd, "attention: output row length");
+        let slot = hd + 2;
+        let group = n_heads / geo.n_kv_heads;
         let b = i / rows_per;
         let r = i - b * rows_per;
         for h in 0..n_heads {
@@ -374,7 +436,7 @@ fn merge(partial: &[f32], geo: AttnGeometry, n: usize, split: &Split, out: &mut 
             let m = (0..chunks)
                 .map(|c| partial[at(c)])
                 .fold(f32::NEG_INFINITY, f32::max);
-            let dst = &mut out[i * q_row + h * hd..][..hd];
+            let dst = &mut dst[h * hd..][..hd];
             dst.iter_mut().for_each(|d| *d = 0.0);
             let mut sum = 0f32;
             for c in 0..chunks {

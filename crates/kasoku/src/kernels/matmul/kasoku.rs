@@ -12,7 +12,9 @@
 //! (the rotation's normalisation folded in; no factor without rotation), and the code sums of
 //! each half and of the whole block, stored negated (`−Σa`) and times 128 (`−128·Σa`) for the
 //! kernels' zero-point and offset corrections. Blocks are stored block-major (block `b` of row
-//! `r` is entry `b·n + r`) so that one pointer reaches a tile's rows.
+//! `r` is entry `b·n + r`) so that one pointer reaches a tile's rows. The transform takes a row
+//! chunk by chunk (a rotation block, or 64 values if larger: [`Int8Acts::fill_rows`]), so the
+//! fused epilogues of `kernels::fused` feed it their values as they compute them.
 //!
 //! **Packed weights.** Rows are taken in groups of [`GROUP`] = 8 (the last padded with zero
 //! rows: scale 0). For each group, its column blocks follow in order, each holding the eight
@@ -47,6 +49,7 @@ use std::ops::Range;
 use half::f16;
 
 use super::PackedBytes;
+use crate::kernels::simd::Isa;
 use crate::kernels::{scratch, threads};
 use crate::quant::kasoku::m4::round_even;
 use crate::quant::kasoku::{Format, Grouping, QuantizedView, Rotation, Signs, TensorSpec};
@@ -284,10 +287,48 @@ impl Int8Acts {
 
     /// [`Int8Acts::new`] into `self`, reusing its memory.
     pub fn fill(&mut self, x: &[f32], n: usize, cols: usize, signs: Option<&Signs>) {
-        assert!(cols.is_multiple_of(ACT_BLOCK), "activations: columns");
+        self.fill_with(Isa::detect(), x, n, cols, signs);
+    }
+
+    /// [`Int8Acts::fill`] with the row transform of `isa` (every path gives the same bits).
+    pub(crate) fn fill_with(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        signs: Option<&Signs>,
+    ) {
         assert_eq!(x.len(), n * cols, "activations: length");
+        self.fill_rows(isa, n, cols, signs, 0, |r, w, _| {
+            w.put_row(&x[r * cols..(r + 1) * cols])
+        });
+    }
+
+    /// Fills `self` with `n` rows of `cols` values that `row(r, writer, work)` computes and
+    /// hands to `writer` chunk by chunk ([`RowWriter`]), each chunk rotated and quantized as
+    /// it comes: the fused epilogues (`kernels::fused`) write their results this way, never
+    /// as f32 rows. `work` is `work_len` values of the running thread's memory, as the
+    /// previous row left them. Large batches run their rows in parallel (so `row` may run on
+    /// any thread of the pool). Every row must put all its chunks.
+    pub(crate) fn fill_rows<F>(
+        &mut self,
+        isa: Isa,
+        n: usize,
+        cols: usize,
+        signs: Option<&Signs>,
+        work_len: usize,
+        row: F,
+    ) where
+        F: Fn(usize, &mut RowWriter, &mut [f32]) + Sync,
+    {
+        assert!(cols.is_multiple_of(ACT_BLOCK), "activations: columns");
         if let Some(s) = signs {
             assert_eq!(s.values.len(), cols, "activations: signs");
+            assert!(
+                s.rotation.block.is_power_of_two() && s.rotation.block <= MAX_CHUNK,
+                "activations: rotation block"
+            );
         }
         let nb = cols / ACT_BLOCK;
         let acts = self;
@@ -301,75 +342,47 @@ impl Int8Acts {
         acts.nsum64.resize(n * nb, 0);
         acts.n128sum32.resize(2 * n * nb, 0);
         acts.n128sum64.resize(n * nb, 0);
-        let norm = signs.map_or(1.0, |s| s.rotation.norm());
-        // Rows are independent: large batches (prefill) are quantized in parallel, each task
+        // Rows are independent: large batches (prefill) are done in parallel, each task
         // writing its rows' entries (disjoint indices of the block-major arrays).
-        let out = ActsOut {
-            qs: acts.qs.as_mut_ptr(),
-            d: acts.d.as_mut_ptr(),
-            nsum32: acts.nsum32.as_mut_ptr(),
-            nsum64: acts.nsum64.as_mut_ptr(),
-            n128sum32: acts.n128sum32.as_mut_ptr(),
-            n128sum64: acts.n128sum64.as_mut_ptr(),
-        };
         let rows_per_task = if n * cols >= 1 << 16 {
             n.div_ceil(4 * threads::num_threads()).max(1)
         } else {
             n.max(1)
         };
-        let simd = simd_prepare();
-        threads::parallel_for(n.div_ceil(rows_per_task), |t| {
-            let out = &out;
-            // The rotated row, in the running thread's memory (allocated on its first call).
-            scratch::with(&ROT, |rot| {
-                let rot = scratch::grow(rot, cols);
-                let mut q = [0i8; ACT_BLOCK];
+        let tasks = n.div_ceil(rows_per_task);
+        let slots = threads::num_threads().min(tasks).max(1);
+        scratch::with(&ROW_WORK, |buf| {
+            let areas = scratch::grow(buf, slots * work_len);
+            let out = ActsOut {
+                qs: acts.qs.as_mut_ptr(),
+                d: acts.d.as_mut_ptr(),
+                nsum32: acts.nsum32.as_mut_ptr(),
+                nsum64: acts.nsum64.as_mut_ptr(),
+                n128sum32: acts.n128sum32.as_mut_ptr(),
+                n128sum64: acts.n128sum64.as_mut_ptr(),
+                work: areas.as_mut_ptr(),
+            };
+            let simd = isa.avx2();
+            let norm = signs.map_or(1.0, |s| s.rotation.norm());
+            threads::parallel_for_slots(tasks, slots, |t, slot| {
+                // SAFETY: tasks of one slot never run at the same time, and slot `slot`'s
+                // area is `work_len` values of `areas` (`slot < slots`), alive for the call.
+                let work = unsafe {
+                    std::slice::from_raw_parts_mut(out.work.add(slot * work_len), work_len)
+                };
                 for r in t * rows_per_task..((t + 1) * rows_per_task).min(n) {
-                    let row = &x[r * cols..(r + 1) * cols];
-                    match (signs, simd) {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `simd` is only set when the AVX2 kernels run on this CPU.
-                        (s, true) => unsafe {
-                            super::kasoku_avx2::rotate_row(
-                                row,
-                                s.map(|s| (&s.values[..], s.rotation.block)),
-                                rot,
-                            )
-                        },
-                        (Some(s), _) => s.rotate_unnormalised(row, rot),
-                        (None, _) => rot.copy_from_slice(row),
-                    }
-                    for b in 0..nb {
-                        let e = b * n + r;
-                        let v = &rot[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
-                        let (amax, s0, s1) = if simd {
-                            #[cfg(target_arch = "x86_64")]
-                            // SAFETY: as above.
-                            unsafe {
-                                super::kasoku_avx2::quantize_block(v, &mut q)
-                            }
-                            #[cfg(not(target_arch = "x86_64"))]
-                            unreachable!()
-                        } else {
-                            quantize_block(v, &mut q)
-                        };
-                        // SAFETY: entry `e = b·n + r` belongs to this task's row `r` alone, and
-                        // every index is within the arrays sized above (`e < nb·n`).
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                q.as_ptr(),
-                                out.qs.add(e * ACT_BLOCK),
-                                ACT_BLOCK,
-                            );
-                            *out.d.add(e) = amax / 127.0 * norm;
-                            *out.nsum32.add(2 * e) = -s0;
-                            *out.nsum32.add(2 * e + 1) = -s1;
-                            *out.nsum64.add(e) = -(s0 + s1);
-                            *out.n128sum32.add(2 * e) = -128 * s0;
-                            *out.n128sum32.add(2 * e + 1) = -128 * s1;
-                            *out.n128sum64.add(e) = -128 * (s0 + s1);
-                        }
-                    }
+                    let mut w = RowWriter {
+                        out: &out,
+                        r,
+                        n,
+                        cols,
+                        signs,
+                        simd,
+                        norm,
+                        done: 0,
+                    };
+                    row(r, &mut w, work);
+                    assert_eq!(w.done, cols, "activations: a row was not written whole");
                 }
             });
         });
@@ -380,27 +393,112 @@ impl Int8Acts {
     pub(crate) fn idx(&self, r: usize, b: usize) -> usize {
         b * self.n + r
     }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.qs.capacity()
+            + 4 * (self.d.capacity()
+                + self.nsum32.capacity()
+                + self.nsum64.capacity()
+                + self.n128sum32.capacity()
+                + self.n128sum64.capacity())
+    }
 }
 
-/// Whether [`Int8Acts::new`] takes the AVX2 row transform and quantizer (the same results as
-/// the portable ones, which tests select through `PORTABLE_ACTS`).
-fn simd_prepare() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::kasoku_avx2::available() && !PORTABLE_ACTS.with(|p| p.get())
+/// The longest chunk a [`RowWriter`] takes: the largest rotation block.
+pub(crate) const MAX_CHUNK: usize = 128;
+
+/// Where one row of [`Int8Acts::fill_rows`] goes: its values are put chunk by chunk, in any
+/// order, each chunk [`RowWriter::chunk`] values starting at a multiple of that (whole
+/// rotation blocks and whole activation blocks), and each is rotated and quantized at once.
+pub(crate) struct RowWriter<'a> {
+    out: &'a ActsOut,
+    r: usize,
+    n: usize,
+    cols: usize,
+    signs: Option<&'a Signs>,
+    simd: bool,
+    norm: f32,
+    /// Values put so far.
+    done: usize,
+}
+
+impl RowWriter<'_> {
+    /// Values of one chunk: the larger of the rotation block and the activation block.
+    #[inline]
+    pub(crate) fn chunk(&self) -> usize {
+        self.signs
+            .map_or(ACT_BLOCK, |s| s.rotation.block.max(ACT_BLOCK))
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+
+    /// Puts the whole row.
+    pub(crate) fn put_row(&mut self, row: &[f32]) {
+        assert_eq!(row.len(), self.cols, "activations: row length");
+        let c = self.chunk();
+        for (k, v) in row.chunks_exact(c).enumerate() {
+            self.put(k * c, v);
+        }
+    }
+
+    /// Puts the chunk of the row's values `v` starting at column `c0`: `√b·R·v` (signs, then
+    /// the unnormalised transform of each rotation block), then int8 blocks of 64.
+    pub(crate) fn put(&mut self, c0: usize, v: &[f32]) {
+        let len = self.chunk();
+        assert!(
+            v.len() == len && c0.is_multiple_of(len) && c0 + len <= self.cols,
+            "activations: chunk"
+        );
+        let mut buf = [0f32; MAX_CHUNK];
+        let rot = &mut buf[..len];
+        let signs = self
+            .signs
+            .map(|s| (&s.values[c0..c0 + len], s.rotation.block));
+        match (signs, self.simd) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `simd` is only set from an `Isa` with AVX2 (`kernels::simd`); `rot` is as
+            // long as `v`, a multiple of the block and of 8.
+            (s, true) => unsafe { super::kasoku_avx2::rotate_row(v, s, rot) },
+            (Some((s, b)), _) => crate::quant::kasoku::rotation::rotate_unnormalised(s, b, v, rot),
+            (None, _) => rot.copy_from_slice(v),
+        }
+        let mut q = [0i8; ACT_BLOCK];
+        for (k, v) in rot.chunks_exact(ACT_BLOCK).enumerate() {
+            let (amax, s0, s1) = if self.simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                unsafe {
+                    super::kasoku_avx2::quantize_block(v, &mut q)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!()
+            } else {
+                quantize_block(v, &mut q)
+            };
+            let e = (c0 / ACT_BLOCK + k) * self.n + self.r;
+            let out = self.out;
+            // SAFETY: entry `e = b·n + r` belongs to this row alone, which one task writes,
+            // and every index is within the arrays `fill_rows` sized (`e < nb·n`).
+            unsafe {
+                std::ptr::copy_nonoverlapping(q.as_ptr(), out.qs.add(e * ACT_BLOCK), ACT_BLOCK);
+                *out.d.add(e) = amax / 127.0 * self.norm;
+                *out.nsum32.add(2 * e) = -s0;
+                *out.nsum32.add(2 * e + 1) = -s1;
+                *out.nsum64.add(e) = -(s0 + s1);
+                *out.n128sum32.add(2 * e) = -128 * s0;
+                *out.n128sum32.add(2 * e + 1) = -128 * s1;
+                *out.n128sum64.add(e) = -128 * (s0 + s1);
+            }
+        }
+        self.done += len;
+    }
 }
 
 thread_local! {
-    /// A rotated activation row ([`Int8Acts::fill`]'s tasks).
-    static ROT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// Tests set this to build activations with the portable code.
-    static PORTABLE_ACTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Per-thread work memory of [`Int8Acts::fill_rows`]'s row functions.
+    static ROW_WORK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Where [`Int8Acts::new`]'s tasks write.
+/// Where [`Int8Acts::fill_rows`]'s tasks write.
 struct ActsOut {
     qs: *mut i8,
     d: *mut f32,
@@ -408,8 +506,10 @@ struct ActsOut {
     nsum64: *mut i32,
     n128sum32: *mut i32,
     n128sum64: *mut i32,
+    /// The threads' work areas.
+    work: *mut f32,
 }
-// SAFETY: used only to write disjoint entries from the pool's tasks (see `Int8Acts::new`),
+// SAFETY: used only to write disjoint entries from the pool's tasks (see `Int8Acts::fill_rows`),
 // while the arrays it points into are alive and not otherwise borrowed.
 unsafe impl Send for ActsOut {}
 // SAFETY: as above.
@@ -987,23 +1087,58 @@ mod tests {
         x[10] = -1.5;
         for block in crate::quant::kasoku::rotation::BLOCKS {
             for signs in [None, Some(Rotation::new(8, block).signs(cols))] {
-                let fast = Int8Acts::new(&x, n, cols, signs.as_ref());
-                PORTABLE_ACTS.with(|p| p.set(true));
                 let slow = Int8Acts::new(&x, n, cols, signs.as_ref());
-                PORTABLE_ACTS.with(|p| p.set(false));
-                assert_eq!(fast.qs, slow.qs, "block {block}");
-                assert!(fast
-                    .d
-                    .iter()
-                    .zip(&slow.d)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()));
-                assert_eq!((fast.nsum32, fast.nsum64), (slow.nsum32, slow.nsum64));
-                assert_eq!(
-                    (fast.n128sum32, fast.n128sum64),
-                    (slow.n128sum32, slow.n128sum64)
-                );
+                for isa in Isa::available() {
+                    let mut fast = Int8Acts::default();
+                    fast.fill_with(isa, &x, n, cols, signs.as_ref());
+                    assert_eq!(fast.qs, slow.qs, "block {block}");
+                    assert!(fast
+                        .d
+                        .iter()
+                        .zip(&slow.d)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    assert_eq!((&fast.nsum32, &fast.nsum64), (&slow.nsum32, &slow.nsum64));
+                    assert_eq!(
+                        (&fast.n128sum32, &fast.n128sum64),
+                        (&slow.n128sum32, &slow.n128sum64)
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn rows_put_chunk_by_chunk_in_any_order_give_the_bits_of_whole_rows() {
+        let (n, cols) = (3, 256);
+        let x = acts(6, n, cols);
+        for block in crate::quant::kasoku::rotation::BLOCKS {
+            let signs = Rotation::new(2, block).signs(cols);
+            let want = Int8Acts::new(&x, n, cols, Some(&signs));
+            for isa in Isa::available() {
+                let mut got = Int8Acts::default();
+                got.fill_rows(isa, n, cols, Some(&signs), 0, |r, w, _| {
+                    let c = w.chunk();
+                    for c0 in (0..cols).step_by(c).rev() {
+                        w.put(c0, &x[r * cols + c0..r * cols + c0 + c]);
+                    }
+                });
+                assert_eq!(got.qs, want.qs, "block {block} {isa:?}");
+                assert!(got
+                    .d
+                    .iter()
+                    .zip(&want.d)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+                assert_eq!(got.nsum64, want.nsum64);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not written whole")]
+    fn a_row_left_incomplete_is_refused() {
+        let x = vec![1f32; 128];
+        let mut a = Int8Acts::default();
+        a.fill_rows(Isa::PORTABLE, 1, 128, None, 0, |_, w, _| w.put(0, &x[..64]));
     }
 
     #[test]

@@ -20,9 +20,9 @@ impl Format for KasokuFamily {
         PackedBytes::copy_of(&[])
     }
 
-    fn prepare(&self, w: &MatMulWeight, x: &[f32], n: usize, _isa: Isa, acts: &mut Acts) {
+    fn prepare(&self, w: &MatMulWeight, x: &[f32], n: usize, isa: Isa, acts: &mut Acts) {
         let k = w.kasoku.as_ref().expect("a kasoku-format matrix");
-        acts.kasoku.fill(x, n, w.cols, k.signs());
+        acts.kasoku.fill_with(isa, x, n, w.cols, k.signs());
     }
 
     fn work_len(&self, _w: &MatMulWeight, n: usize, _rows: usize) -> usize {

@@ -15,7 +15,8 @@
 //!   information)
 //! - `k_quants`: Q4_K, Q5_K, Q6_K (activations as Q8_K blocks)
 //! - `kasoku`: kasoku's own formats M and L (rotated int8 activations): `KasokuMatrix`, which
-//!   a `MatMulWeight` holds and reaches through the [`Format`] of `kasoku_family`
+//!   a `MatMulWeight` holds and reaches through the [`Format`] of `kasoku_family`; their
+//!   activations may also come [`Prepared`] by a fused epilogue ([`matmul_prepared`])
 //! - and, for tests, `reference`: any format, dequantized to f32 row by row.
 //!
 //! Each family's portable, AVX2 and AVX512-VNNI paths compute the same function, bit for bit.
@@ -168,6 +169,43 @@ pub(crate) struct Acts {
     pub(crate) q8k: Vec<u8>,
     /// kasoku's formats: rotated int8 blocks of 64.
     pub(crate) kasoku: kasoku::Int8Acts,
+}
+
+/// Rows already rotated and int8-quantized for products with matrices of kasoku's formats
+/// (all of one rotation and width), written by a fused epilogue (`kernels::fused`) instead of
+/// as f32 rows; [`matmul_prepared`] takes them. Its memory is reused from fill to fill.
+#[derive(Default)]
+pub struct Prepared {
+    pub(crate) acts: Acts,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = &self.acts.kasoku;
+        write!(f, "Prepared({} x {}, {:?})", a.n, a.cols, a.rotation)
+    }
+}
+
+impl Prepared {
+    /// The int8 activations, to be filled.
+    pub(crate) fn kasoku_mut(&mut self) -> &mut kasoku::Int8Acts {
+        &mut self.acts.kasoku
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.acts.kasoku.bytes()
+    }
+}
+
+/// Whether one [`Prepared`] serves every matrix of `ws`: all in kasoku's formats, of one
+/// rotation and one width (q, k and v; gate and up).
+pub fn shares_prepared(ws: &[&MatMulWeight]) -> bool {
+    let key = |w: &MatMulWeight| w.kasoku.as_ref().map(|k| (k.spec.rotation, w.cols));
+    match ws.first().map(|w| key(w)) {
+        Some(Some(first)) => ws.iter().all(|w| key(w) == Some(first)),
+        _ => false,
+    }
 }
 
 /// Which activations a matrix needs: those of its GGUF type, or for kasoku's formats those
@@ -325,6 +363,40 @@ pub fn matmul_many(ws: &[&MatMulWeight], x: &[f32], n: usize, ys: &mut [&mut [f3
     matmul_parts(ws, x, n, ys, Isa::detect(), threads::num_threads());
 }
 
+/// `ys[i] = x · Wᵢᵀ` for rows `x` a fused epilogue prepared for the matrices `ws` (see
+/// [`Prepared`]; `n` rows): each output gets the bits [`matmul_many`] of the epilogue's f32
+/// rows gives.
+pub fn matmul_prepared(ws: &[&MatMulWeight], x: &Prepared, n: usize, ys: &mut [&mut [f32]]) {
+    matmul_prepared_with(ws, x, n, ys, Isa::detect(), threads::num_threads());
+}
+
+/// [`matmul_prepared`] with a chosen instruction set and thread count.
+pub(crate) fn matmul_prepared_with(
+    ws: &[&MatMulWeight],
+    x: &Prepared,
+    n: usize,
+    ys: &mut [&mut [f32]],
+    isa: Isa,
+    threads: usize,
+) {
+    assert_eq!(ws.len(), ys.len(), "matmul: one output per matrix");
+    let a = &x.acts.kasoku;
+    assert_eq!(a.n, n, "matmul: prepared rows of another batch");
+    for w in ws {
+        let k = w
+            .kasoku
+            .as_ref()
+            .expect("matmul: prepared rows for a GGUF matrix");
+        assert!(
+            a.cols == w.cols && a.rotation == k.spec.rotation,
+            "matmul: rows prepared for another rotation or width"
+        );
+    }
+    for (ws, ys) in ws.chunks(MAX_LIST).zip(ys.chunks_mut(MAX_LIST)) {
+        matmul_job(ws, Input::Prepared(&x.acts), n, ys, isa, threads);
+    }
+}
+
 /// [`matmul`] with a chosen instruction set, its rows split for `threads` threads.
 fn matmul_split(w: &MatMulWeight, x: &[f32], n: usize, y: &mut [f32], isa: Isa, threads: usize) {
     matmul_parts(&[w], x, n, &mut [y], isa, threads);
@@ -343,8 +415,15 @@ fn matmul_parts(
 ) {
     assert_eq!(ws.len(), ys.len(), "matmul: one output per matrix");
     for (ws, ys) in ws.chunks(MAX_LIST).zip(ys.chunks_mut(MAX_LIST)) {
-        matmul_job(ws, x, n, ys, isa, threads);
+        matmul_job(ws, Input::Rows(x), n, ys, isa, threads);
     }
+}
+
+/// What a job multiplies: f32 rows, converted for each format, or rows prepared already.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Rows(&'a [f32]),
+    Prepared(&'a Acts),
 }
 
 thread_local! {
@@ -357,7 +436,7 @@ thread_local! {
 /// [`matmul_parts`] for at most [`MAX_LIST`] matrices: one pool job.
 fn matmul_job(
     ws: &[&MatMulWeight],
-    x: &[f32],
+    input: Input,
     n: usize,
     ys: &mut [&mut [f32]],
     isa: Isa,
@@ -376,7 +455,9 @@ fn matmul_job(
         let mut work_len = 0;
         let mut outs = BlockList::new();
         for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
-            assert_eq!(x.len(), n * w.cols, "matmul: x has the wrong length");
+            if let Input::Rows(x) = input {
+                assert_eq!(x.len(), n * w.cols, "matmul: x has the wrong length");
+            }
             assert_eq!(y.len(), n * w.rows, "matmul: y has the wrong length");
             step[i] = task_rows(w.rows, threads);
             outs.push(Blocks::new(y, n, step[i]));
@@ -390,7 +471,9 @@ fn matmul_job(
                         .iter()
                         .position(Option::is_none)
                         .expect("a free slot");
-                    w.format.prepare(w, x, n, isa, &mut acts[k]);
+                    if let Input::Rows(x) = input {
+                        w.format.prepare(w, x, n, isa, &mut acts[k]);
+                    }
                     prepared[k] = Some(w.acts_key());
                     k
                 }
@@ -398,6 +481,11 @@ fn matmul_job(
             work_len = work_len.max(n * step[i] + w.format.work_len(w, n, step[i]));
         }
         let acts = &acts[..];
+        let (x, prepared) = match input {
+            Input::Rows(x) => (x, None),
+            // The kernels of kasoku's formats read only the prepared rows.
+            Input::Prepared(p) => (&[][..], Some(p)),
+        };
         let tasks = outs.parts();
         // Each task computes its tile (every activation row × its weight rows) in its thread's
         // work area, then copies the tile's rows into place.
@@ -410,7 +498,7 @@ fn matmul_job(
                 let t = Tile {
                     w,
                     x,
-                    acts: &acts[act_of[i]],
+                    acts: prepared.unwrap_or(&acts[act_of[i]]),
                     n,
                     rows: rows.clone(),
                     isa,

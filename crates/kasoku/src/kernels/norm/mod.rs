@@ -18,13 +18,17 @@ mod tests;
 
 /// Normalises each row of `x` (rows of `weight.len()` values) into `out`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    rmsnorm_with(Isa::detect(), x, weight, eps, out)
+}
+
+/// [`rmsnorm`] on the path of `isa`.
+pub(crate) fn rmsnorm_with(isa: Isa, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     assert!(
         d > 0 && x.len().is_multiple_of(d),
         "rmsnorm: x is not a whole number of rows"
     );
     assert_eq!(x.len(), out.len(), "rmsnorm: out has the wrong length");
-    let isa = Isa::detect();
     for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         row(isa, xr, weight, eps, yr);
     }
@@ -64,12 +68,30 @@ fn row(isa: Isa, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     portable::row(x, w, eps, y);
 }
 
+/// The factor `1 / sqrt(mean(x²) + eps)` of the row `x`, as the path of `isa` computes it
+/// (the paths sum the squares in different orders): a normalised value is then
+/// `x[i] · scale · w[i]`, two f32 products in that order on every path, which is what the
+/// fused epilogues (`kernels::fused`) compute too.
+pub(crate) fn row_scale(isa: Isa, x: &[f32], eps: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in `row`.
+        return unsafe { avx2::scale(x, eps) };
+    }
+    let _ = isa;
+    portable::scale(x, eps)
+}
+
 mod portable {
     pub fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-        let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
-        let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+        let scale = scale(x, eps);
         for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
             *o = v * scale * g;
         }
+    }
+
+    pub fn scale(x: &[f32], eps: f32) -> f32 {
+        let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+        1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt()
     }
 }

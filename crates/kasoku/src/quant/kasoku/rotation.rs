@@ -161,14 +161,20 @@ impl Signs {
     /// online activation transform. Every path computes exactly these operations, so its
     /// result has the same bits everywhere.
     pub fn rotate_unnormalised(&self, x: &[f32], out: &mut [f32]) {
-        let b = self.rotation.block;
-        assert!(x.len() == self.values.len() && out.len() == x.len());
-        for ((o, v), s) in out.iter_mut().zip(x).zip(&self.values) {
-            *o = v * s;
-        }
-        for blk in out.chunks_exact_mut(b) {
-            hadamard_in_place(blk);
-        }
+        assert_eq!(x.len(), self.values.len());
+        rotate_unnormalised(&self.values, self.rotation.block, x, out);
+    }
+}
+
+/// [`Signs::rotate_unnormalised`] of a run of whole blocks: `out ← √b·R·x` with `signs` the
+/// signs of `x`'s columns and `b` the block.
+pub fn rotate_unnormalised(signs: &[f32], b: usize, x: &[f32], out: &mut [f32]) {
+    assert!(signs.len() == x.len() && out.len() == x.len() && x.len().is_multiple_of(b));
+    for ((o, v), s) in out.iter_mut().zip(x).zip(signs) {
+        *o = v * s;
+    }
+    for blk in out.chunks_exact_mut(b) {
+        hadamard_in_place(blk);
     }
 }
 
