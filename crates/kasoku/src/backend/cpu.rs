@@ -3,15 +3,18 @@
 //! `MatMulWeight` (packed 8 rows interleaved per format family), KV views `KvHeads`.
 
 use super::{
-    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, MatMulMany, Norm,
-    NormInPlace, RopeArgs,
+    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Epilogue, Fused, Gather, MatMul,
+    MatMulMany, MatMulPrepared, Norm, NormInPlace, RopeArgs,
 };
 use crate::kernels::activation::{sigmoid_gate, silu, swiglu_inplace};
 use crate::kernels::attention::{attend, AttnArgs, KvHeads};
 use crate::kernels::conv1d::{causal_conv1d_silu, tree_conv1d_silu, tree_conv_commit};
+use crate::kernels::fused;
 use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
 use crate::kernels::gated_delta::{gated_delta, gates, l2norm_heads, GdnInputs};
-use crate::kernels::matmul::{matmul, matmul_many, MatMulError, MatMulWeight};
+use crate::kernels::matmul::{
+    matmul, matmul_many, matmul_prepared, shares_prepared, MatMulError, MatMulWeight, Prepared,
+};
 use crate::kernels::norm::{rmsnorm, rmsnorm_inplace};
 use crate::quant::kasoku::QuantizedView;
 use crate::quant::{dequantize, DType};
@@ -24,6 +27,7 @@ impl Backend for Cpu {
     type Buffer = [f32];
     type Weight = MatMulWeight;
     type Kv<'a> = KvHeads<'a>;
+    type Prepared = Prepared;
 
     fn pack(
         &self,
@@ -47,6 +51,43 @@ impl Backend for Cpu {
     #[inline]
     fn matmul_many(&self, a: MatMulMany<'_, '_, Self>) {
         matmul_many(a.ws, a.x, a.n, a.ys)
+    }
+
+    #[inline]
+    fn can_prepare(&self, ws: &[&MatMulWeight]) -> bool {
+        fused::enabled() && shares_prepared(ws)
+    }
+
+    fn fused(&self, a: Fused<'_, '_, Self>) {
+        match a.epilogue {
+            Epilogue::RmsNorm { x, weight, eps } => fused::rmsnorm(x, weight, eps, a.w, a.out),
+            Epilogue::SwiGlu { gate, up } => fused::swiglu(gate, up, a.w, a.out),
+            Epilogue::Attention {
+                geo,
+                q,
+                keys,
+                values,
+                past,
+                scale,
+                tree,
+            } => {
+                let args = AttnArgs {
+                    geo,
+                    q,
+                    keys,
+                    values,
+                    past,
+                    scale,
+                    tree,
+                };
+                fused::attend(&args, a.w, a.out)
+            }
+        }
+    }
+
+    #[inline]
+    fn matmul_prepared(&self, a: MatMulPrepared<'_, '_, Self>) {
+        matmul_prepared(a.ws, a.x, a.n, a.ys)
     }
 
     fn gather(&self, a: Gather<'_, Self>) {

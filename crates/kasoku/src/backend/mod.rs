@@ -1,8 +1,10 @@
 //! The backend interface: what a device must compute for the model, one method per kernel
 //! family, each taking a parameter struct. A backend chooses its own types for activation
 //! buffers ([`Backend::Buffer`]), packed weight matrices ([`Backend::Weight`], packed from a
-//! checkpoint's bytes by [`Backend::pack`], so each backend picks its layout) and views of a
-//! KV cache ([`Backend::Kv`]); callers are generic over the backend and dispatch statically.
+//! checkpoint's bytes by [`Backend::pack`], so each backend picks its layout), views of a
+//! KV cache ([`Backend::Kv`]) and rows prepared for products ([`Backend::Prepared`]: an
+//! epilogue such as RMSNorm may write the next product's activations in the form its matrices
+//! read, [`Backend::fused`]); callers are generic over the backend and dispatch statically.
 //!
 //! - [`cpu::Cpu`]: today's kernels (`crate::kernels`), unchanged: its buffers are host
 //!   slices, its weights `MatMulWeight`, each method a direct call of the kernel.
@@ -16,7 +18,8 @@
 //! row counts (and several matrices in one job), RMSNorm (and in place), RoPE in both
 //! layouts, the activations (SwiGLU, the sigmoid and SiLU gates, adds, biases, l2 norms),
 //! attention over f32 / f16 / q8_0 caches as a chain and as a tree, Gated DeltaNet gates /
-//! recurrent / chunked / tree / replay, conv1d plain / tree / commit, the embedding gather.
+//! recurrent / chunked / tree / replay, conv1d plain / tree / commit, the embedding gather,
+//! the fused epilogues into products on kasoku's formats.
 //!
 //! The model's parts call their kernels through this interface on [`cpu::Cpu`] (static
 //! dispatch, a direct call each); making them generic over `B: Backend` (weights as
@@ -48,6 +51,10 @@ pub trait Backend: Send + Sync {
     type Kv<'a>: Copy
     where
         Self: 'a;
+    /// Rows an epilogue wrote already prepared for the products of some matrices
+    /// ([`Backend::fused`]; the CPU: rotated int8 blocks for kasoku's formats). The caller
+    /// keeps one from pass to pass.
+    type Prepared: Default + Send;
 
     /// Packs a `rows × cols` matrix stored as `dtype` (GGUF block layout, row by row).
     fn pack(
@@ -68,6 +75,21 @@ pub trait Backend: Send + Sync {
     /// Several products over the same rows in one job ([`MatMulMany`]); each output as
     /// [`Backend::matmul`] of its matrix alone gives it.
     fn matmul_many(&self, args: MatMulMany<'_, '_, Self>);
+
+    /// Whether one fused epilogue can prepare its rows for every matrix of `ws` at once
+    /// ([`Backend::fused`], then [`Backend::matmul_prepared`]); when not, callers write f32
+    /// rows and call [`Backend::matmul`]. The answer depends only on the matrices and the
+    /// process's settings (the CPU: all in kasoku's formats with one rotation and width, and
+    /// `KASOKU_UNFUSED` unset).
+    fn can_prepare(&self, ws: &[&Self::Weight]) -> bool;
+
+    /// An epilogue (RMSNorm, SwiGLU, attention) that writes its rows prepared for the
+    /// products of [`Fused::w`] instead of as f32 rows ([`Fused`]).
+    fn fused(&self, args: Fused<'_, '_, Self>);
+
+    /// Products of rows a fused epilogue prepared ([`MatMulPrepared`]): each output as
+    /// [`Backend::matmul`] of the epilogue's f32 rows gives it (on the CPU, bit for bit).
+    fn matmul_prepared(&self, args: MatMulPrepared<'_, '_, Self>);
 
     /// Rows of an embedding table stored as `dtype` ([`Gather`]), as f32.
     fn gather(&self, args: Gather<'_, Self>);
@@ -120,6 +142,67 @@ pub struct MatMulMany<'a, 'b, B: Backend + ?Sized> {
     pub n: usize,
     /// One output per matrix, `n × rows` each, overwritten.
     pub ys: &'a mut [&'b mut B::Buffer],
+}
+
+/// Products of several matrices with the same `n` rows, prepared for them by a fused epilogue
+/// (every matrix accepted together by [`Backend::can_prepare`] with the epilogue's).
+pub struct MatMulPrepared<'a, 'b, B: Backend + ?Sized> {
+    /// The matrices.
+    pub ws: &'a [&'a B::Weight],
+    /// The prepared rows.
+    pub x: &'a B::Prepared,
+    /// Rows of `x`.
+    pub n: usize,
+    /// One output per matrix, `n × rows` each, overwritten.
+    pub ys: &'a mut [&'b mut B::Buffer],
+}
+
+/// An epilogue writing its rows prepared for products ([`Backend::fused`]).
+pub struct Fused<'a, 'b, B: Backend + ?Sized + 'a> {
+    /// A matrix the rows are for (its columns are the rows' width); they serve every matrix
+    /// that [`Backend::can_prepare`] accepts together with it.
+    pub w: &'a B::Weight,
+    /// What computes the rows.
+    pub epilogue: Epilogue<'a, B>,
+    /// Overwritten.
+    pub out: &'b mut B::Prepared,
+}
+
+/// The computations a [`Fused`] call can end with.
+pub enum Epilogue<'a, B: Backend + ?Sized + 'a> {
+    /// RMSNorm of the rows of `x` (as [`Norm`]).
+    RmsNorm {
+        /// The rows.
+        x: &'a B::Buffer,
+        /// One weight per value of a row.
+        weight: &'a [f32],
+        /// Added to the mean square.
+        eps: f32,
+    },
+    /// `silu(gate) · up` (as [`Activation::SwiGlu`]); `gate` is left as it is.
+    SwiGlu {
+        /// The gate projection.
+        gate: &'a B::Buffer,
+        /// The up projection.
+        up: &'a B::Buffer,
+    },
+    /// Attention's output rows (as [`Attend`], without its `out`).
+    Attention {
+        /// Head counts and size.
+        geo: AttnGeometry,
+        /// `n × n_heads × head_dim` queries.
+        q: &'a B::Buffer,
+        /// The cache's keys, the new rows' included.
+        keys: B::Kv<'a>,
+        /// The cache's values, as the keys.
+        values: B::Kv<'a>,
+        /// Committed positions before the new rows.
+        past: usize,
+        /// The scores' factor.
+        scale: f32,
+        /// `None`: a chain; else the rows are nodes of a token tree.
+        tree: Option<TreeRows<'a>>,
+    },
 }
 
 /// RMSNorm of the rows of `x` (rows of `weight.len()` values) in place.

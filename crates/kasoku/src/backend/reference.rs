@@ -5,8 +5,8 @@
 //! oracle the backends are tested against (`tests.rs`), not a way to run a model.
 
 use super::{
-    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Gather, MatMul, MatMulMany, Norm,
-    NormInPlace, RopeArgs,
+    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Epilogue, Fused, Gather, MatMul,
+    MatMulMany, MatMulPrepared, Norm, NormInPlace, RopeArgs,
 };
 use crate::kernels::attention::{KvHeads, Stored};
 use crate::kernels::conv1d::ConvTaps;
@@ -34,6 +34,8 @@ impl Backend for Reference {
     type Buffer = [f32];
     type Weight = RefMatrix;
     type Kv<'a> = KvHeads<'a>;
+    /// The epilogue's rows as f32, unchanged: the reference fuses nothing.
+    type Prepared = Vec<f32>;
 
     fn pack(
         &self,
@@ -96,6 +98,62 @@ impl Backend for Reference {
                 y,
             });
         }
+    }
+
+    fn can_prepare(&self, ws: &[&RefMatrix]) -> bool {
+        ws.first()
+            .is_some_and(|w| ws.iter().all(|v| v.cols == w.cols))
+    }
+
+    fn fused(&self, a: Fused<'_, '_, Self>) {
+        let out = a.out;
+        match a.epilogue {
+            Epilogue::RmsNorm { x, weight, eps } => {
+                out.resize(x.len(), 0.0);
+                self.rmsnorm(Norm {
+                    x,
+                    weight,
+                    eps,
+                    out,
+                });
+            }
+            Epilogue::SwiGlu { gate, up } => {
+                out.clear();
+                out.extend_from_slice(gate);
+                self.activation(Activation::SwiGlu { gate: out, up });
+            }
+            Epilogue::Attention {
+                geo,
+                q,
+                keys,
+                values,
+                past,
+                scale,
+                tree,
+            } => {
+                out.resize(q.len(), 0.0);
+                self.attention(Attend {
+                    geo,
+                    q,
+                    keys,
+                    values,
+                    past,
+                    scale,
+                    tree,
+                    out,
+                });
+            }
+        }
+        assert_eq!(out.len() % a.w.cols, 0, "fused: rows of another width");
+    }
+
+    fn matmul_prepared(&self, a: MatMulPrepared<'_, '_, Self>) {
+        self.matmul_many(MatMulMany {
+            ws: a.ws,
+            x: a.x,
+            n: a.n,
+            ys: a.ys,
+        });
     }
 
     fn gather(&self, a: Gather<'_, Self>) {

@@ -1,7 +1,8 @@
 //! Every kernel family of every backend against the f64 reference on random shapes: matmul on
 //! every weight format, the embedding gather, RMSNorm, RoPE, the activations, attention (chain
 //! and tree, over f32 / f16 / q8_0 caches), Gated DeltaNet (recurrent, chunked, tree, replay)
-//! and conv1d (chain, tree, commit). The bounds are relative errors: float work in f32 against
+//! and conv1d (chain, tree, commit), the fused epilogues (RMSNorm, SwiGLU, attention into
+//! products on kasoku's formats; on the CPU also bit for bit against the unfused). The bounds are relative errors: float work in f32 against
 //! f64 (1e-5..1e-4), and products whose activations the backend quantizes to 8 bits (block
 //! formats: 3e-2); each would be of order 1 for a wrong result.
 
@@ -208,6 +209,187 @@ fn matmul_kasoku_formats() {
     });
     for (w, got) in [&cpu[0], &cpu[2], &cpu[3]].iter().zip(&outs) {
         assert_eq!(got, &matmul_out(&Cpu, w, &x, 5, rows));
+    }
+}
+
+/// An epilogue's rows through [`Backend::fused`], then their product with `w`.
+fn fused_out<'a, B: Backend<Buffer = [f32]>>(
+    b: &B,
+    w: &'a B::Weight,
+    epilogue: Epilogue<'a, B>,
+    n: usize,
+    rows: usize,
+) -> Vec<f32> {
+    let mut p = B::Prepared::default();
+    b.fused(Fused {
+        w,
+        epilogue,
+        out: &mut p,
+    });
+    let mut y = vec![f32::NAN; n * rows];
+    b.matmul_prepared(MatMulPrepared {
+        ws: &[w],
+        x: &p,
+        n,
+        ys: &mut [&mut y],
+    });
+    y
+}
+
+/// The fused epilogues (RMSNorm, SwiGLU, attention as a chain and as a tree) into products
+/// on kasoku's formats: the CPU against the reference (the int8 rounding of the rotated
+/// activations: 3e-2), and against its own unfused kernels and product, bit for bit.
+#[test]
+fn fused_epilogues_on_kasoku_formats() {
+    use crate::quant::kasoku::{quantize, Rotation, TensorSpec};
+    let mut rng = Rng::new(9);
+    let geo = AttnGeometry {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+    };
+    let (rows, cols) = (24, 256);
+    let past = 40;
+    let parents = [usize::MAX, 0, 0, 1, 3, 2];
+    for spec in [
+        TensorSpec::m(rows, cols, 64, Some(Rotation::new(3, 32))),
+        TensorSpec::m(rows, cols, 32, None),
+        TensorSpec::l(rows, cols, false, Some(Rotation::new(4, 64))),
+    ] {
+        let q = quantize(spec, &rng.vec(rows * cols, 0.1)).unwrap();
+        let (cw, rw) = (Cpu.pack_kasoku(q.view()), Reference.pack_kasoku(q.view()));
+        assert!(Reference.can_prepare(&[&rw]));
+        for (n, tree) in [
+            (1, None),
+            (6, None),
+            (
+                6,
+                Some(TreeRows {
+                    parents: &parents,
+                    first: 0,
+                }),
+            ),
+        ] {
+            let what = |e: &str| format!("fused {e} {spec} n={n} tree={}", tree.is_some());
+            let x = rng.vec(n * cols, 1.0);
+            let up = rng.vec(n * cols, 1.0);
+            let weight = rng.vec(cols, 1.5);
+            let c = fused_out(
+                &Cpu,
+                &cw,
+                Epilogue::RmsNorm {
+                    x: &x,
+                    weight: &weight,
+                    eps: 1e-6,
+                },
+                n,
+                rows,
+            );
+            let r = fused_out(
+                &Reference,
+                &rw,
+                Epilogue::RmsNorm {
+                    x: &x,
+                    weight: &weight,
+                    eps: 1e-6,
+                },
+                n,
+                rows,
+            );
+            close(&what("rmsnorm"), &c, &r, 3e-2);
+            let mut normed = vec![0f32; n * cols];
+            Cpu.rmsnorm(Norm {
+                x: &x,
+                weight: &weight,
+                eps: 1e-6,
+                out: &mut normed,
+            });
+            assert_eq!(
+                c,
+                matmul_out(&Cpu, &cw, &normed, n, rows),
+                "{}",
+                what("rmsnorm")
+            );
+
+            let c = fused_out(&Cpu, &cw, Epilogue::SwiGlu { gate: &x, up: &up }, n, rows);
+            let r = fused_out(
+                &Reference,
+                &rw,
+                Epilogue::SwiGlu { gate: &x, up: &up },
+                n,
+                rows,
+            );
+            close(&what("swiglu"), &c, &r, 3e-2);
+            let mut prod = x.clone();
+            Cpu.activation(Activation::SwiGlu {
+                gate: &mut prod,
+                up: &up,
+            });
+            assert_eq!(
+                c,
+                matmul_out(&Cpu, &cw, &prod, n, rows),
+                "{}",
+                what("swiglu")
+            );
+
+            let total = past + n;
+            let keys: Vec<Vec<f32>> = kv_rows(&mut rng, 2, total, 64);
+            let values: Vec<Vec<f32>> = kv_rows(&mut rng, 2, total, 64);
+            let (ks, vs): (Vec<&[f32]>, Vec<&[f32]>) = (
+                keys.iter().map(|h| &h[..]).collect(),
+                values.iter().map(|h| &h[..]).collect(),
+            );
+            let (k, v) = (KvHeads::F32(&ks), KvHeads::F32(&vs));
+            let scale = 0.125;
+            let c = fused_out(
+                &Cpu,
+                &cw,
+                Epilogue::Attention {
+                    geo,
+                    q: &x,
+                    keys: k,
+                    values: v,
+                    past,
+                    scale,
+                    tree,
+                },
+                n,
+                rows,
+            );
+            let r = fused_out(
+                &Reference,
+                &rw,
+                Epilogue::Attention {
+                    geo,
+                    q: &x,
+                    keys: k,
+                    values: v,
+                    past,
+                    scale,
+                    tree,
+                },
+                n,
+                rows,
+            );
+            close(&what("attention"), &c, &r, 3e-2);
+            let mut out = vec![0f32; n * cols];
+            Cpu.attention(Attend {
+                geo,
+                q: &x,
+                keys: k,
+                values: v,
+                past,
+                scale,
+                tree,
+                out: &mut out,
+            });
+            assert_eq!(
+                c,
+                matmul_out(&Cpu, &cw, &out, n, rows),
+                "{}",
+                what("attention")
+            );
+        }
     }
 }
 
