@@ -258,6 +258,7 @@ impl MtpHead {
             normed,
             delta,
             work,
+            prepared,
         } = scratch;
         {
             let [emb, e, hh, cat] = carve(work, [n * h, n * h, n * h, n * 2 * h]);
@@ -310,6 +311,7 @@ impl MtpHead {
             normed,
             delta,
             work,
+            prepared,
         };
         let block = std::slice::from_ref(&self.layer);
         run_layers(block, layers, self.index, &mut buffers, &pass, taps, tr);

@@ -1,8 +1,9 @@
 //! `RmsNorm`: a norm weight with its epsilon. The `(1 + w)` convention of HF Qwen3.5 is
 //! resolved at load (the stored `w` gets +1), so one kernel serves every family.
 
-use crate::backend::{Backend, Cpu, Norm, NormInPlace};
+use crate::backend::{Backend, Cpu, Epilogue, Fused, Norm, NormInPlace};
 use crate::format::Claims;
+use crate::kernels::matmul::{MatMulWeight, Prepared};
 
 use super::{weights, ModelError};
 
@@ -41,6 +42,30 @@ impl RmsNorm {
             eps: self.eps,
             out,
         });
+    }
+
+    /// [`RmsNorm::forward`], or, when `into` names a matrix, the rows written into
+    /// `prepared` for products with it (and the matrices that share its input) instead of
+    /// into `out`.
+    pub(crate) fn forward_for(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        into: Option<&MatMulWeight>,
+        prepared: &mut Prepared,
+    ) {
+        match into {
+            None => self.forward(x, out),
+            Some(w) => Cpu.fused(Fused {
+                w,
+                epilogue: Epilogue::RmsNorm {
+                    x,
+                    weight: &self.weight,
+                    eps: self.eps,
+                },
+                out: prepared,
+            }),
+        }
     }
 
     /// Normalises each `dim`-value row of `x` in place (per-head q/k norms).

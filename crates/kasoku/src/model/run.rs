@@ -23,7 +23,7 @@ use super::transformer::{Layer, Model};
 use super::ModelError;
 use crate::backend::{Activation, Backend, Cpu, MatMul};
 use crate::kernels::attention::TreeRows;
-use crate::kernels::matmul::MatMulWeight;
+use crate::kernels::matmul::{MatMulWeight, Prepared};
 
 /// Rows per forward chunk: bounds activation memory while keeping matmuls batched.
 pub const CHUNK: usize = 256;
@@ -83,6 +83,7 @@ impl Model {
                     normed,
                     delta,
                     work,
+                    prepared,
                 } = scratch;
                 positions.clear();
                 positions.extend(depths.iter().map(|d| past + d));
@@ -100,6 +101,7 @@ impl Model {
                     normed,
                     delta,
                     work,
+                    prepared,
                 };
                 self.pass(layers, batch, &pass, 0, &mut buffers, out, tr);
                 self.outputs(&mut buffers, n, batch, true, out, tr);
@@ -131,12 +133,14 @@ impl Model {
             normed,
             delta,
             work,
+            prepared,
         } = scratch;
         let mut buffers = Buffers {
             x,
             normed,
             delta,
             work,
+            prepared,
         };
         for (c, chunk) in batch.tokens.chunks(CHUNK).enumerate() {
             let n = chunk.len();
@@ -216,6 +220,7 @@ impl Model {
             normed,
             delta,
             work,
+            prepared,
         } = scratch;
         positions.clear();
         positions.extend(pending.depths[first..].iter().map(|d| past + d));
@@ -233,6 +238,7 @@ impl Model {
             normed,
             delta,
             work,
+            prepared,
         };
         self.pass(layers, batch, &pass, 0, &mut buffers, out, tr);
         self.outputs(&mut buffers, n, batch, true, out, tr);
@@ -399,6 +405,8 @@ pub(crate) struct Buffers<'a> {
     pub(crate) delta: &'a mut Vec<f32>,
     /// What each part of a layer carves its intermediates from.
     pub(crate) work: &'a mut Vec<f32>,
+    /// Rows a fused epilogue prepared for the next product.
+    pub(crate) prepared: &'a mut Prepared,
 }
 
 /// The layer loop: the rows in `buf.x` (`n × hidden`, embedded) through every layer of
@@ -423,11 +431,22 @@ pub(crate) fn run_layers<T: Trace>(
     for (i, (layer, st)) in layers.iter().zip(states.iter_mut()).enumerate() {
         let l = first_layer + i;
         let op = |name| Op::new(name, Some(l), n);
-        tr.op(op("attn_norm"), || layer.attn_norm.forward(x, normed));
-        layer.mixer.run(st, normed, pass, delta, buf.work, l, tr);
+        // Each norm writes its rows as f32, or prepared for the matrices that read them.
+        let (into, prepared) = (layer.mixer.prepared_input(), &mut *buf.prepared);
+        tr.op(op("attn_norm"), || {
+            layer.attn_norm.forward_for(x, normed, into, prepared)
+        });
+        layer
+            .mixer
+            .run(st, normed, pass, delta, buf.work, buf.prepared, l, tr);
         tr.op(op("residual"), || add(x, delta));
-        tr.op(op("ffn_norm"), || layer.ffn_norm.forward(x, normed));
-        layer.mlp.run(normed, n, delta, buf.work, l, tr);
+        let (into, prepared) = (layer.mlp.prepared_input(), &mut *buf.prepared);
+        tr.op(op("ffn_norm"), || {
+            layer.ffn_norm.forward_for(x, normed, into, prepared)
+        });
+        layer
+            .mlp
+            .run(normed, n, delta, buf.work, buf.prepared, l, tr);
         tr.op(op("residual"), || add(x, delta));
         for (k, _) in taps.layers.iter().enumerate().filter(|(_, &t)| t == l) {
             for (r, row) in x.chunks_exact(h).enumerate() {

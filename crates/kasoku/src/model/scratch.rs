@@ -1,13 +1,15 @@
 //! The activation memory of a state's passes: the residual stream, the normed rows, each
-//! sub-layer's output, the positions of the rows, and one work area that each part of a
-//! layer (attention, Gated DeltaNet, the MLP, the output norm) carves its intermediates from
-//! in turn. A [`ModelState`](super::ModelState) owns one; the buffers grow to the largest pass
+//! sub-layer's output, the positions of the rows, one work area that each part of a layer
+//! (attention, Gated DeltaNet, the MLP, the output norm) carves its intermediates from in
+//! turn, and the rows a fused epilogue prepared for the next product. A [`ModelState`](super::ModelState) owns one; the buffers grow to the largest pass
 //! the state has run (at most [`CHUNK`](super::CHUNK) rows) and are then reused, so a decode
 //! step or a verification pass of a size seen before allocates nothing. They are never
 //! copied: a clone or fork of a state starts with empty ones.
 //!
 //! Every buffer is handed out with stale values from the last pass; each user writes all of
 //! what it reads (the kernels overwrite their outputs).
+
+use crate::kernels::matmul::Prepared;
 
 /// The buffers: see the module doc.
 #[derive(Debug, Default)]
@@ -22,6 +24,9 @@ pub(crate) struct Scratch {
     pub(crate) delta: Vec<f32>,
     /// Intermediates of one part of a layer at a time ([`carve`]).
     pub(crate) work: Vec<f32>,
+    /// The rows a fused epilogue prepared for the next product (a norm's for q/k/v or
+    /// gate/up, attention's for the output projection, SwiGLU's for down), one at a time.
+    pub(crate) prepared: Prepared,
 }
 
 impl Scratch {
@@ -33,6 +38,7 @@ impl Scratch {
                 + self.delta.capacity()
                 + self.work.capacity())
                 * 4
+            + self.prepared.bytes()
     }
 }
 

@@ -510,6 +510,67 @@ mod tests {
         }
     }
 
+    /// The fused epilogues (the norms, attention and SwiGLU writing the rotated int8
+    /// activations of kasoku's formats) give the unfused path's logits bit for bit: a prompt
+    /// longer than a chunk, decode steps and a token tree, with M, mixed (q/k in M, v in L:
+    /// separate projections sharing one prepared input) and unrotated L.
+    #[test]
+    fn fused_epilogues_give_the_unfused_logits_bit_for_bit() {
+        use crate::kernels::fused::force;
+        use crate::model::TreeBuilder;
+        use crate::quant::kasoku::{Recipe, Scheme};
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+            let mut cfg = tiny_config(arch, SourceKind::Gguf);
+            cfg.hidden = 64;
+            cfg.ffn = 128;
+            cfg.head_dim = 16;
+            cfg.rope_dim = 16;
+            let src = random_weights(&cfg, 23);
+            let toks = tokens(CHUNK + 20, cfg.vocab, 5);
+            let mut tree = TreeBuilder::new(toks[3]);
+            let a = tree.add(0, 7);
+            tree.add_chain(a, &[1, 2, 3]);
+            tree.add(0, 9);
+            let (tree, _) = tree.build();
+            for recipe in [
+                Recipe::new(Scheme::M),
+                Recipe::new(Scheme::Mixed),
+                Recipe {
+                    rotate: false,
+                    ..Recipe::new(Scheme::L)
+                },
+            ] {
+                let model =
+                    Model::from_source_with(cfg.clone(), &src, Some(Target::Kasoku(recipe)))
+                        .unwrap();
+                let run = |fused: bool| {
+                    force(Some(fused));
+                    for l in &model.layers {
+                        assert_eq!(l.mixer.prepared_input().is_some(), fused);
+                        assert_eq!(l.mlp.prepared_input().is_some(), fused);
+                    }
+                    let mut st = model.new_state(CHUNK + 64);
+                    let mut all = model.forward(&mut st, &toks, Logits::All).unwrap();
+                    for t in [4, 5] {
+                        all.extend(model.forward(&mut st, &[t], Logits::Last).unwrap());
+                    }
+                    all.extend(model.verify(&mut st, &tree, true).unwrap().logits);
+                    force(None);
+                    all
+                };
+                let (fused, unfused) = (run(true), run(false));
+                assert!(
+                    fused.len() == unfused.len()
+                        && fused
+                            .iter()
+                            .zip(&unfused)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{arch:?} {recipe:?}: fused and unfused logits differ"
+                );
+            }
+        }
+    }
+
     #[test]
     fn long_input_runs_in_chunks() {
         let cfg = tiny_config(Arch::Qwen3, SourceKind::Gguf);

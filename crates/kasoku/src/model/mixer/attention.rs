@@ -7,10 +7,12 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Activation, Attend, Backend, Cpu, MatMul, MatMulMany, RopeArgs};
+use crate::backend::{
+    Activation, Attend, Backend, Cpu, Epilogue, Fused, MatMul, MatMulMany, MatMulPrepared, RopeArgs,
+};
 use crate::format::Claims;
 use crate::kernels::attention::AttnGeometry;
-use crate::kernels::matmul::{MatMulWeight, WeightFormat};
+use crate::kernels::matmul::{MatMulWeight, Prepared, WeightFormat};
 use crate::kernels::rope::Rope;
 
 use super::super::batch::Pass;
@@ -86,6 +88,16 @@ impl Projections {
         }
     }
 
+    /// The matrix to prepare rows for when one fused norm can write them for every matrix;
+    /// `None` for f32 rows.
+    fn prepared_input(&self) -> Option<&MatMulWeight> {
+        let ws = match self {
+            Projections::Stacked { w, .. } => [w, w, w],
+            Projections::Separate { wq, wk, wv } => [wq, wk, wv],
+        };
+        Cpu.can_prepare(&ws).then_some(ws[0])
+    }
+
     /// Values of the stacked product of `n` rows that [`Projections::project`] needs as
     /// room (0 for separate matrices).
     fn stacked_len(&self, n: usize) -> usize {
@@ -95,11 +107,13 @@ impl Projections {
         }
     }
 
-    /// `q = x·Wqᵀ, k = x·Wkᵀ, v = x·Wvᵀ` for the `n` rows of `x` (`all`: room for the stacked
-    /// product, [`Projections::stacked_len`]).
+    /// `q = x·Wqᵀ, k = x·Wkᵀ, v = x·Wvᵀ` for the `n` rows of `x`, or of `prepared` when given
+    /// (`all`: room for the stacked product, [`Projections::stacked_len`]).
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
         x: &[f32],
+        prepared: Option<&Prepared>,
         n: usize,
         all: &mut [f32],
         q: &mut [f32],
@@ -109,7 +123,15 @@ impl Projections {
         match self {
             &Projections::Stacked { ref w, q_rows } => {
                 let kv_rows = (w.rows - q_rows) / 2;
-                Cpu.matmul(MatMul { w, x, n, y: all });
+                match prepared {
+                    Some(p) => Cpu.matmul_prepared(MatMulPrepared {
+                        ws: &[w],
+                        x: p,
+                        n,
+                        ys: &mut [&mut *all],
+                    }),
+                    None => Cpu.matmul(MatMul { w, x, n, y: all }),
+                }
                 for (((row, q), k), v) in all
                     .chunks_exact(w.rows)
                     .zip(q.chunks_exact_mut(q_rows))
@@ -123,14 +145,20 @@ impl Projections {
                     v.copy_from_slice(rv);
                 }
             }
-            Projections::Separate { wq, wk, wv } => {
-                Cpu.matmul_many(MatMulMany {
+            Projections::Separate { wq, wk, wv } => match prepared {
+                Some(p) => Cpu.matmul_prepared(MatMulPrepared {
+                    ws: &[wq, wk, wv],
+                    x: p,
+                    n,
+                    ys: &mut [q, k, v],
+                }),
+                None => Cpu.matmul_many(MatMulMany {
                     ws: &[wq, wk, wv],
                     x,
                     n,
                     ys: &mut [q, k, v],
-                });
-            }
+                }),
+            },
         }
     }
 }
@@ -208,6 +236,12 @@ impl Attention {
         out
     }
 
+    /// The matrix whose prepared rows [`Attention::run`] reads instead of f32 ones, when one
+    /// fused norm can write them for q, k and v; `None` for f32 rows.
+    pub(crate) fn prepared_input(&self) -> Option<&MatMulWeight> {
+        self.qkv.prepared_input()
+    }
+
     /// `n_kv_heads × head_dim`: the width of a KV cache row.
     pub fn kv_dim(&self) -> usize {
         self.geo.n_kv_heads * self.geo.head_dim
@@ -223,7 +257,9 @@ impl Attention {
     /// intermediates are carved from `work`. Chain rows see the cache and the rows before
     /// them; tree nodes see the committed positions and their ancestors, and their keys and
     /// values wait past the committed end, uncommitted: [`KvCache::commit`] keeps the accepted
-    /// ones, [`KvCache::truncate`] drops them all.
+    /// ones, [`KvCache::truncate`] drops them all. When [`Attention::prepared_input`] names
+    /// a matrix, the rows are read from `prepared` instead of `x`; the attention output goes
+    /// into `prepared` for the output projection where that matrix takes it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
@@ -232,6 +268,7 @@ impl Attention {
         pass: &Pass,
         out: &mut [f32],
         work: &mut Vec<f32>,
+        prepared: &mut Prepared,
         layer: usize,
         tr: &mut T,
     ) {
@@ -268,7 +305,8 @@ impl Attention {
         let qkv_op = op("qkv")
             .matmul(self.qkv.format())
             .reading(self.qkv.size_bytes());
-        tr.op(qkv_op, || self.qkv.project(x, n, all, q_raw, k, v));
+        let input = self.prepared_input().map(|_| &*prepared);
+        tr.op(qkv_op, || self.qkv.project(x, input, n, all, q_raw, k, v));
         if self.bq.is_some() {
             tr.op(op("qkv_bias"), || {
                 for (buf, bias) in [
@@ -322,6 +360,40 @@ impl Attention {
         tr.op(op("kv_append"), || cache.append(k, v));
 
         let kv_bytes = cache.bytes();
+        // Without an output gate, attention writes its rows prepared for the output
+        // projection where that matrix takes them.
+        let fused_out = gate.is_none() && Cpu.can_prepare(&[&self.wo]);
+        let wo = op("attn_out")
+            .matmul(self.wo.format())
+            .reading(self.wo.size_bytes());
+        if fused_out {
+            tr.op(op("attention").reading(kv_bytes), || {
+                cache.with_heads(|keys, values| {
+                    Cpu.fused(Fused {
+                        w: &self.wo,
+                        epilogue: Epilogue::Attention {
+                            geo: self.geo,
+                            q,
+                            keys,
+                            values,
+                            past,
+                            scale: self.scale,
+                            tree: pass.tree,
+                        },
+                        out: prepared,
+                    })
+                })
+            });
+            tr.op(wo, || {
+                Cpu.matmul_prepared(MatMulPrepared {
+                    ws: &[&self.wo],
+                    x: prepared,
+                    n,
+                    ys: &mut [out],
+                })
+            });
+            return;
+        }
         tr.op(op("attention").reading(kv_bytes), || {
             cache.with_heads(|keys, values| {
                 Cpu.attention(Attend {
@@ -341,9 +413,6 @@ impl Attention {
                 Cpu.activation(Activation::SigmoidGate { x: att, gate: g })
             });
         }
-        let wo = op("attn_out")
-            .matmul(self.wo.format())
-            .reading(self.wo.size_bytes());
         tr.op(wo, || {
             Cpu.matmul(MatMul {
                 w: &self.wo,
@@ -394,7 +463,7 @@ mod tests {
                 let mut all = vec![0f32; p.stacked_len(n)];
                 let mut q = vec![0f32; n * q_rows];
                 let (mut k, mut v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
-                p.project(x, n, &mut all, &mut q, &mut k, &mut v);
+                p.project(x, None, n, &mut all, &mut q, &mut k, &mut v);
                 (q, k, v)
             };
             for n in [1, 5] {

@@ -18,6 +18,7 @@ use super::batch::Pass;
 use super::config::LayerKind;
 use super::state::LayerState;
 use super::trace::Trace;
+use crate::kernels::matmul::{MatMulWeight, Prepared};
 
 /// The mixer of one layer. (One per layer, so variant sizes do not matter.)
 #[allow(clippy::large_enum_variant)]
@@ -42,9 +43,19 @@ impl Mixer {
         }
     }
 
-    /// Mixes the pass's rows (`x`: `n × hidden`, normed) into `out` (`n × hidden`): a chain
-    /// advances `state` past them, tree nodes wait in it for [`Mixer::commit`]. Intermediates
-    /// are carved from `work`. The model checked that `state` belongs to this layer and that
+    /// The matrix whose prepared rows this mixer reads instead of f32 ones (see
+    /// [`Attention::prepared_input`]); `None` for f32 rows.
+    pub(crate) fn prepared_input(&self) -> Option<&MatMulWeight> {
+        match self {
+            Mixer::Attention(a) => a.prepared_input(),
+            Mixer::GatedDeltaNet(_) => None,
+        }
+    }
+
+    /// Mixes the pass's rows (`x`: `n × hidden`, normed; or in `prepared` when
+    /// [`Mixer::prepared_input`] says so) into `out` (`n × hidden`): a chain advances `state`
+    /// past them, tree nodes wait in it for [`Mixer::commit`]. Intermediates are carved from
+    /// `work` (and `prepared`). The model checked that `state` belongs to this layer and that
     /// the pass suits it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
@@ -54,12 +65,13 @@ impl Mixer {
         pass: &Pass,
         out: &mut [f32],
         work: &mut Vec<f32>,
+        prepared: &mut Prepared,
         layer: usize,
         tr: &mut T,
     ) {
         match (self, state) {
             (Mixer::Attention(a), LayerState::Kv(cache)) => {
-                a.run(cache, x, pass, out, work, layer, tr)
+                a.run(cache, x, pass, out, work, prepared, layer, tr)
             }
             (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => {
                 g.run(s, x, pass, out, work, layer, tr)
