@@ -12,7 +12,7 @@
 //!
 //! **Bits.** An epilogue computes its values with the very operations of its unfused kernel on
 //! the same instruction-set path (RMSNorm: the row's factor from `norm::row_scale`, then
-//! `x · scale · w`; SwiGLU: `activation::swiglu_inplace_with`; attention: the same tasks and
+//! `x · scale · w` by `norm::apply`; SwiGLU: `activation::swiglu_inplace_with`; attention: the same tasks and
 //! the same merge of their partial results, `attention::attend_rows`) and hands them to the
 //! same transform that `matmul` applies to f32 rows, so the prepared activations, and so every
 //! product, equal the unfused kernel's followed by the product's own preparation, bit for bit
@@ -24,11 +24,12 @@
 use std::sync::OnceLock;
 
 use super::attention::{attend_rows, AttnArgs};
-use super::matmul::kasoku::MAX_CHUNK;
 use super::matmul::{MatMulWeight, Prepared};
-use super::norm::row_scale;
+use super::norm::{apply, row_scale};
 use super::simd::Isa;
 
+#[cfg(test)]
+mod bench;
 #[cfg(test)]
 mod tests;
 
@@ -89,13 +90,10 @@ pub(crate) fn rmsnorm_with(
             let x = &x[r * d..(r + 1) * d];
             let scale = row_scale(isa, x, eps);
             let c = row.chunk();
-            let mut buf = [0f32; MAX_CHUNK];
-            let v = &mut buf[..c];
             for c0 in (0..d).step_by(c) {
-                for ((o, &a), &g) in v.iter_mut().zip(&x[c0..c0 + c]).zip(&weight[c0..c0 + c]) {
-                    *o = a * scale * g;
-                }
-                row.put(c0, v);
+                row.put_with(c0, |v| {
+                    apply(isa, &x[c0..c0 + c], &weight[c0..c0 + c], scale, v)
+                });
             }
         });
 }
@@ -123,13 +121,12 @@ pub(crate) fn swiglu_with(
     out.kasoku_mut()
         .fill_rows(isa, n, f, signs, 0, |r, row, _| {
             let c = row.chunk();
-            let mut buf = [0f32; MAX_CHUNK];
-            let v = &mut buf[..c];
             for c0 in (0..f).step_by(c) {
                 let at = r * f + c0;
-                v.copy_from_slice(&gate[at..at + c]);
-                crate::kernels::activation::swiglu_inplace_with(isa, v, &up[at..at + c]);
-                row.put(c0, v);
+                row.put_with(c0, |v| {
+                    v.copy_from_slice(&gate[at..at + c]);
+                    crate::kernels::activation::swiglu_inplace_with(isa, v, &up[at..at + c]);
+                });
             }
         });
 }

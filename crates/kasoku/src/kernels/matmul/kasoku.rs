@@ -370,6 +370,8 @@ impl Int8Acts {
                 let work = unsafe {
                     std::slice::from_raw_parts_mut(out.work.add(slot * work_len), work_len)
                 };
+                // A chunk's values and their rotation, on the stack for the task's rows.
+                let (mut input, mut rot) = ([0f32; MAX_CHUNK], [0f32; MAX_CHUNK]);
                 for r in t * rows_per_task..((t + 1) * rows_per_task).min(n) {
                     let mut w = RowWriter {
                         out: &out,
@@ -380,6 +382,8 @@ impl Int8Acts {
                         simd,
                         norm,
                         done: 0,
+                        input: &mut input,
+                        rot: &mut rot,
                     };
                     row(r, &mut w, work);
                     assert_eq!(w.done, cols, "activations: a row was not written whole");
@@ -421,6 +425,10 @@ pub(crate) struct RowWriter<'a> {
     norm: f32,
     /// Values put so far.
     done: usize,
+    /// Where [`RowWriter::put_with`]'s function writes a chunk.
+    input: &'a mut [f32; MAX_CHUNK],
+    /// A chunk after the rotation.
+    rot: &'a mut [f32; MAX_CHUNK],
 }
 
 impl RowWriter<'_> {
@@ -444,42 +452,49 @@ impl RowWriter<'_> {
     /// the unnormalised transform of each rotation block), then int8 blocks of 64.
     pub(crate) fn put(&mut self, c0: usize, v: &[f32]) {
         let len = self.chunk();
+        assert!(v.len() == len, "activations: chunk");
+        let rot = &mut self.rot[..len];
+        transform(self.signs, self.simd, c0, v, rot);
+        self.store(c0);
+    }
+
+    /// [`RowWriter::put`] of the chunk that `f` writes into the slice it is given (the
+    /// chunk's length, its values as the last chunk left them).
+    #[inline]
+    pub(crate) fn put_with(&mut self, c0: usize, f: impl FnOnce(&mut [f32])) {
+        let len = self.chunk();
+        let input = &mut self.input[..len];
+        f(input);
+        transform(self.signs, self.simd, c0, input, &mut self.rot[..len]);
+        self.store(c0);
+    }
+
+    /// Quantizes the rotated chunk at column `c0` into the row's blocks.
+    fn store(&mut self, c0: usize) {
+        let len = self.chunk();
         assert!(
-            v.len() == len && c0.is_multiple_of(len) && c0 + len <= self.cols,
+            c0.is_multiple_of(len) && c0 + len <= self.cols,
             "activations: chunk"
         );
-        let mut buf = [0f32; MAX_CHUNK];
-        let rot = &mut buf[..len];
-        let signs = self
-            .signs
-            .map(|s| (&s.values[c0..c0 + len], s.rotation.block));
-        match (signs, self.simd) {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `simd` is only set from an `Isa` with AVX2 (`kernels::simd`); `rot` is as
-            // long as `v`, a multiple of the block and of 8.
-            (s, true) => unsafe { super::kasoku_avx2::rotate_row(v, s, rot) },
-            (Some((s, b)), _) => crate::quant::kasoku::rotation::rotate_unnormalised(s, b, v, rot),
-            (None, _) => rot.copy_from_slice(v),
-        }
-        let mut q = [0i8; ACT_BLOCK];
-        for (k, v) in rot.chunks_exact(ACT_BLOCK).enumerate() {
+        let out = self.out;
+        for (k, v) in self.rot[..len].chunks_exact(ACT_BLOCK).enumerate() {
+            let e = (c0 / ACT_BLOCK + k) * self.n + self.r;
+            // SAFETY: entry `e = b·n + r` belongs to this row alone, which one task writes,
+            // and every index is within the arrays `fill_rows` sized (`e < nb·n`).
+            let q = unsafe { std::slice::from_raw_parts_mut(out.qs.add(e * ACT_BLOCK), ACT_BLOCK) };
             let (amax, s0, s1) = if self.simd {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
+                // SAFETY: `simd` is only set from an `Isa` with AVX2 (`kernels::simd`).
                 unsafe {
-                    super::kasoku_avx2::quantize_block(v, &mut q)
+                    super::kasoku_avx2::quantize_block(v, q)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!()
             } else {
-                quantize_block(v, &mut q)
+                quantize_block(v, q)
             };
-            let e = (c0 / ACT_BLOCK + k) * self.n + self.r;
-            let out = self.out;
-            // SAFETY: entry `e = b·n + r` belongs to this row alone, which one task writes,
-            // and every index is within the arrays `fill_rows` sized (`e < nb·n`).
+            // SAFETY: as above.
             unsafe {
-                std::ptr::copy_nonoverlapping(q.as_ptr(), out.qs.add(e * ACT_BLOCK), ACT_BLOCK);
                 *out.d.add(e) = amax / 127.0 * self.norm;
                 *out.nsum32.add(2 * e) = -s0;
                 *out.nsum32.add(2 * e + 1) = -s1;
@@ -490,6 +505,22 @@ impl RowWriter<'_> {
             }
         }
         self.done += len;
+    }
+}
+
+/// `rot ← √b·R·v` for the chunk `v` at column `c0` (a plain copy without a rotation), on the
+/// AVX2 path when `simd`.
+#[inline]
+fn transform(signs: Option<&Signs>, simd: bool, c0: usize, v: &[f32], rot: &mut [f32]) {
+    let len = v.len();
+    let signs = signs.map(|s| (&s.values[c0..c0 + len], s.rotation.block));
+    match (signs, simd) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd` is only set from an `Isa` with AVX2 (`kernels::simd`); `rot` is as
+        // long as `v`, a multiple of the block and of 8.
+        (s, true) => unsafe { super::kasoku_avx2::rotate_row(v, s, rot) },
+        (Some((s, b)), _) => crate::quant::kasoku::rotation::rotate_unnormalised(s, b, v, rot),
+        (None, _) => rot.copy_from_slice(v),
     }
 }
 

@@ -8,7 +8,17 @@ use std::arch::x86_64::*;
 pub unsafe fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let n = x.len();
     assert!(w.len() == n && y.len() == n);
-    let scale = scale(x, eps);
+    apply(x, w, scale(x, eps), y);
+}
+
+/// `y[i] = x[i] · scale · w[i]`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `w` and `y` must be as long as `x`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn apply(x: &[f32], w: &[f32], scale: f32, y: &mut [f32]) {
+    let n = x.len();
+    assert!(w.len() == n && y.len() == n);
     let (xp, wp, yp) = (x.as_ptr(), w.as_ptr(), y.as_mut_ptr());
     let s = _mm256_set1_ps(scale);
     let mut i = 0;

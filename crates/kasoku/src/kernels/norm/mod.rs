@@ -70,8 +70,8 @@ fn row(isa: Isa, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 /// The factor `1 / sqrt(mean(x²) + eps)` of the row `x`, as the path of `isa` computes it
 /// (the paths sum the squares in different orders): a normalised value is then
-/// `x[i] · scale · w[i]`, two f32 products in that order on every path, which is what the
-/// fused epilogues (`kernels::fused`) compute too.
+/// `x[i] · scale · w[i]` ([`apply`]), which the fused epilogues (`kernels::fused`) compute
+/// chunk by chunk.
 pub(crate) fn row_scale(isa: Isa, x: &[f32], eps: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
@@ -82,9 +82,27 @@ pub(crate) fn row_scale(isa: Isa, x: &[f32], eps: f32) -> f32 {
     portable::scale(x, eps)
 }
 
+/// `y[i] = x[i] · scale · w[i]` (the second step of a row, `scale` from [`row_scale`]), as
+/// every path computes it.
+#[inline]
+pub(crate) fn apply(isa: Isa, x: &[f32], w: &[f32], scale: f32, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in `row`; the lengths are checked there.
+        unsafe { avx2::apply(x, w, scale, y) };
+        return;
+    }
+    let _ = isa;
+    portable::apply(x, w, scale, y);
+}
+
 mod portable {
     pub fn row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-        let scale = scale(x, eps);
+        apply(x, w, scale(x, eps), y);
+    }
+
+    pub fn apply(x: &[f32], w: &[f32], scale: f32, y: &mut [f32]) {
+        assert!(w.len() == x.len() && y.len() == x.len());
         for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
             *o = v * scale * g;
         }
