@@ -599,6 +599,20 @@ impl Path {
         })
     }
 
+    /// Whether tiles take two weight groups at once ([`kernel2`]) for matrices of `kind`.
+    fn pairs(self, kind: Kind) -> bool {
+        #[cfg(test)]
+        if bench::NO_PAIRS.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Vnni {
+            return matches!(kind, Kind::M(_)) && super::kasoku_vnni::pairs_available();
+        }
+        let _ = kind;
+        false
+    }
+
     /// Activation rows one kernel call takes.
     fn tile(self) -> usize {
         match self {
@@ -736,7 +750,7 @@ pub(crate) fn matmul_prepared_with(
 
 /// The f32 accumulators [`compute_tile`] needs for `n` activation rows.
 pub(crate) fn work_len(n: usize) -> usize {
-    XB.min(n) * GROUP
+    XB.min(n) * 2 * GROUP
 }
 
 /// `tile[r][j - rows.start] = Σ_c x[r][c]·W[j][c]` for the weight rows `rows` (starting on a
@@ -756,10 +770,17 @@ pub(crate) fn compute_tile(
     let (bb, hdr) = (kind.block_bytes(), kind.group_header());
     let group_bytes = w.group_bytes();
     let acc = &mut acc[..work_len(n)];
+    // Groups taken two at a time (sixteen weight rows per 512-bit vector): M on the VNNI path
+    // for more than one activation row, where the product is bound by compute.
+    let pairs = path.pairs(kind) && n > 1;
+    let (first, end) = (rows.start / GROUP, rows.end.div_ceil(GROUP));
     for xr0 in (0..n).step_by(XB) {
         let xn = XB.min(n - xr0);
-        for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-            acc[..xn * GROUP].fill(0.0);
+        let mut g = first;
+        while g < end {
+            let two = pairs && g + 1 < end;
+            let gr = if two { 2 * GROUP } else { GROUP };
+            acc[..xn * gr].fill(0.0);
             let gw = &w.packed[g * group_bytes..(g + 1) * group_bytes];
             for b0 in (0..nb).step_by(KC) {
                 let kn = KC.min(nb - b0);
@@ -770,6 +791,10 @@ pub(crate) fn compute_tile(
                     (b0 + kn) * ACT_BLOCK / kind.block_cols(),
                 );
                 let chunk = &gw[hdr + w0 * bb..hdr + w1 * bb];
+                let next = two.then(|| {
+                    let gw = &w.packed[(g + 1) * group_bytes..(g + 2) * group_bytes];
+                    &gw[hdr + w0 * bb..hdr + w1 * bb]
+                });
                 for xt in (0..xn).step_by(path.tile()) {
                     let xr = path.tile().min(xn - xt);
                     let x = XTile {
@@ -777,15 +802,11 @@ pub(crate) fn compute_tile(
                         r0: xr0 + xt,
                         b0,
                     };
-                    kernel(
-                        kind,
-                        path,
-                        chunk,
-                        kn,
-                        &x,
-                        xr,
-                        &mut acc[xt * GROUP..(xt + xr) * GROUP],
-                    );
+                    let acc = &mut acc[xt * gr..(xt + xr) * gr];
+                    match next {
+                        Some(chunk1) => kernel2(kind, path, chunk, chunk1, kn, &x, xr, acc),
+                        None => kernel(kind, path, chunk, kn, &x, xr, acc),
+                    }
                 }
             }
             if kind == Kind::LRow {
@@ -797,14 +818,37 @@ pub(crate) fn compute_tile(
                 }
             }
             for r in 0..xn {
-                for i in 0..GROUP {
+                for i in 0..gr {
                     let j = g * GROUP + i;
                     if j < rows.end {
-                        tile[(xr0 + r) * len + j - rows.start] = acc[r * GROUP + i];
+                        tile[(xr0 + r) * len + j - rows.start] = acc[r * gr + i];
                     }
                 }
             }
+            g += gr / GROUP;
         }
+    }
+}
+
+/// [`kernel`] for two consecutive groups at once (`w0`, `w1`: their blocks of the same
+/// columns), into `acc[r][i]` for `i < 16`; only where [`Path::pairs`] says so.
+#[allow(clippy::too_many_arguments)]
+fn kernel2(
+    kind: Kind,
+    path: Path,
+    w0: &[u8],
+    w1: &[u8],
+    kn: usize,
+    x: &XTile,
+    xr: usize,
+    acc: &mut [f32],
+) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: pairs are only taken when `kasoku_vnni::pairs_available()` (`Path::pairs`);
+        // the kernel checks that `w0`, `w1`, `x` and `acc` cover `kn` blocks and `xr` rows.
+        Path::Vnni => unsafe { super::kasoku_vnni::kernel2(kind, w0, w1, kn, x, xr, acc) },
+        _ => unreachable!("group pairs on {path:?}"),
     }
 }
 
@@ -1192,5 +1236,65 @@ mod tests {
         s.rotate(&mut rot);
         let amax = rot[..64].iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!((r.d[0] * 127.0 - amax).abs() < 1e-4 * amax);
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::quant::kasoku::{quantize, Rotation};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Set by [`m_product_speed`] alone (an ignored test) to time the one-group kernels.
+    pub(super) static NO_PAIRS: AtomicBool = AtomicBool::new(false);
+
+    /// Time per product of an M matrix of Qwen2.5-Coder-1.5B's MLP shape (8960 × 1536) on
+    /// the pool, by path and activation rows (ignored; run by hand:
+    /// `cargo test --release -p kasoku --lib kasoku::bench -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn m_product_speed() {
+        let (rows, cols) = (8960, 1536);
+        let mut rng = crate::test_util::Rng::new(3);
+        let spec = TensorSpec::m(rows, cols, 64, Some(Rotation::new(1, 32)));
+        let m = KasokuMatrix::new(quantize(spec, &rng.vec(rows * cols, 0.1)).unwrap().view());
+        for n in [1, 4, 8, 16] {
+            let x = rng.vec(n * cols, 1.0);
+            let a = Int8Acts::new(&x, n, cols, m.signs());
+            let mut y = vec![0f32; n * rows];
+            // Path by path, and on the VNNI path with and without group pairs, taking turns
+            // round by round (the machine may be shared): the best round of each.
+            let mut ways: Vec<(Path, bool)> =
+                Path::available().into_iter().map(|p| (p, false)).collect();
+            if ways.last().is_some_and(|w| w.0.pairs(Kind::M(64))) {
+                ways.push((ways.last().unwrap().0, true));
+            }
+            let mut best = vec![f64::MAX; ways.len()];
+            let reps = if n == 1 { 40 } else { 10 };
+            for _ in 0..7 {
+                for (w, &(path, no_pairs)) in ways.iter().enumerate() {
+                    if path == Path::Portable && n > 1 {
+                        continue;
+                    }
+                    NO_PAIRS.store(no_pairs, Ordering::Relaxed);
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        matmul_prepared_with(
+                            &[&m],
+                            &[&a],
+                            &mut [&mut y],
+                            path,
+                            threads::num_threads(),
+                        );
+                    }
+                    best[w] = best[w].min(t.elapsed().as_secs_f64() / reps as f64);
+                }
+            }
+            NO_PAIRS.store(false, Ordering::Relaxed);
+            for (&(path, no_pairs), t) in ways.iter().zip(&best).filter(|(_, t)| t.is_finite()) {
+                let what = if no_pairs { " (one group a tile)" } else { "" };
+                eprintln!("n={n:2} {path:?}{what}: {:.3} ms", t * 1e3);
+            }
+        }
     }
 }

@@ -33,6 +33,13 @@ pub(crate) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
+/// Whether this CPU also runs [`kernel2`] (which needs AVX-512BW besides [`available`]'s
+/// features; every CPU with VNNI has it so far). Detected once.
+pub(crate) fn pairs_available() -> bool {
+    static BW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BW.get_or_init(|| available() && std::arch::is_x86_feature_detected!("avx512bw"))
+}
+
 /// Prefetch distance in bytes (as the legacy kernels: into L1, 2 KiB ahead).
 const PREFETCH: usize = 2048;
 
@@ -297,5 +304,181 @@ unsafe fn lrow<const XR: usize>(w: &[u8], kn: usize, x: &XTile, acc: &mut [f32])
     }
     for (r, v) in out.iter().enumerate() {
         _mm256_storeu_ps(acc.as_mut_ptr().add(r * GROUP), *v);
+    }
+}
+
+/// [`kernel`] for two consecutive weight groups at once (sixteen weight rows: `w0` the first
+/// group's packed blocks, `w1` the second's) on 512-bit vectors, lanes 0..8 the first group's
+/// rows and 8..16 the second's: each `vpdpbusd` advances sixteen weight rows by four columns,
+/// twice the work of a 256-bit one at the same instruction rate, which is what multi-row
+/// products are bound by. The same integer sums and float epilogue per row as [`kernel`], so
+/// the same bits. M only (other kinds use [`kernel`] per group); `acc[r][i]` for `i < 16`.
+///
+/// # Safety
+/// [`pairs_available`] must be true; as [`kernel`], with `w0` and `w1` alike and
+/// `acc.len() == xr * 16`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(crate) unsafe fn kernel2(
+    kind: Kind,
+    w0: &[u8],
+    w1: &[u8],
+    kn: usize,
+    x: &XTile,
+    xr: usize,
+    acc: &mut [f32],
+) {
+    let a = x.acts;
+    assert!((1..=8).contains(&xr) && acc.len() == xr * 2 * GROUP && kn > 0);
+    assert!(w0.len() == kn * ACT_BLOCK / kind.block_cols() * kind.block_bytes());
+    assert!(w1.len() == w0.len());
+    assert!(x.r0 + xr <= a.n && (x.b0 + kn) * ACT_BLOCK <= a.cols);
+    macro_rules! tiles {
+        ($g:literal) => {
+            match xr {
+                1 => m2::<1, $g>(w0, w1, kn, x, acc),
+                2 => m2::<2, $g>(w0, w1, kn, x, acc),
+                3 => m2::<3, $g>(w0, w1, kn, x, acc),
+                4 => m2::<4, $g>(w0, w1, kn, x, acc),
+                5 => m2::<5, $g>(w0, w1, kn, x, acc),
+                6 => m2::<6, $g>(w0, w1, kn, x, acc),
+                7 => m2::<7, $g>(w0, w1, kn, x, acc),
+                _ => m2::<8, $g>(w0, w1, kn, x, acc),
+            }
+        };
+    }
+    match kind {
+        Kind::M(32) => tiles!(32),
+        Kind::M(64) => tiles!(64),
+        Kind::M(128) => tiles!(128),
+        k => unreachable!("kernel2 of {k:?}"),
+    }
+}
+
+/// The 32 bytes at `p0` in the low half and those at `p1` in the high half.
+#[inline(always)]
+unsafe fn pair256(p0: *const u8, p1: *const u8) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)),
+        _mm256_loadu_si256(p1 as *const __m256i),
+    )
+}
+
+/// The 32-bit value at `p0` in lanes 0..8 and that at `p1` in lanes 8..16.
+#[inline(always)]
+unsafe fn pair_i32(p0: *const u8, p1: *const u8) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi32(std::ptr::read_unaligned(
+            p0 as *const i32,
+        ))),
+        _mm256_set1_epi32(std::ptr::read_unaligned(p1 as *const i32)),
+    )
+}
+
+/// M with groups of `G` columns for `XR` activation rows and two weight groups (see
+/// [`kernel2`]); the arithmetic of [`m`] lane by lane.
+#[inline(always)]
+unsafe fn m2<const XR: usize, const G: usize>(
+    w0: &[u8],
+    w1: &[u8],
+    kn: usize,
+    x: &XTile,
+    acc: &mut [f32],
+) {
+    const ROWS: usize = 2 * GROUP;
+    let bb = 20 + 4 * G;
+    // Independent accumulators per row: enough chains to cover `vpdpbusd`'s latency, few
+    // enough that eight rows stay in the 32 registers.
+    let nacc = if XR == 1 {
+        4
+    } else if XR <= 6 {
+        2
+    } else {
+        1
+    };
+    let acts = x.acts;
+    let n = acts.n;
+    let e0 = acts.idx(x.r0, x.b0);
+    let xq = acts.qs.as_ptr().add(e0 * ACT_BLOCK);
+    let xd = acts.d.as_ptr().add(e0);
+    let ns32 = acts.nsum32.as_ptr().add(2 * e0);
+    let ns64 = acts.nsum64.as_ptr().add(e0);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let fifteen = _mm512_set1_epi32(15);
+    let zshift = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    let mut out: [__m512; XR] =
+        std::array::from_fn(|r| _mm512_loadu_ps(acc.as_ptr().add(r * ROWS)));
+    let (wp0, wp1) = (w0.as_ptr(), w1.as_ptr());
+    for k in 0..kn * ACT_BLOCK / G {
+        let (p0, p1) = (wp0.add(k * bb), wp1.add(k * bb));
+        prefetch(p0, bb);
+        prefetch(p1, bb);
+        let s = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i)),
+            _mm_loadu_si128(p1 as *const __m128i),
+        ));
+        let z = _mm512_and_si512(
+            _mm512_srlv_epi32(pair_i32(p0.add(16), p1.add(16)), zshift),
+            fifteen,
+        );
+        let segments = if G == 128 { 2 } else { 1 };
+        for seg in 0..segments {
+            let col = k * G + seg * ACT_BLOCK;
+            let (b, off) = (col / ACT_BLOCK, col % ACT_BLOCK);
+            let mut dot = [[_mm512_setzero_si512(); 4]; XR];
+            for r in 0..XR {
+                let e = b * n + r;
+                let ns = if G == 32 {
+                    *ns32.add(2 * e + off / 32)
+                } else {
+                    *ns64.add(e)
+                };
+                dot[r][0] = _mm512_madd_epi16(z, _mm512_set1_epi32(ns));
+            }
+            macro_rules! step {
+                ($slot:literal, $g:expr, $at:expr) => {{
+                    let (g, at) = ($g, $at);
+                    for r in 0..XR {
+                        let xa = std::ptr::read_unaligned(
+                            xq.add((b * n + r) * ACT_BLOCK + at) as *const i32
+                        );
+                        dot[r][$slot % nacc] =
+                            _mm512_dpbusd_epi32(dot[r][$slot % nacc], g, _mm512_set1_epi32(xa));
+                    }
+                }};
+            }
+            for j in (0..G / 8).step_by(2) {
+                let raw0 = pair256(p0.add(20 + 32 * j), p1.add(20 + 32 * j));
+                let raw1 = pair256(p0.add(20 + 32 * (j + 1)), p1.add(20 + 32 * (j + 1)));
+                let (lo0, hi0) = (
+                    _mm512_and_si512(raw0, m4),
+                    _mm512_and_si512(_mm512_srli_epi32::<4>(raw0), m4),
+                );
+                let (lo1, hi1) = (
+                    _mm512_and_si512(raw1, m4),
+                    _mm512_and_si512(_mm512_srli_epi32::<4>(raw1), m4),
+                );
+                if G == 128 {
+                    let (g0, g1) = if seg == 0 { (lo0, lo1) } else { (hi0, hi1) };
+                    step!(0, g0, 4 * j);
+                    step!(1, g1, 4 * j + 4);
+                } else {
+                    step!(0, lo0, off + 4 * j);
+                    step!(1, hi0, off + G / 2 + 4 * j);
+                    step!(2, lo1, off + 4 * j + 4);
+                    step!(3, hi1, off + G / 2 + 4 * j + 4);
+                }
+            }
+            for r in 0..XR {
+                let mut t = dot[r][0];
+                for v in 1..nacc {
+                    t = _mm512_add_epi32(t, dot[r][v]);
+                }
+                let c = _mm512_mul_ps(s, _mm512_set1_ps(*xd.add(b * n + r)));
+                out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), c, out[r]);
+            }
+        }
+    }
+    for (r, v) in out.iter().enumerate() {
+        _mm512_storeu_ps(acc.as_mut_ptr().add(r * ROWS), *v);
     }
 }
