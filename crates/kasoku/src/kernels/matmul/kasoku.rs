@@ -1297,4 +1297,49 @@ mod bench {
             }
         }
     }
+
+    /// Products streaming from memory as a model's pass does: 24 copies of an M matrix of
+    /// 8960 × 1536 (185 MB, more than the last-level cache) one after the other, by
+    /// prefetch distance of the paired kernel (ignored; run by hand, as above).
+    #[test]
+    #[ignore]
+    #[cfg(target_arch = "x86_64")]
+    fn m_streaming_speed() {
+        use super::super::kasoku_vnni::PAIR_PREFETCH_TEST;
+        if !Path::detect().pairs(Kind::M(64)) {
+            return;
+        }
+        let (rows, cols) = (8960, 1536);
+        let mut rng = crate::test_util::Rng::new(3);
+        let spec = TensorSpec::m(rows, cols, 64, Some(Rotation::new(1, 32)));
+        let q = quantize(spec, &rng.vec(rows * cols, 0.1)).unwrap();
+        let ms: Vec<KasokuMatrix> = (0..24).map(|_| KasokuMatrix::new(q.view())).collect();
+        for n in [1, 8, 16] {
+            let x = rng.vec(n * cols, 1.0);
+            let a = Int8Acts::new(&x, n, cols, ms[0].signs());
+            let mut y = vec![0f32; n * rows];
+            let dists = [2048, 6144, 8192, 12288, 16384];
+            let mut best = [f64::MAX; 5];
+            for _ in 0..5 {
+                for (k, &d) in dists.iter().enumerate() {
+                    PAIR_PREFETCH_TEST.store(d, Ordering::Relaxed);
+                    let t = std::time::Instant::now();
+                    for m in &ms {
+                        matmul_prepared_with(
+                            &[m],
+                            &[&a],
+                            &mut [&mut y],
+                            Path::detect(),
+                            threads::num_threads(),
+                        );
+                    }
+                    best[k] = best[k].min(t.elapsed().as_secs_f64() / ms.len() as f64);
+                }
+            }
+            PAIR_PREFETCH_TEST.store(0, Ordering::Relaxed);
+            for (d, t) in dists.iter().zip(best) {
+                eprintln!("n={n:2} prefetch {d}: {:.3} ms per matrix", t * 1e3);
+            }
+        }
+    }
 }
