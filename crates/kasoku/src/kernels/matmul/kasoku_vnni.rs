@@ -14,6 +14,11 @@
 //! Up to eight activation rows per tile; with fewer than four, each row's sum is split over
 //! two or four accumulators so that the dependency chain of `vpdpbusd` (latency 4) does not
 //! limit decoding.
+//!
+//! M with more than one activation row (verification, prefill) takes two weight groups per
+//! tile on 512-bit vectors ([`kernel2`]: sixteen weight rows per `vpdpbusd`, which runs at the
+//! 256-bit instruction's rate here, so twice the work per instruction where the product is
+//! bound by compute); decoding keeps the 256-bit kernel, bound by memory.
 
 #![cfg(target_arch = "x86_64")]
 // Tile loops index several per-row register arrays at once.
