@@ -607,7 +607,7 @@ impl Path {
         }
         #[cfg(target_arch = "x86_64")]
         if self == Path::Vnni {
-            return matches!(kind, Kind::M(_)) && super::kasoku_vnni::pairs_available();
+            return matches!(kind, Kind::M(_) | Kind::L32) && super::kasoku_vnni::pairs_available();
         }
         let _ = kind;
         false
@@ -770,8 +770,8 @@ pub(crate) fn compute_tile(
     let (bb, hdr) = (kind.block_bytes(), kind.group_header());
     let group_bytes = w.group_bytes();
     let acc = &mut acc[..work_len(n)];
-    // Groups taken two at a time (sixteen weight rows per 512-bit vector): M on the VNNI path
-    // for more than one activation row, where the product is bound by compute.
+    // Groups taken two at a time (sixteen weight rows per 512-bit vector): M and grouped L on
+    // the VNNI path for more than one activation row, where the product is bound by compute.
     let pairs = path.pairs(kind) && n > 1;
     let (first, end) = (rows.start / GROUP, rows.end.div_ceil(GROUP));
     for xr0 in (0..n).step_by(XB) {

@@ -317,7 +317,8 @@ unsafe fn lrow<const XR: usize>(w: &[u8], kn: usize, x: &XTile, acc: &mut [f32])
 /// rows and 8..16 the second's: each `vpdpbusd` advances sixteen weight rows by four columns,
 /// twice the work of a 256-bit one at the same instruction rate, which is what multi-row
 /// products are bound by. The same integer sums and float epilogue per row as [`kernel`], so
-/// the same bits. M only (other kinds use [`kernel`] per group); `acc[r][i]` for `i < 16`.
+/// the same bits. M and L in groups of 32 (L per row uses [`kernel`] per group); `acc[r][i]`
+/// for `i < 16`.
 ///
 /// # Safety
 /// [`pairs_available`] must be true; as [`kernel`], with `w0` and `w1` alike and
@@ -351,11 +352,99 @@ pub(crate) unsafe fn kernel2(
             }
         };
     }
+    macro_rules! l_tiles {
+        () => {
+            match xr {
+                1 => l2::<1>(w0, w1, kn, x, acc),
+                2 => l2::<2>(w0, w1, kn, x, acc),
+                3 => l2::<3>(w0, w1, kn, x, acc),
+                4 => l2::<4>(w0, w1, kn, x, acc),
+                5 => l2::<5>(w0, w1, kn, x, acc),
+                6 => l2::<6>(w0, w1, kn, x, acc),
+                7 => l2::<7>(w0, w1, kn, x, acc),
+                _ => l2::<8>(w0, w1, kn, x, acc),
+            }
+        };
+    }
     match kind {
         Kind::M(32) => tiles!(32),
         Kind::M(64) => tiles!(64),
         Kind::M(128) => tiles!(128),
+        Kind::L32 => l_tiles!(),
         k => unreachable!("kernel2 of {k:?}"),
+    }
+}
+
+/// L with groups of 32 for `XR` activation rows and two weight groups (see [`kernel2`]); the
+/// arithmetic of [`l32`] lane by lane.
+#[inline(always)]
+unsafe fn l2<const XR: usize>(w0: &[u8], w1: &[u8], kn: usize, x: &XTile, acc: &mut [f32]) {
+    const ROWS: usize = 2 * GROUP;
+    let bb = 272;
+    let nacc = if XR == 1 {
+        4
+    } else if XR <= 6 {
+        2
+    } else {
+        1
+    };
+    let acts = x.acts;
+    let n = acts.n;
+    let e0 = acts.idx(x.r0, x.b0);
+    let xq = acts.qs.as_ptr().add(e0 * ACT_BLOCK);
+    let xd = acts.d.as_ptr().add(e0);
+    let n128 = acts.n128sum32.as_ptr().add(2 * e0);
+    let mut out: [__m512; XR] =
+        std::array::from_fn(|r| _mm512_loadu_ps(acc.as_ptr().add(r * ROWS)));
+    let (wp0, wp1) = (w0.as_ptr(), w1.as_ptr());
+    let d = pair_prefetch();
+    for k in 0..kn * 2 {
+        let (p0, p1) = (wp0.add(k * bb), wp1.add(k * bb));
+        let mut off = 0;
+        while off < bb {
+            _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(d + off) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p1.wrapping_add(d + off) as *const i8);
+            off += 64;
+        }
+        let s = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i)),
+            _mm_loadu_si128(p1 as *const __m128i),
+        ));
+        let (b, half) = (k / 2, k % 2);
+        let mut dot = [[_mm512_setzero_si512(); 4]; XR];
+        for r in 0..XR {
+            dot[r][0] = _mm512_set1_epi32(*n128.add(2 * (b * n + r) + half));
+        }
+        macro_rules! step {
+            ($slot:literal, $q:expr) => {{
+                let q = $q;
+                let g = pair256(p0.add(16 + 32 * q), p1.add(16 + 32 * q));
+                for r in 0..XR {
+                    let xa = std::ptr::read_unaligned(
+                        xq.add((b * n + r) * ACT_BLOCK + 32 * half + 4 * q) as *const i32,
+                    );
+                    dot[r][$slot % nacc] =
+                        _mm512_dpbusd_epi32(dot[r][$slot % nacc], g, _mm512_set1_epi32(xa));
+                }
+            }};
+        }
+        for q in (0..8).step_by(4) {
+            step!(0, q);
+            step!(1, q + 1);
+            step!(2, q + 2);
+            step!(3, q + 3);
+        }
+        for r in 0..XR {
+            let mut t = dot[r][0];
+            for v in 1..nacc {
+                t = _mm512_add_epi32(t, dot[r][v]);
+            }
+            let c = _mm512_mul_ps(s, _mm512_set1_ps(*xd.add(b * n + r)));
+            out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), c, out[r]);
+        }
+    }
+    for (r, v) in out.iter().enumerate() {
+        _mm512_storeu_ps(acc.as_mut_ptr().add(r * ROWS), *v);
     }
 }
 
