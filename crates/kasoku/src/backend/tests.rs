@@ -226,8 +226,10 @@ fn gather_rmsnorm_rope_activations() {
         };
         let c = run(&|out| {
             Cpu.gather(Gather {
-                dtype,
-                table: &table,
+                table: Table::Raw {
+                    dtype,
+                    bytes: &table,
+                },
                 dim,
                 tokens: &tokens,
                 out,
@@ -235,8 +237,10 @@ fn gather_rmsnorm_rope_activations() {
         });
         let r = run(&|out| {
             Reference.gather(Gather {
-                dtype,
-                table: &table,
+                table: Table::Raw {
+                    dtype,
+                    bytes: &table,
+                },
                 dim,
                 tokens: &tokens,
                 out,
