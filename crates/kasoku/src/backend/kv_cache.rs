@@ -1,5 +1,5 @@
 //! The host KV cache of one attention layer (the store of the CPU and reference backends,
-//! [`KvStore`](super::KvStore)), and the formats it may store its rows in.
+//! [`KvStore`]), and the formats it may store its rows in.
 //!
 //! Head-major: per KV head, `[position][head_dim]` rows, contiguous (what the attention kernel
 //! streams), stored as f32, f16 or q8_0 ([`KvType`]). Each row is converted once, when it is

@@ -1,10 +1,11 @@
 //! The activation memory of a state's passes: the residual stream, the normed rows, each
 //! sub-layer's output, the positions of the rows, and one work area that each part of a
 //! layer (attention, Gated DeltaNet, the MLP, the output norm) carves its intermediates from
-//! in turn. A [`ModelState`](super::ModelState) owns one; the buffers grow to the largest pass
-//! the state has run (at most [`CHUNK`](super::CHUNK) rows) and are then reused, so a decode
-//! step or a verification pass of a size seen before allocates nothing. They are never
-//! copied: a clone or fork of a state starts with empty ones.
+//! in turn, all in the backend's memory (`B::Vec`). A [`ModelState`](super::ModelState) owns
+//! one; the buffers grow to the largest pass the state has run (at most
+//! [`CHUNK`](super::CHUNK) rows) and are then reused, so a decode step or a verification pass
+//! of a size seen before allocates nothing. They are never copied: a clone or fork of a state
+//! starts with empty ones.
 //!
 //! Every buffer is handed out with stale values from the last pass; each user writes all of
 //! what it reads (the kernels overwrite their outputs).
