@@ -43,6 +43,10 @@ impl Backend for Cpu {
         MatMulWeight::new(dtype, rows, cols, bytes)
     }
 
+    fn upload(&self, values: &[f32]) -> Vec<f32> {
+        values.to_vec()
+    }
+
     fn pack_kasoku(&self, q: QuantizedView<'_>) -> MatMulWeight {
         MatMulWeight::kasoku(q)
     }

@@ -18,11 +18,12 @@
 //! attention over f32 / f16 / q8_0 caches as a chain and as a tree, Gated DeltaNet gates /
 //! recurrent / chunked / tree / replay, conv1d plain / tree / commit, the embedding gather.
 //!
-//! Model code (`crate::model`) is generic over `B: Backend` (`Model<B = Cpu>`): its weights
-//! are `B::Weight`, its activations and recurrent states `B::Buffer` / `B::Vec`
-//! ([`buffer`]), its KV caches `B::KvCache` ([`KvStore`]), and it never reads an activation
-//! on the host: it moves values with [`Backend::copy`], and results reach the host only
-//! through [`Backend::logits`] and [`Backend::read`] (inputs through [`Backend::write`]).
+//! Model code (`crate::model`) is generic over `B: Backend` (`Model<B = Cpu>`): its weight
+//! matrices are `B::Weight`, its weight vectors (norms, biases) `B::Vec`
+//! ([`Backend::upload`]), its activations and recurrent states `B::Buffer` / `B::Vec`
+//! ([`buffer`]), its KV caches `B::KvCache` ([`KvStore`]), and it never reads an activation on
+//! the host: it moves values with [`Backend::copy`], and results reach the host only through
+//! [`Backend::logits`] and [`Backend::read`] (inputs through [`Backend::write`]).
 
 pub mod buffer;
 pub mod cpu;
@@ -70,6 +71,9 @@ pub trait Backend: Send + Sync + Clone + std::fmt::Debug + 'static {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self::Weight, MatMulError>;
+
+    /// A vector of weights (norm weights, biases, gate constants) in the backend's memory.
+    fn upload(&self, values: &[f32]) -> Self::Vec;
 
     /// Packs a matrix stored in one of kasoku's formats (`quant::kasoku`; its parts already
     /// checked against its spec by the view).
@@ -238,7 +242,7 @@ pub struct NormInPlace<'a, B: Backend> {
     /// The rows, normalised in place.
     pub x: &'a mut B::Buffer,
     /// One weight per value of a row.
-    pub weight: &'a [f32],
+    pub weight: &'a B::Buffer,
     /// Added to the mean square.
     pub eps: f32,
 }
@@ -279,7 +283,7 @@ pub struct Norm<'a, B: Backend> {
     /// The rows.
     pub x: &'a B::Buffer,
     /// One weight per value of a row.
-    pub weight: &'a [f32],
+    pub weight: &'a B::Buffer,
     /// Added to the mean square.
     pub eps: f32,
     /// Same length as `x`, overwritten.
@@ -333,7 +337,7 @@ pub enum Activation<'a, B: Backend> {
         /// Rows of `bias.len()` values, in place.
         x: &'a mut B::Buffer,
         /// One value per column.
-        bias: &'a [f32],
+        bias: &'a B::Buffer,
     },
     /// Each `dim`-vector of `x` scaled to unit l2 norm (`x · rsqrt(Σx² + 1e-6)`), times
     /// `scale` (Gated DeltaNet's q and k).
@@ -419,9 +423,9 @@ pub enum DeltaNet<'a, B: Backend> {
         /// `n × nv` beta projections.
         b: &'a B::Buffer,
         /// `−exp(A_log)` per value head.
-        ssm_a: &'a [f32],
+        ssm_a: &'a B::Buffer,
         /// Per value head.
-        dt_bias: &'a [f32],
+        dt_bias: &'a B::Buffer,
         /// `n × nv` log-decays, overwritten.
         g: &'a mut B::Buffer,
         /// `n × nv` strengths, overwritten.

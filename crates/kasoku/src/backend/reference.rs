@@ -94,6 +94,10 @@ impl Backend for Reference {
         })
     }
 
+    fn upload(&self, values: &[f32]) -> Vec<f32> {
+        values.to_vec()
+    }
+
     fn pack_kasoku(&self, q: QuantizedView<'_>) -> RefMatrix {
         // The values in the original basis: the rotation is undone here, and the reference
         // products read the activations as given (unrotated, unquantized).

@@ -363,7 +363,7 @@ impl DFlash {
         let c = &config;
         let (h, hd, eps) = (c.hidden, c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let norm = |name: &str, dim: usize| RmsNorm::load(&claims, name, dim, eps, false);
+        let norm = |name: &str, dim: usize| RmsNorm::load(&Cpu, &claims, name, dim, eps, false);
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let n = |part: &str| format!("layers.{i}.{part}.weight");

@@ -45,14 +45,14 @@ pub struct MtpHead<B: Backend = Cpu> {
     /// `nextn.eh_proj` (HF `mtp.fc`): `[hidden, 2 · hidden]`.
     pub(crate) eh_proj: B::Weight,
     /// `nextn.enorm` (HF `mtp.pre_fc_norm_embedding`).
-    pub(crate) enorm: RmsNorm,
+    pub(crate) enorm: RmsNorm<B>,
     /// `nextn.hnorm` (HF `mtp.pre_fc_norm_hidden`).
-    pub(crate) hnorm: RmsNorm,
+    pub(crate) hnorm: RmsNorm<B>,
     /// A decoder block of the trunk's kind: gated attention (`attn_norm`, its own KV cache)
     /// and the MLP (`post_attention_norm`, HF `post_attention_layernorm`).
     pub(crate) layer: Layer<B>,
     /// `nextn.shared_head_norm` (HF `mtp.norm`).
-    pub(crate) out_norm: RmsNorm,
+    pub(crate) out_norm: RmsNorm<B>,
     hidden: usize,
     /// The block's index, `blk.{n_layers}` (for traces).
     index: usize,
@@ -112,6 +112,7 @@ impl<B: Backend> MtpHead<B> {
         let (h, eps) = (config.hidden, config.rms_eps);
         let norm = |part: &str| {
             RmsNorm::load(
+                b,
                 &claims,
                 &format!("blk.{n}.{part}.weight"),
                 h,

@@ -31,10 +31,10 @@ use super::{weights, ModelError, RmsNorm};
 
 /// One decoder block.
 pub(crate) struct Layer<B: Backend = Cpu> {
-    pub(crate) attn_norm: RmsNorm,
+    pub(crate) attn_norm: RmsNorm<B>,
     pub(crate) mixer: Mixer<B>,
     /// The norm before the MLP (`ffn_norm`; Qwen3.5 calls it `post_attention_norm`).
-    pub(crate) ffn_norm: RmsNorm,
+    pub(crate) ffn_norm: RmsNorm<B>,
     pub(crate) mlp: Mlp<B>,
 }
 
@@ -73,7 +73,7 @@ pub struct Model<B: Backend = Cpu> {
     pub(crate) backend: B,
     pub(crate) embedding: Embedding,
     pub(crate) layers: Vec<Layer<B>>,
-    pub(crate) output_norm: RmsNorm,
+    pub(crate) output_norm: RmsNorm<B>,
     /// `output.weight`, or a packed copy of `token_embd.weight` when tied.
     pub(crate) head: B::Weight,
     /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
@@ -174,6 +174,7 @@ impl<B: Backend> Model<B> {
         for (i, kind) in config.layer_kinds.iter().enumerate() {
             let norm = |name: &str| {
                 RmsNorm::load(
+                    b,
                     &claims,
                     &format!("blk.{i}.{name}.weight"),
                     h,
@@ -197,6 +198,7 @@ impl<B: Backend> Model<B> {
             });
         }
         let output_norm = RmsNorm::load(
+            b,
             &claims,
             "output_norm.weight",
             h,

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::backend::{
-    Activation, Attend, Backend, CopyRows, Cpu, KvStore, KvType, MatMul, MatMulMany, RopeArgs,
-    WeightInfo,
+    Activation, Attend, Backend, BufVec, CopyRows, Cpu, KvStore, KvType, MatMul, MatMulMany,
+    RopeArgs, WeightInfo,
 };
 use crate::format::Claims;
 use crate::kernels::attention::AttnGeometry;
@@ -27,11 +27,11 @@ pub struct Attention<B: Backend = Cpu> {
     /// The q, k and v projections, stacked into one matrix where their formats allow it.
     pub qkv: Projections<B>,
     pub wo: B::Weight,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub q_norm: Option<RmsNorm>,
-    pub k_norm: Option<RmsNorm>,
+    pub bq: Option<B::Vec>,
+    pub bk: Option<B::Vec>,
+    pub bv: Option<B::Vec>,
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
     pub rope: Arc<Rope>,
     pub geo: AttnGeometry,
     /// Qwen3.5 output gate: q projection rows are `[query | gate]` per head.
@@ -169,16 +169,17 @@ impl<B: Backend> Attention<B> {
             q_dim
         };
         let name = |part: &str| format!("blk.{layer}.{part}");
-        let bias = |part: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+        let bias = |part: &str, len: usize| -> Result<Option<B::Vec>, ModelError> {
             if cfg.qkv_bias {
-                weights::vector(claims, &name(part), len).map(Some)
+                weights::vector(claims, &name(part), len).map(|v| Some(b.upload(&v)))
             } else {
                 Ok(None)
             }
         };
-        let norm = |part: &str| -> Result<Option<RmsNorm>, ModelError> {
+        let norm = |part: &str| -> Result<Option<RmsNorm<B>>, ModelError> {
             if cfg.qk_norm {
-                RmsNorm::load(claims, &name(part), hd, cfg.rms_eps, cfg.norm_offset_one).map(Some)
+                RmsNorm::load(b, claims, &name(part), hd, cfg.rms_eps, cfg.norm_offset_one)
+                    .map(Some)
             } else {
                 Ok(None)
             }
@@ -295,7 +296,10 @@ impl<B: Backend> Attention<B> {
                     (&mut *v, &self.bv),
                 ] {
                     if let Some(bias) = bias {
-                        b.activation(Activation::AddBias { x: buf, bias });
+                        b.activation(Activation::AddBias {
+                            x: buf,
+                            bias: bias.all(),
+                        });
                     }
                 }
             });

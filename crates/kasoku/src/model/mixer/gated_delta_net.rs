@@ -48,10 +48,10 @@ pub struct GatedDeltaNet<B: Backend = Cpu> {
     alpha: B::Weight,
     conv: ConvTaps,
     /// `−exp(A_log)` per value head.
-    ssm_a: Vec<f32>,
-    dt_bias: Vec<f32>,
+    ssm_a: B::Vec,
+    dt_bias: B::Vec,
     /// Gated RMSNorm weight over `dv` (plain, shared by all value heads).
-    norm: Vec<f32>,
+    norm: B::Vec,
     /// `ssm_out`: `[hidden, nv·dv]`.
     out: B::Weight,
 }
@@ -160,9 +160,9 @@ impl<B: Backend> GatedDeltaNet<B> {
             beta,
             alpha,
             conv,
-            ssm_a,
-            dt_bias,
-            norm,
+            ssm_a: b.upload(&ssm_a),
+            dt_bias: b.upload(&dt_bias),
+            norm: b.upload(&norm),
             out,
         })
     }
@@ -320,8 +320,8 @@ impl<B: Backend> GatedDeltaNet<B> {
             bk.gated_delta(DeltaNet::Gates {
                 a,
                 b,
-                ssm_a: &self.ssm_a,
-                dt_bias: &self.dt_bias,
+                ssm_a: self.ssm_a.all(),
+                dt_bias: self.dt_bias.all(),
                 g,
                 beta,
             });
@@ -352,7 +352,7 @@ impl<B: Backend> GatedDeltaNet<B> {
         tr.op(op("ssm_norm_gate"), || {
             bk.rmsnorm_inplace(NormInPlace {
                 x: o,
-                weight: &self.norm,
+                weight: self.norm.all(),
                 eps: self.eps,
             });
             bk.activation(Activation::SiluGate { x: o, gate: z });
