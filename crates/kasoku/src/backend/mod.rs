@@ -18,36 +18,49 @@
 //! attention over f32 / f16 / q8_0 caches as a chain and as a tree, Gated DeltaNet gates /
 //! recurrent / chunked / tree / replay, conv1d plain / tree / commit, the embedding gather.
 //!
-//! The model's parts call their kernels through this interface on [`cpu::Cpu`] (static
-//! dispatch, a direct call each); making them generic over `B: Backend` (weights as
-//! `B::Weight`, the scratch as `B::Buffer`, KV caches and recurrent states behind backend
-//! types) is the remaining step of issue 13.3.
+//! Model code (`crate::model`) is generic over `B: Backend` (`Model<B = Cpu>`): its weights
+//! are `B::Weight`, its activations and recurrent states `B::Buffer` / `B::Vec`
+//! ([`buffer`]), its KV caches `B::KvCache` ([`KvStore`]), and it never reads an activation
+//! on the host: it moves values with [`Backend::copy`], and results reach the host only
+//! through [`Backend::logits`] and [`Backend::read`] (inputs through [`Backend::write`]).
 
+pub mod buffer;
 pub mod cpu;
+pub mod kv_cache;
 pub mod reference;
 
+pub use buffer::{Buf, BufVec};
 pub use cpu::Cpu;
+pub use kv_cache::{KvCache, KvType};
 pub use reference::Reference;
 #[cfg(test)]
 mod tests;
 
 use crate::kernels::attention::{AttnGeometry, TreeRows};
 use crate::kernels::gated_delta::GdnDims;
-use crate::kernels::matmul::MatMulError;
+use crate::kernels::matmul::{MatMulError, WeightFormat};
 use crate::kernels::rope::Rope;
-use crate::quant::kasoku::QuantizedView;
+use crate::quant::kasoku::{QuantizedView, Signs};
 use crate::quant::DType;
 
 /// A device that runs the model's kernels: see the module doc.
-pub trait Backend: Send + Sync {
+pub trait Backend: Send + Sync + Clone + std::fmt::Debug + 'static {
     /// A buffer of f32 activations (`[f32]` on the host).
-    type Buffer: ?Sized;
+    type Buffer: ?Sized + Buf + 'static;
+    /// An owned, growable buffer (`Vec<f32>` on the host): scratch and recurrent states.
+    type Vec: BufVec<Self::Buffer>;
     /// A weight matrix packed for [`Backend::matmul`].
-    type Weight: Send + Sync;
+    type Weight: Send + Sync + WeightInfo;
     /// A view of one layer's KV cache, as attention reads it.
     type Kv<'a>: Copy
     where
         Self: 'a;
+    /// One attention layer's KV cache.
+    type KvCache: KvStore<Self>;
+
+    /// An empty KV cache for `n_kv_heads` heads of `head_dim` values stored as `kv_type`
+    /// (which can store such rows: `KvType::row_bytes`).
+    fn new_kv_cache(&self, n_kv_heads: usize, head_dim: usize, kv_type: KvType) -> Self::KvCache;
 
     /// Packs a `rows × cols` matrix stored as `dtype` (GGUF block layout, row by row).
     fn pack(
@@ -69,7 +82,19 @@ pub trait Backend: Send + Sync {
     /// [`Backend::matmul`] of its matrix alone gives it.
     fn matmul_many(&self, args: MatMulMany<'_, '_, Self>);
 
-    /// Rows of an embedding table stored as `dtype` ([`Gather`]), as f32.
+    /// [`Backend::matmul`] whose result comes back to the host ([`Logits`]): the LM head.
+    fn logits(&self, args: Logits<'_, Self>);
+
+    /// Rows of `width` values from one buffer into another ([`CopyRows`]).
+    fn copy(&self, args: CopyRows<'_, Self::Buffer, Self::Buffer>);
+
+    /// Rows of a buffer to the host (results a caller asked for: hidden states, layer taps).
+    fn read(&self, args: CopyRows<'_, Self::Buffer, [f32]>);
+
+    /// Rows from the host into a buffer (inputs: a drafter's hidden states).
+    fn write(&self, args: CopyRows<'_, [f32], Self::Buffer>);
+
+    /// Rows of an embedding table ([`Gather`]), as f32.
     fn gather(&self, args: Gather<'_, Self>);
 
     /// RMSNorm of each row ([`Norm`]).
@@ -87,7 +112,7 @@ pub trait Backend: Send + Sync {
 
     /// Causal grouped-query attention of new rows over a KV cache, as a chain or as the nodes
     /// of a token tree ([`Attend`]).
-    fn attention(&self, args: Attend<'_, Self>);
+    fn attention(&self, args: Attend<'_, '_, Self>);
 
     /// Gated DeltaNet's recurrence over a chain (advancing the state), over the nodes of a
     /// tree (the state read only), or the replay of one accepted node ([`DeltaNet`]).
@@ -99,7 +124,7 @@ pub trait Backend: Send + Sync {
 }
 
 /// A matrix product: `y = x · Wᵀ` for `n` rows.
-pub struct MatMul<'a, B: Backend + ?Sized> {
+pub struct MatMul<'a, B: Backend> {
     /// `rows × cols`.
     pub w: &'a B::Weight,
     /// `n × cols`.
@@ -110,8 +135,94 @@ pub struct MatMul<'a, B: Backend + ?Sized> {
     pub y: &'a mut B::Buffer,
 }
 
+/// What model code reads of a packed matrix (shapes, and for traces its format and size).
+pub trait WeightInfo {
+    /// Output rows.
+    fn rows(&self) -> usize;
+    /// Values per row.
+    fn cols(&self) -> usize;
+    /// The format it was packed from.
+    fn format(&self) -> WeightFormat;
+    /// Bytes one product reads.
+    fn size_bytes(&self) -> usize;
+}
+
+/// One attention layer's KV cache on backend `B`: rows of keys and values per position,
+/// appended by a pass, cut back, or compacted to a verified tree path.
+pub trait KvStore<B: Backend>: Clone + std::fmt::Debug + Send + Sync {
+    /// Positions held.
+    fn len(&self) -> usize;
+    /// Whether it holds no position.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Values per position over all heads.
+    fn kv_dim(&self) -> usize;
+    /// Bytes the stored rows take.
+    fn bytes(&self) -> usize;
+    /// Room for `positions` rows in all, so that appending up to there allocates nothing.
+    fn reserve(&mut self, positions: usize);
+    /// Appends rows given position-major (`[position][kv_head][head_dim]`).
+    fn append(&mut self, keys: &B::Buffer, values: &B::Buffer);
+    /// Keeps the first `len` positions.
+    fn truncate(&mut self, len: usize);
+    /// After rows appended at `base`, keeps only rows `base + accepted[i]` at `base + i`.
+    fn commit(&mut self, base: usize, accepted: &[usize]);
+    /// Runs `f` over the stored keys and values, as [`Backend::attention`] reads them.
+    fn with_heads<R>(&self, f: impl for<'k> FnOnce(B::Kv<'k>, B::Kv<'k>) -> R) -> R;
+}
+
+/// `y = x · Wᵀ` for `n` rows, `y` on the host.
+pub struct Logits<'a, B: Backend> {
+    /// `rows × cols`.
+    pub w: &'a B::Weight,
+    /// `n × cols`.
+    pub x: &'a B::Buffer,
+    /// Rows of `x`.
+    pub n: usize,
+    /// `n × rows`, overwritten.
+    pub y: &'a mut [f32],
+}
+
+/// `rows` rows of `width` values: row `r` of `src` starts at `src_at + r · src_stride`, of
+/// `dst` at `dst_at + r · dst_stride`.
+pub struct CopyRows<'a, S: ?Sized, D: ?Sized> {
+    /// Read.
+    pub src: &'a S,
+    /// First value read.
+    pub src_at: usize,
+    /// Values from one source row to the next.
+    pub src_stride: usize,
+    /// Written.
+    pub dst: &'a mut D,
+    /// First value written.
+    pub dst_at: usize,
+    /// Values from one destination row to the next.
+    pub dst_stride: usize,
+    /// Rows.
+    pub rows: usize,
+    /// Values per row.
+    pub width: usize,
+}
+
+impl<'a, S: ?Sized + Buf, D: ?Sized> CopyRows<'a, S, D> {
+    /// All of `src` into the start of `dst`.
+    pub fn whole(src: &'a S, dst: &'a mut D) -> Self {
+        CopyRows {
+            src,
+            src_at: 0,
+            src_stride: 0,
+            dst,
+            dst_at: 0,
+            dst_stride: 0,
+            rows: 1,
+            width: src.len(),
+        }
+    }
+}
+
 /// Products of several matrices (of equal `cols`) with the same `n` rows.
-pub struct MatMulMany<'a, 'b, B: Backend + ?Sized> {
+pub struct MatMulMany<'a, 'b, B: Backend> {
     /// The matrices.
     pub ws: &'a [&'a B::Weight],
     /// `n × cols`.
@@ -123,7 +234,7 @@ pub struct MatMulMany<'a, 'b, B: Backend + ?Sized> {
 }
 
 /// RMSNorm of the rows of `x` (rows of `weight.len()` values) in place.
-pub struct NormInPlace<'a, B: Backend + ?Sized> {
+pub struct NormInPlace<'a, B: Backend> {
     /// The rows, normalised in place.
     pub x: &'a mut B::Buffer,
     /// One weight per value of a row.
@@ -132,12 +243,29 @@ pub struct NormInPlace<'a, B: Backend + ?Sized> {
     pub eps: f32,
 }
 
+/// An embedding table as stored.
+#[derive(Clone, Copy)]
+pub enum Table<'a> {
+    /// A GGUF element type (or float safetensors), row by row.
+    Raw {
+        /// The element type.
+        dtype: DType,
+        /// The rows.
+        bytes: &'a [u8],
+    },
+    /// One of kasoku's formats; a row is dequantized and, when rotated, rotated back.
+    Kasoku {
+        /// The quantized rows.
+        view: QuantizedView<'a>,
+        /// The rotation's signs, when the table is rotated.
+        signs: Option<&'a Signs>,
+    },
+}
+
 /// An embedding gather: row `tokens[i]` of a `vocab × dim` table into row `i` of `out`.
-pub struct Gather<'a, B: Backend + ?Sized> {
-    /// The table's element type.
-    pub dtype: DType,
-    /// The stored table, row by row.
-    pub table: &'a [u8],
+pub struct Gather<'a, B: Backend> {
+    /// The stored table.
+    pub table: Table<'a>,
     /// Values per row.
     pub dim: usize,
     /// Row ids (each below the table's row count).
@@ -147,7 +275,7 @@ pub struct Gather<'a, B: Backend + ?Sized> {
 }
 
 /// RMSNorm: `out[r] = x[r] / sqrt(mean(x[r]²) + eps) · weight`, rows of `weight.len()`.
-pub struct Norm<'a, B: Backend + ?Sized> {
+pub struct Norm<'a, B: Backend> {
     /// The rows.
     pub x: &'a B::Buffer,
     /// One weight per value of a row.
@@ -159,7 +287,7 @@ pub struct Norm<'a, B: Backend + ?Sized> {
 }
 
 /// RoPE of `x` (`positions.len()` rows of `heads × rope.head_dim`) in place.
-pub struct RopeArgs<'a, B: Backend + ?Sized> {
+pub struct RopeArgs<'a, B: Backend> {
     /// Frequencies, layout and rotated dims.
     pub rope: &'a Rope,
     /// Heads per row.
@@ -171,7 +299,7 @@ pub struct RopeArgs<'a, B: Backend + ?Sized> {
 }
 
 /// An element-wise activation.
-pub enum Activation<'a, B: Backend + ?Sized> {
+pub enum Activation<'a, B: Backend> {
     /// `gate[i] = silu(gate[i]) · up[i]`.
     SwiGlu {
         /// In: the gate projection; out: the product.
@@ -220,15 +348,15 @@ pub enum Activation<'a, B: Backend + ?Sized> {
 }
 
 /// One attention call (see `kernels::attention::attend`).
-pub struct Attend<'a, B: Backend + ?Sized + 'a> {
+pub struct Attend<'a, 'k, B: Backend + 'k> {
     /// Head counts and size.
     pub geo: AttnGeometry,
     /// `n × n_heads × head_dim` queries.
     pub q: &'a B::Buffer,
     /// The cache's keys, the new rows' included.
-    pub keys: B::Kv<'a>,
+    pub keys: B::Kv<'k>,
     /// The cache's values, as the keys.
-    pub values: B::Kv<'a>,
+    pub values: B::Kv<'k>,
     /// Committed positions before the new rows.
     pub past: usize,
     /// The scores' factor.
@@ -240,7 +368,7 @@ pub struct Attend<'a, B: Backend + ?Sized + 'a> {
 }
 
 /// The prepared inputs of Gated DeltaNet for `n` rows (see `kernels::gated_delta`).
-pub struct DeltaInputs<'a, B: Backend + ?Sized> {
+pub struct DeltaInputs<'a, B: Backend> {
     /// `n × nk × dk`, l2-normalised and scaled.
     pub q: &'a B::Buffer,
     /// `n × nk × dk`, l2-normalised.
@@ -254,7 +382,7 @@ pub struct DeltaInputs<'a, B: Backend + ?Sized> {
 }
 
 /// A Gated DeltaNet call.
-pub enum DeltaNet<'a, B: Backend + ?Sized> {
+pub enum DeltaNet<'a, B: Backend> {
     /// `n` rows in order: `state` (`nv × dk × dv`) advances, `out` gets every row's output.
     Chain {
         /// Head counts and sizes.
@@ -316,7 +444,7 @@ pub enum DeltaNet<'a, B: Backend + ?Sized> {
 
 /// A Gated DeltaNet conv call (`K` taps per channel, tap-major; the state holds the last
 /// `K − 1` inputs, oldest first).
-pub enum Conv<'a, B: Backend + ?Sized> {
+pub enum Conv<'a, B: Backend> {
     /// `n` rows in order; the state advances.
     Chain {
         /// The taps.

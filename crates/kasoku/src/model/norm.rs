@@ -1,7 +1,7 @@
 //! `RmsNorm`: a norm weight with its epsilon. The `(1 + w)` convention of HF Qwen3.5 is
 //! resolved at load (the stored `w` gets +1), so one kernel serves every family.
 
-use crate::backend::{Backend, Cpu, Norm, NormInPlace};
+use crate::backend::{Backend, Norm, NormInPlace};
 use crate::format::Claims;
 
 use super::{weights, ModelError};
@@ -33,9 +33,10 @@ impl RmsNorm {
         self.weight.len()
     }
 
-    /// Normalises each `dim`-value row of `x` into `out`.
-    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
-        Cpu.rmsnorm(Norm {
+    /// Normalises each `dim`-value row of `x` into `out` on `b`.
+    #[inline]
+    pub fn forward<B: Backend>(&self, b: &B, x: &B::Buffer, out: &mut B::Buffer) {
+        b.rmsnorm(Norm {
             x,
             weight: &self.weight,
             eps: self.eps,
@@ -43,9 +44,10 @@ impl RmsNorm {
         });
     }
 
-    /// Normalises each `dim`-value row of `x` in place (per-head q/k norms).
-    pub fn forward_inplace(&self, x: &mut [f32]) {
-        Cpu.rmsnorm_inplace(NormInPlace {
+    /// Normalises each `dim`-value row of `x` in place on `b` (per-head q/k norms).
+    #[inline]
+    pub fn forward_inplace<B: Backend>(&self, b: &B, x: &mut B::Buffer) {
+        b.rmsnorm_inplace(NormInPlace {
             x,
             weight: &self.weight,
             eps: self.eps,

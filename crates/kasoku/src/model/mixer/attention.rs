@@ -1,4 +1,4 @@
-//! The attention mixer of every family (its KV cache is [`super::kv_cache`]).
+//! The attention mixer of every family (its KV cache is the backend's `KvCache`).
 //!
 //! One layer: Q/K/V projections (+ bias for Qwen2), optional per-head q/k RMSNorm (Qwen3,
 //! Qwen3.5), RoPE at the tokens' positions, append K/V to the cache, causal grouped-query
@@ -7,10 +7,13 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Activation, Attend, Backend, Cpu, MatMul, MatMulMany, RopeArgs};
+use crate::backend::{
+    Activation, Attend, Backend, CopyRows, Cpu, KvStore, KvType, MatMul, MatMulMany, RopeArgs,
+    WeightInfo,
+};
 use crate::format::Claims;
 use crate::kernels::attention::AttnGeometry;
-use crate::kernels::matmul::{MatMulWeight, WeightFormat};
+use crate::kernels::matmul::WeightFormat;
 use crate::kernels::rope::Rope;
 
 use super::super::batch::Pass;
@@ -18,13 +21,12 @@ use super::super::scratch::carve;
 use super::super::trace::{Op, Trace};
 use super::super::weights::{self, MatrixRows};
 use super::super::{ModelConfig, ModelError, RmsNorm};
-use super::kv_cache::{KvCache, KvType};
 
 /// Weights and geometry of one attention layer.
-pub struct Attention {
+pub struct Attention<B: Backend = Cpu> {
     /// The q, k and v projections, stacked into one matrix where their formats allow it.
-    pub qkv: Projections,
-    pub wo: MatMulWeight,
+    pub qkv: Projections<B>,
+    pub wo: B::Weight,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
@@ -42,28 +44,34 @@ pub struct Attention {
 /// An attention layer's q, k and v projections: one stacked matrix (one pass over the
 /// weights, which matters for small models whose matrices are too small to stream at full
 /// speed one by one), or three when their formats differ.
-pub enum Projections {
+pub enum Projections<B: Backend = Cpu> {
     /// Rows `[q | k | v]`, k and v of equal height.
-    Stacked { w: MatMulWeight, q_rows: usize },
+    Stacked { w: B::Weight, q_rows: usize },
     Separate {
-        wq: MatMulWeight,
-        wk: MatMulWeight,
-        wv: MatMulWeight,
+        wq: B::Weight,
+        wk: B::Weight,
+        wv: B::Weight,
     },
 }
 
-impl Projections {
-    /// Packs the three matrices (k and v of equal height), stacked when they share a format.
-    pub fn load(q: &MatrixRows, k: &MatrixRows, v: &MatrixRows) -> Result<Projections, ModelError> {
-        Ok(match MatrixRows::pack_stacked(&[q, k, v]) {
+impl<B: Backend> Projections<B> {
+    /// Packs the three matrices (k and v of equal height) for `b`, stacked when they share a
+    /// format.
+    pub fn load(
+        b: &B,
+        q: &MatrixRows,
+        k: &MatrixRows,
+        v: &MatrixRows,
+    ) -> Result<Projections<B>, ModelError> {
+        Ok(match MatrixRows::pack_stacked(b, &[q, k, v]) {
             Some(w) => Projections::Stacked {
                 w: w?,
                 q_rows: q.rows,
             },
             None => Projections::Separate {
-                wq: q.pack()?,
-                wk: k.pack()?,
-                wv: v.pack()?,
+                wq: q.pack(b)?,
+                wk: k.pack(b)?,
+                wv: v.pack(b)?,
             },
         })
     }
@@ -90,41 +98,49 @@ impl Projections {
     /// room (0 for separate matrices).
     fn stacked_len(&self, n: usize) -> usize {
         match self {
-            Projections::Stacked { w, .. } => n * w.rows,
+            Projections::Stacked { w, .. } => n * w.rows(),
             Projections::Separate { .. } => 0,
         }
     }
 
     /// `q = x·Wqᵀ, k = x·Wkᵀ, v = x·Wvᵀ` for the `n` rows of `x` (`all`: room for the stacked
     /// product, [`Projections::stacked_len`]).
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
-        x: &[f32],
+        b: &B,
+        x: &B::Buffer,
         n: usize,
-        all: &mut [f32],
-        q: &mut [f32],
-        k: &mut [f32],
-        v: &mut [f32],
+        all: &mut B::Buffer,
+        q: &mut B::Buffer,
+        k: &mut B::Buffer,
+        v: &mut B::Buffer,
     ) {
         match self {
             &Projections::Stacked { ref w, q_rows } => {
-                let kv_rows = (w.rows - q_rows) / 2;
-                Cpu.matmul(MatMul { w, x, n, y: all });
-                for (((row, q), k), v) in all
-                    .chunks_exact(w.rows)
-                    .zip(q.chunks_exact_mut(q_rows))
-                    .zip(k.chunks_exact_mut(kv_rows))
-                    .zip(v.chunks_exact_mut(kv_rows))
-                {
-                    let (rq, rest) = row.split_at(q_rows);
-                    let (rk, rv) = rest.split_at(kv_rows);
-                    q.copy_from_slice(rq);
-                    k.copy_from_slice(rk);
-                    v.copy_from_slice(rv);
+                let rows = w.rows();
+                let kv_rows = (rows - q_rows) / 2;
+                b.matmul(MatMul { w, x, n, y: all });
+                // Each row's [q | k | v] into the three outputs.
+                for (dst, at, width) in [
+                    (q, 0, q_rows),
+                    (k, q_rows, kv_rows),
+                    (v, q_rows + kv_rows, kv_rows),
+                ] {
+                    b.copy(CopyRows {
+                        src: &*all,
+                        src_at: at,
+                        src_stride: rows,
+                        dst,
+                        dst_at: 0,
+                        dst_stride: width,
+                        rows: n,
+                        width,
+                    });
                 }
             }
             Projections::Separate { wq, wk, wv } => {
-                Cpu.matmul_many(MatMulMany {
+                b.matmul_many(MatMulMany {
                     ws: &[wq, wk, wv],
                     x,
                     n,
@@ -135,14 +151,15 @@ impl Projections {
     }
 }
 
-impl Attention {
+impl<B: Backend> Attention<B> {
     /// Loads `blk.{layer}.attn_{q,k,v,output}` (+ `.bias`, `attn_{q,k}_norm`) per `cfg`.
     pub fn load(
+        b: &B,
         claims: &Claims,
         layer: usize,
         cfg: &ModelConfig,
         rope: Arc<Rope>,
-    ) -> Result<Attention, ModelError> {
+    ) -> Result<Attention<B>, ModelError> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
         let kv_dim = cfg.n_kv_heads * hd;
@@ -176,8 +193,8 @@ impl Attention {
         let k = weights::matrix_rows(claims, &name("attn_k.weight"), kv_dim, h)?;
         let v = weights::matrix_rows(claims, &name("attn_v.weight"), kv_dim, h)?;
         Ok(Attention {
-            qkv: Projections::load(&q, &k, &v)?,
-            wo: weights::matrix(claims, &name("attn_output.weight"), h, q_dim)?,
+            qkv: Projections::load(b, &q, &k, &v)?,
+            wo: weights::matrix(b, claims, &name("attn_output.weight"), h, q_dim)?,
             bq: bias("attn_q.bias", q_rows)?,
             bk: bias("attn_k.bias", kv_dim)?,
             bv: bias("attn_v.bias", kv_dim)?,
@@ -197,7 +214,7 @@ impl Attention {
 
     /// The packed matrices by part name (`attn_qkv` stacked, else `attn_q`, `attn_k`,
     /// `attn_v`; then `attn_output`).
-    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &B::Weight)> {
         let mut out = match &self.qkv {
             Projections::Stacked { w, .. } => vec![("attn_qkv", w)],
             Projections::Separate { wq, wk, wv } => {
@@ -213,25 +230,26 @@ impl Attention {
         self.geo.n_kv_heads * self.geo.head_dim
     }
 
-    /// An empty cache in this layer's [`KvType`].
-    pub fn new_cache(&self) -> KvCache {
-        KvCache::with_type(self.geo.n_kv_heads, self.geo.head_dim, self.kv_type)
+    /// An empty cache in this layer's [`KvType`] on `b`.
+    pub fn new_cache(&self, b: &B) -> B::KvCache {
+        b.new_kv_cache(self.geo.n_kv_heads, self.geo.head_dim, self.kv_type)
     }
 
     /// Runs the pass's rows (`x`: `n × hidden`, already normed) at their positions, appends
     /// their keys and values to `cache` and writes the layer's output (`n × hidden`) to `out`;
     /// intermediates are carved from `work`. Chain rows see the cache and the rows before
     /// them; tree nodes see the committed positions and their ancestors, and their keys and
-    /// values wait past the committed end, uncommitted: [`KvCache::commit`] keeps the accepted
-    /// ones, [`KvCache::truncate`] drops them all.
+    /// values wait past the committed end, uncommitted: [`KvStore::commit`] keeps the accepted
+    /// ones, [`KvStore::truncate`] drops them all.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
-        cache: &mut KvCache,
-        x: &[f32],
+        b: &B,
+        cache: &mut B::KvCache,
+        x: &B::Buffer,
         pass: &Pass,
-        out: &mut [f32],
-        work: &mut Vec<f32>,
+        out: &mut B::Buffer,
+        work: &mut B::Vec,
         layer: usize,
         tr: &mut T,
     ) {
@@ -268,7 +286,7 @@ impl Attention {
         let qkv_op = op("qkv")
             .matmul(self.qkv.format())
             .reading(self.qkv.size_bytes());
-        tr.op(qkv_op, || self.qkv.project(x, n, all, q_raw, k, v));
+        tr.op(qkv_op, || self.qkv.project(b, x, n, all, q_raw, k, v));
         if self.bq.is_some() {
             tr.op(op("qkv_bias"), || {
                 for (buf, bias) in [
@@ -276,8 +294,8 @@ impl Attention {
                     (&mut *k, &self.bk),
                     (&mut *v, &self.bv),
                 ] {
-                    if let Some(b) = bias {
-                        Cpu.activation(Activation::AddBias { x: buf, bias: b });
+                    if let Some(bias) = bias {
+                        b.activation(Activation::AddBias { x: buf, bias });
                     }
                 }
             });
@@ -285,9 +303,17 @@ impl Attention {
         // Qwen3.5: per head, the first hd values are the query, the next hd the gate.
         let (q, gate) = if self.gated {
             tr.op(op("q_gate_split"), || {
-                for (i, pair) in q_raw.chunks_exact(2 * hd).enumerate() {
-                    q_split[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
-                    gate[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
+                for (dst, at) in [(&mut *q_split, 0), (&mut *gate, hd)] {
+                    b.copy(CopyRows {
+                        src: &*q_raw,
+                        src_at: at,
+                        src_stride: 2 * hd,
+                        dst,
+                        dst_at: 0,
+                        dst_stride: hd,
+                        rows: n * n_heads,
+                        width: hd,
+                    });
                 }
             });
             (q_split, Some(&*gate))
@@ -297,22 +323,22 @@ impl Attention {
         if self.q_norm.is_some() || self.k_norm.is_some() {
             tr.op(op("qk_norm"), || {
                 if let Some(norm) = &self.q_norm {
-                    norm.forward_inplace(q);
+                    norm.forward_inplace(b, q);
                 }
                 if let Some(norm) = &self.k_norm {
-                    norm.forward_inplace(k);
+                    norm.forward_inplace(b, k);
                 }
             });
         }
         tr.op(op("rope"), || {
-            let rope = &self.rope;
-            Cpu.rope(RopeArgs {
+            let rope = &*self.rope;
+            b.rope(RopeArgs {
                 rope,
                 heads: n_heads,
                 positions,
                 x: q,
             });
-            Cpu.rope(RopeArgs {
+            b.rope(RopeArgs {
                 rope,
                 heads: n_kv_heads,
                 positions,
@@ -324,7 +350,7 @@ impl Attention {
         let kv_bytes = cache.bytes();
         tr.op(op("attention").reading(kv_bytes), || {
             cache.with_heads(|keys, values| {
-                Cpu.attention(Attend {
+                b.attention(Attend {
                     geo: self.geo,
                     q,
                     keys,
@@ -338,14 +364,14 @@ impl Attention {
         });
         if let Some(g) = gate {
             tr.op(op("attn_gate"), || {
-                Cpu.activation(Activation::SigmoidGate { x: att, gate: g })
+                b.activation(Activation::SigmoidGate { x: att, gate: g })
             });
         }
         let wo = op("attn_out")
             .matmul(self.wo.format())
             .reading(self.wo.size_bytes());
         tr.op(wo, || {
-            Cpu.matmul(MatMul {
+            b.matmul(MatMul {
                 w: &self.wo,
                 x: att,
                 n,
@@ -358,6 +384,7 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::matmul::MatMulWeight;
     use crate::quant::legacy::tests::{random_blocks, Rng};
     use crate::quant::DType;
 
@@ -394,7 +421,7 @@ mod tests {
                 let mut all = vec![0f32; p.stacked_len(n)];
                 let mut q = vec![0f32; n * q_rows];
                 let (mut k, mut v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
-                p.project(x, n, &mut all, &mut q, &mut k, &mut v);
+                p.project(&Cpu, x, n, &mut all, &mut q, &mut k, &mut v);
                 (q, k, v)
             };
             for n in [1, 5] {
