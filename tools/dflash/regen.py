@@ -9,7 +9,9 @@ a shard is written when complete (`<split>-NNNNN.npz`, compressed: the sequences
 end to end, their offsets, prompt lengths, kinds and whether sampled; a few MiB, under the
 16 MiB a GPU machine returns per file) and skipped when it exists, so runs in separate time
 windows continue one another. `--time` stops starting
-new batches after that many seconds.
+new batches after that many seconds. Several processes can share one GPU (`--worker i --workers
+n`: each takes every n-th shard), which pays because batched generation is bound by kernel
+launches more than by the GPU.
 
   python tools/dflash/regen.py --target MODEL.gguf --prompts prompts.jsonl.xz --out regen/ \\
       --split train --time 1500 [--target-cache target.pt] [--batch 256]
@@ -80,12 +82,18 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--split", default="train", choices=["train", "val"])
     ap.add_argument("--shard-size", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=512,
+                    help="sequences per generate call; on the H200 a step took 0.23-0.31 s at "
+                         "160 and at 256 alike, so wider batches buy throughput")
     ap.add_argument("--max-prompt", type=int, default=1536)
     ap.add_argument("--max-new", type=int, default=512)
     ap.add_argument("--sampled", type=float, default=0.25, help="share of sampled answers")
     ap.add_argument("--time", type=float, default=1500.0, help="seconds before stopping")
     ap.add_argument("--max-shards", type=int, default=0)
+    ap.add_argument("--worker", type=int, default=0,
+                    help="this process's index among --workers sharing the shards")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes regenerating at once: each takes every n-th shard")
     ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -103,6 +111,8 @@ def main(argv=None):
     for k in range(shards):
         if args.max_shards and k >= args.max_shards:
             break
+        if k % args.workers != args.worker:
+            continue
         path = os.path.join(args.out, f"{args.split}-{k:05d}.npz")
         if os.path.exists(path):
             continue

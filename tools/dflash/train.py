@@ -82,8 +82,8 @@ class HeadLoss(torch.autograd.Function):
 class Sequences:
     """Regenerated sequences (prompt + the target's answer), bucketed by length."""
 
-    def __init__(self, paths: list[str], seqlen: int, block: int):
-        self.items = []
+    def __init__(self, paths: list[str], seqlen: int, block: int, extra=()):
+        self.items = [(t[:seqlen], 0) for t in extra if len(t[:seqlen]) > block + 1]
         for p in paths:
             with np.load(p) as shard:
                 tokens, offsets = shard["tokens"].astype(np.int64), shard["offsets"]
@@ -113,6 +113,15 @@ class Sequences:
         for j, (t, _) in enumerate(items):
             ids[j, :len(t)] = t
         return ids, [len(t) for t, _ in items], [p for _, p in items]
+
+
+def prompt_texts(path: str, target: str) -> list[torch.Tensor]:
+    """The train-split prompts of prompts.py as token sequences (chat requests through the
+    target's chat template, raw code as is): real text whose labels the target gives."""
+    import regen
+    tok = targets.load_tokenizer(target)
+    return [torch.tensor(regen.encode(tok, p), dtype=torch.long)
+            for p in regen.read_prompts(path, "train")]
 
 
 def draw_anchors(lengths, plens, count, block, gen: torch.Generator):
@@ -194,10 +203,21 @@ def main(argv=None):
     ap.add_argument("--total-time", type=float, default=0.0,
                     help="seconds the schedule spans over all calls (default: this call)")
     ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--text", default="",
+                    help="also train on the text of the train-split prompts (prompts.py's file), "
+                         "anchored anywhere: ground-truth code with the target's own labels")
+    ap.add_argument("--reload-every", type=int, default=0,
+                    help="every N steps, take in train shards written since (regen.py running "
+                         "alongside)")
+    ap.add_argument("--export-every", type=float, default=0.0,
+                    help="also export the drafter every that many seconds (a window that may "
+                         "be cut short still leaves one)")
     ap.add_argument("--seqlen", type=int, default=2048)
-    ap.add_argument("--batch-tokens", type=int, default=65536)
-    ap.add_argument("--anchors", type=int, default=128, help="blocks per sequence")
-    ap.add_argument("--group", type=int, default=32, help="blocks per attention call")
+    ap.add_argument("--batch-tokens", type=int, default=16384,
+                    help="tokens per step (1.5B target on an H200: 16384 peaks at 69 GiB; "
+                         "49152 runs out of memory)")
+    ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence")
+    ap.add_argument("--group", type=int, default=16, help="blocks per attention call")
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--gamma", type=float, default=7.0)
     ap.add_argument("--layers", type=int, default=2)
@@ -285,7 +305,9 @@ def main(argv=None):
     rewarm = args.rewarmup if (init_counters and not state) else 0
     counters["calls"] += 1
     b = config["dflash_config"]["block_size"]
-    train = Sequences(sorted(glob.glob(os.path.join(args.data, "train-*.npz"))), args.seqlen, b)
+    text = prompt_texts(args.text, args.target) if args.text else []
+    train_paths = sorted(glob.glob(os.path.join(args.data, "train-*.npz")))
+    train = Sequences(train_paths, args.seqlen, b, text)
     val = Sequences(sorted(glob.glob(os.path.join(args.data, "val-*.npz"))), args.seqlen, b)
     if len(train) == 0:
         raise SystemExit(f"no usable train-*.npz sequences in {args.data}")
@@ -337,6 +359,8 @@ def main(argv=None):
     window = []
     agen = torch.Generator().manual_seed(args.seed * 7919 + counters["step"])
     first_step = counters["step"]
+    out_dir = os.path.join(args.out, "drafter")
+    last_export = time.time()
     while time.time() - start < args.time and not (args.max_steps and
                                                     counters["step"] >= args.max_steps):
         el = base + time.time() - start
@@ -368,13 +392,28 @@ def main(argv=None):
         if counters["step"] % args.val_every == 0:
             log({"step": counters["step"], "elapsed_s": round(base + time.time() - start, 1),
                  **validate()})
+        if args.reload_every and counters["step"] % args.reload_every == 0:
+            paths = sorted(glob.glob(os.path.join(args.data, "train-*.npz")))
+            if paths != train_paths:
+                # A shard is renamed into place only once complete, so every listed one is whole.
+                train_paths, train = paths, Sequences(paths, args.seqlen, b, text)
+                log({"event": "data", "step": counters["step"], "train_shards": len(paths),
+                     "train_sequences": len(train), "train_tokens": train.tokens})
+        if args.export_every and time.time() - last_export > args.export_every:
+            last_export = time.time()
+            counters["elapsed_s"] = base + time.time() - start
+            dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
+            with open(os.path.join(out_dir, "train_state.json"), "w") as f:
+                json.dump({"counters": counters, "last_validation": None}, f, indent=2)
+                f.write("\n")
+            log({"event": "export", "step": counters["step"],
+                 "elapsed_s": round(counters["elapsed_s"], 1)})
     counters["elapsed_s"] = base + time.time() - start
     if args.state:
         torch.save({"config": config, "drafter": drafter.state_dict(),
                     "optimizer": opt.state_dict(), "counters": counters,
                     "rng": rng.getstate()}, args.state + ".tmp")
         os.replace(args.state + ".tmp", args.state)
-    out_dir = os.path.join(args.out, "drafter")
     nbytes = dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
     final = validate()
     with open(os.path.join(out_dir, "train_state.json"), "w") as f:
