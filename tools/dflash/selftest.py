@@ -5,7 +5,8 @@
 2. The batched training pass (many blocks per sequence, grouped, masked) gives each block the
    same hidden states as a lone block drafted after exactly its context, as kasoku drafts it.
 3. An exported checkpoint reloads with the same outputs.
-4. regen.py's static-cache decoder (decode.py, eager on CPU) gives `model.generate`'s greedy
+4. A batch comes from the prompts' text with probability --text-share, else from the answers.
+5. regen.py's static-cache decoder (decode.py, eager on CPU) gives `model.generate`'s greedy
    tokens, token for token, on the tiny target (left-padded rows of different lengths, stop
    tokens met mid-row); its top-p filter keeps the tokens transformers' keeps.
 
@@ -100,6 +101,18 @@ def check_export_roundtrip():
     assert torch.equal(d(*args), back(*args))
 
 
+def check_text_share():
+    import random
+    texts = train.Sequences([], 64, 4, [torch.arange(10)] * 3)
+    answers = train.Sequences([], 64, 4, [torch.arange(20)] * 3)
+    rng = random.Random(0)
+    picks = [train.pick_pool(rng, texts, answers, 0.3) is texts for _ in range(4000)]
+    assert abs(sum(picks) / len(picks) - 0.3) < 0.03, sum(picks)
+    none = train.Sequences([], 64, 4)
+    assert all(train.pick_pool(rng, none, answers, 0.9) is answers for _ in range(50))
+    assert all(train.pick_pool(rng, texts, answers, 1.0) is texts for _ in range(50))
+
+
 def check_decode_equals_generate():
     m = targets.load_target("tiny", "cpu", torch.float32)
     g = torch.Generator().manual_seed(0)
@@ -130,6 +143,7 @@ if __name__ == "__main__":
     check_head_loss()
     check_batched_equals_single()
     check_export_roundtrip()
+    check_text_share()
     check_decode_equals_generate()
     check_top_p()
     print("selftest: ok")
