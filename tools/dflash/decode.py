@@ -35,7 +35,7 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     srt, idx = logits.sort(dim=-1, descending=True)
     p = srt.softmax(-1)
     before = p.cumsum(-1) - p  # the mass of the tokens ranked above each
-    drop = before > top_p
+    drop = before >= top_p  # top_p is reached without this token
     drop[..., 0] = False
     return logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
 
@@ -46,6 +46,10 @@ def _rotate(x, cos, sin):
 
 
 class StaticDecoder:
+    """Generation for one model: up to `batch` rows of prompt + new tokens within `max_len`
+    slots; the KV buffer is allocated at that size on first use, a bucket's graph on its first
+    batch."""
+
     def __init__(self, model, batch: int, max_len: int, graphs: bool, len_step: int = 256,
                  prefill_tokens: int = 32768):
         cfg = model.config
