@@ -98,7 +98,7 @@ def start_engine(model, tok, prompts, args, stop, pad):
     """The static-cache decoder, if a few of the prompts come out of it as out of `generate`
     (see `compare`); None, with a warning, if they do not or if building it raises."""
     import decode
-    enc = [x for x in (encode(tok, p) for p in prompts[:16]) if 0 < len(x) <= args.max_prompt]
+    enc = [x for x in (encode(tok, p) for p in prompts[:64]) if 0 < len(x) <= args.max_prompt]
     sample = sorted(enc, key=len)[::max(1, len(enc) // 4)][:4]
     try:
         dec = decode.StaticDecoder(model, args.batch, args.max_prompt + args.max_new,
@@ -109,7 +109,9 @@ def start_engine(model, tok, prompts, args, stop, pad):
               "model.generate", flush=True)
         return None
     ok = res["tf_agree"] >= args.check_min
-    print(json.dumps({"engine_check": res, "graphs": dec.graphs, "ok": ok}), flush=True)
+    print(json.dumps({"engine_check": res, "graphs": dec.graphs, "ok": ok,
+                      "kv_cache_gib": round(dec.buffer.numel() * dec.buffer.element_size()
+                                            / 2**30, 2)}), flush=True)
     if not ok:
         print("[regen] WARNING: the graph engine disagrees with model.generate; using "
               "model.generate", flush=True)
