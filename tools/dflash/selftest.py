@@ -5,6 +5,10 @@
 2. The batched training pass (many blocks per sequence, grouped, masked) gives each block the
    same hidden states as a lone block drafted after exactly its context, as kasoku drafts it.
 3. An exported checkpoint reloads with the same outputs.
+4. A batch comes from the prompts' text with probability --text-share, else from the answers.
+5. regen.py's static-cache decoder (decode.py, eager on CPU) gives `model.generate`'s greedy
+   tokens, token for token, on the tiny target (left-padded rows of different lengths, stop
+   tokens met mid-row); its top-p filter keeps the tokens transformers' keeps.
 
   python tools/dflash/selftest.py
 """
@@ -18,7 +22,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import decode  # noqa: E402
 import model as dmodel  # noqa: E402
+import regen  # noqa: E402
+import target as targets  # noqa: E402
 import train  # noqa: E402
 
 
@@ -94,8 +101,49 @@ def check_export_roundtrip():
     assert torch.equal(d(*args), back(*args))
 
 
+def check_text_share():
+    import random
+    texts = train.Sequences([], 64, 4, [torch.arange(10)] * 3)
+    answers = train.Sequences([], 64, 4, [torch.arange(20)] * 3)
+    rng = random.Random(0)
+    picks = [train.pick_pool(rng, texts, answers, 0.3) is texts for _ in range(4000)]
+    assert abs(sum(picks) / len(picks) - 0.3) < 0.03, sum(picks)
+    none = train.Sequences([], 64, 4)
+    assert all(train.pick_pool(rng, none, answers, 0.9) is answers for _ in range(50))
+    assert all(train.pick_pool(rng, texts, answers, 1.0) is texts for _ in range(50))
+
+
+def check_decode_equals_generate():
+    m = targets.load_target("tiny", "cpu", torch.float32)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 151000, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 1)]
+    free = regen.hf_generate(m, prompts, 24, False, [151643], 0)
+    stop = [free[0][5], free[2][10]]  # tokens the rows reach, so rows end at different steps
+    ref = regen.hf_generate(m, prompts, 24, False, stop, 0)
+    assert len({len(r) for r in ref}) > 1, ref
+    dec = decode.StaticDecoder(m, 8, 64, graphs=False, len_step=16)
+    assert dec.generate(prompts, 24, False, stop, 0) == ref
+    res = regen.compare(m, dec, prompts, 24, stop, 0)
+    assert res["same_rows"] == len(prompts) and res["tf_agree"] == 1.0, res
+    sampled = dec.generate(prompts, 24, True, stop, 0)  # runs, and stops like the greedy rows
+    assert all(0 < len(r) <= 24 and (len(r) == 24 or r[-1] in stop) for r in sampled)
+
+
+def check_top_p():
+    from transformers.generation.logits_process import TopPLogitsWarper
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 1000, generator=g) * torch.tensor([0.3, 1, 2, 4, 8, 30])[:, None]
+    for p in (0.5, 0.95):
+        ref = TopPLogitsWarper(p)(torch.zeros(6, 1, dtype=torch.long), logits / 0.7)
+        mine = decode.top_p_filter(logits / 0.7, p)
+        assert torch.equal(torch.isinf(ref), torch.isinf(mine)), p
+
+
 if __name__ == "__main__":
     check_head_loss()
     check_batched_equals_single()
     check_export_roundtrip()
+    check_text_share()
+    check_decode_equals_generate()
+    check_top_p()
     print("selftest: ok")

@@ -80,10 +80,11 @@ class HeadLoss(torch.autograd.Function):
 
 
 class Sequences:
-    """Regenerated sequences (prompt + the target's answer), bucketed by length."""
+    """Regenerated sequences (prompt + the target's answer) from shards, or `extra` token
+    sequences anchored anywhere (prompt length 0), bucketed by length."""
 
-    def __init__(self, paths: list[str], seqlen: int, block: int):
-        self.items = []
+    def __init__(self, paths: list[str], seqlen: int, block: int, extra=()):
+        self.items = [(t[:seqlen], 0) for t in extra if len(t[:seqlen]) > block + 1]
         for p in paths:
             with np.load(p) as shard:
                 tokens, offsets = shard["tokens"].astype(np.int64), shard["offsets"]
@@ -113,6 +114,21 @@ class Sequences:
         for j, (t, _) in enumerate(items):
             ids[j, :len(t)] = t
         return ids, [len(t) for t, _ in items], [p for _, p in items]
+
+
+def pick_pool(rng: random.Random, texts: Sequences, answers: Sequences, share: float):
+    """The pool a batch comes from: the prompts' text with probability `share` (when there is
+    any), else the regenerated answers. Each pool is bucketed by length on its own."""
+    return texts if len(texts) and rng.random() < share else answers
+
+
+def prompt_texts(path: str, target: str) -> list[torch.Tensor]:
+    """The train-split prompts of prompts.py as token sequences (chat requests through the
+    target's chat template, raw code as is): real text whose labels the target gives."""
+    import regen
+    tok = targets.load_tokenizer(target)
+    return [torch.tensor(regen.encode(tok, p), dtype=torch.long)
+            for p in regen.read_prompts(path, "train")]
 
 
 def draw_anchors(lengths, plens, count, block, gen: torch.Generator):
@@ -194,10 +210,25 @@ def main(argv=None):
     ap.add_argument("--total-time", type=float, default=0.0,
                     help="seconds the schedule spans over all calls (default: this call)")
     ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--text", default="",
+                    help="also train on the text of the train-split prompts (prompts.py's file), "
+                         "anchored anywhere: ground-truth code with the target's own labels")
+    ap.add_argument("--text-share", type=float, default=0.3,
+                    help="share of batches drawn from the --text sequences (the rest from the "
+                         "regenerated answers); pooled, the text (most of the data, and easier) "
+                         "dominated: teacher-forced tau 4-5 on training batches, 1.15 held out")
+    ap.add_argument("--reload-every", type=int, default=0,
+                    help="every N steps, take in train shards written since (regen.py running "
+                         "alongside)")
+    ap.add_argument("--export-every", type=float, default=0.0,
+                    help="also export the drafter every that many seconds (a window that may "
+                         "be cut short still leaves one)")
     ap.add_argument("--seqlen", type=int, default=2048)
-    ap.add_argument("--batch-tokens", type=int, default=65536)
-    ap.add_argument("--anchors", type=int, default=128, help="blocks per sequence")
-    ap.add_argument("--group", type=int, default=32, help="blocks per attention call")
+    ap.add_argument("--batch-tokens", type=int, default=16384,
+                    help="tokens per step (1.5B target on an H200: 16384 peaks at 69 GiB; "
+                         "49152 runs out of memory)")
+    ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence")
+    ap.add_argument("--group", type=int, default=16, help="blocks per attention call")
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--gamma", type=float, default=7.0)
     ap.add_argument("--layers", type=int, default=2)
@@ -285,16 +316,22 @@ def main(argv=None):
     rewarm = args.rewarmup if (init_counters and not state) else 0
     counters["calls"] += 1
     b = config["dflash_config"]["block_size"]
-    train = Sequences(sorted(glob.glob(os.path.join(args.data, "train-*.npz"))), args.seqlen, b)
+    text = prompt_texts(args.text, args.target) if args.text else []
+    texts = Sequences([], args.seqlen, b, text)
+    train_paths = sorted(glob.glob(os.path.join(args.data, "train-*.npz")))
+    train = Sequences(train_paths, args.seqlen, b)
     val = Sequences(sorted(glob.glob(os.path.join(args.data, "val-*.npz"))), args.seqlen, b)
     if len(train) == 0:
         raise SystemExit(f"no usable train-*.npz sequences in {args.data}")
+
     log({"event": "start", "call": counters["calls"],
          "resumed_from": "state" if state else ("init" if init_counters else None),
          "device": str(dev), "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
          "load_s": round(time.time() - t_load, 1), "draft_params": params,
          "export_mb_bf16": round(2 * params / 2**20, 2), "train_sequences": len(train),
-         "train_tokens": train.tokens, "val_sequences": len(val), "config": config})
+         "train_tokens": train.tokens, "text_sequences": len(texts), "text_tokens": texts.tokens,
+         "text_share": args.text_share if len(texts) else 0.0, "val_sequences": len(val),
+         "config": config})
     if 2 * params / 2**20 > args.max_mb:
         log({"event": "warning", "reason": f"the bf16 export ({2 * params / 2**20:.1f} MiB) "
              f"exceeds --max-mb {args.max_mb}"})
@@ -337,6 +374,8 @@ def main(argv=None):
     window = []
     agen = torch.Generator().manual_seed(args.seed * 7919 + counters["step"])
     first_step = counters["step"]
+    out_dir = os.path.join(args.out, "drafter")
+    last_export = time.time()
     while time.time() - start < args.time and not (args.max_steps and
                                                     counters["step"] >= args.max_steps):
         el = base + time.time() - start
@@ -344,7 +383,8 @@ def main(argv=None):
         warm = min(1.0, (in_call + 1) / rewarm) if rewarm else 1.0
         for group in opt.param_groups:
             group["lr"] = lr_at(el) * warm
-        ids, lengths, plens = train.batch(rng, args.batch_tokens)
+        pool = pick_pool(rng, texts, train, args.text_share)
+        ids, lengths, plens = pool.batch(rng, args.batch_tokens)
         anchors, ok = draw_anchors(lengths, plens, args.anchors, b, agen)
         loss, hits = block_loss(drafter, taps_runner, ids.to(dev), lengths, anchors.to(dev), ok,
                                 args.gamma, args.group, args.chunk, amp)
@@ -368,13 +408,28 @@ def main(argv=None):
         if counters["step"] % args.val_every == 0:
             log({"step": counters["step"], "elapsed_s": round(base + time.time() - start, 1),
                  **validate()})
+        if args.reload_every and counters["step"] % args.reload_every == 0:
+            paths = sorted(glob.glob(os.path.join(args.data, "train-*.npz")))
+            if paths != train_paths:
+                # A shard is renamed into place only once complete, so every listed one is whole.
+                train_paths, train = paths, Sequences(paths, args.seqlen, b)
+                log({"event": "data", "step": counters["step"], "train_shards": len(paths),
+                     "train_sequences": len(train), "train_tokens": train.tokens})
+        if args.export_every and time.time() - last_export > args.export_every:
+            last_export = time.time()
+            counters["elapsed_s"] = base + time.time() - start
+            dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
+            with open(os.path.join(out_dir, "train_state.json"), "w") as f:
+                json.dump({"counters": counters, "last_validation": None}, f, indent=2)
+                f.write("\n")
+            log({"event": "export", "step": counters["step"],
+                 "elapsed_s": round(counters["elapsed_s"], 1)})
     counters["elapsed_s"] = base + time.time() - start
     if args.state:
         torch.save({"config": config, "drafter": drafter.state_dict(),
                     "optimizer": opt.state_dict(), "counters": counters,
                     "rng": rng.getstate()}, args.state + ".tmp")
         os.replace(args.state + ".tmp", args.state)
-    out_dir = os.path.join(args.out, "drafter")
     nbytes = dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
     final = validate()
     with open(os.path.join(out_dir, "train_state.json"), "w") as f:

@@ -1,10 +1,13 @@
 //! The CPU backend: `crate::kernels` behind the [`Backend`] interface, each method a direct
-//! call of today's kernel (same arithmetic, same bits). Buffers are host slices, weights
-//! `MatMulWeight` (packed 8 rows interleaved per format family), KV views `KvHeads`.
+//! call of today's kernel (same arithmetic, same bits). Buffers are host slices (`Vec<f32>`
+//! owned), weights `MatMulWeight` (packed 8 rows interleaved per format family), KV caches the
+//! host [`KvCache`] and their views `KvHeads`; the copies to and from "the host" are copies
+//! between slices, and the LM head writes straight into the caller's logits.
 
 use super::{
-    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Epilogue, Fused, Gather, MatMul,
-    MatMulMany, MatMulPrepared, Norm, NormInPlace, RopeArgs,
+    Activation, Attend, Backend, Conv, CopyRows, DeltaInputs, DeltaNet, Epilogue, Fused, Gather,
+    KvCache, KvType, Logits, MatMul, MatMulMany, MatMulPrepared, Norm, NormInPlace, RopeArgs,
+    Table, WeightInfo,
 };
 use crate::kernels::activation::{sigmoid_gate, silu, swiglu_inplace};
 use crate::kernels::attention::{attend, AttnArgs, KvHeads};
@@ -14,10 +17,17 @@ use crate::kernels::gated_delta::tree::{replay, tree_recurrent};
 use crate::kernels::gated_delta::{gated_delta, gates, l2norm_heads, GdnInputs};
 use crate::kernels::matmul::{
     matmul, matmul_many, matmul_prepared, shares_prepared, MatMulError, MatMulWeight, Prepared,
+    WeightFormat,
 };
 use crate::kernels::norm::{rmsnorm, rmsnorm_inplace};
 use crate::quant::kasoku::QuantizedView;
 use crate::quant::{dequantize, DType};
+
+impl super::PreparedRows for Prepared {
+    fn bytes(&self) -> usize {
+        Prepared::bytes(self)
+    }
+}
 
 /// The CPU backend (the worker pool and the instruction set are process-wide).
 #[derive(Clone, Copy, Debug, Default)]
@@ -25,9 +35,15 @@ pub struct Cpu;
 
 impl Backend for Cpu {
     type Buffer = [f32];
+    type Vec = Vec<f32>;
     type Weight = MatMulWeight;
     type Kv<'a> = KvHeads<'a>;
     type Prepared = Prepared;
+    type KvCache = KvCache;
+
+    fn new_kv_cache(&self, n_kv_heads: usize, head_dim: usize, kv_type: KvType) -> KvCache {
+        KvCache::with_type(n_kv_heads, head_dim, kv_type)
+    }
 
     fn pack(
         &self,
@@ -37,6 +53,10 @@ impl Backend for Cpu {
         bytes: &[u8],
     ) -> Result<MatMulWeight, MatMulError> {
         MatMulWeight::new(dtype, rows, cols, bytes)
+    }
+
+    fn upload(&self, values: &[f32]) -> Vec<f32> {
+        values.to_vec()
     }
 
     fn pack_kasoku(&self, q: QuantizedView<'_>) -> MatMulWeight {
@@ -58,7 +78,7 @@ impl Backend for Cpu {
         fused::enabled() && shares_prepared(ws)
     }
 
-    fn fused(&self, a: Fused<'_, '_, Self>) {
+    fn fused(&self, a: Fused<'_, '_, '_, Self>) {
         match a.epilogue {
             Epilogue::RmsNorm { x, weight, eps } => fused::rmsnorm(x, weight, eps, a.w, a.out),
             Epilogue::SwiGlu { gate, up } => fused::swiglu(gate, up, a.w, a.out),
@@ -90,15 +110,28 @@ impl Backend for Cpu {
         matmul_prepared(a.ws, a.x, a.n, a.ys)
     }
 
+    #[inline]
+    fn logits(&self, a: Logits<'_, Self>) {
+        matmul(a.w, a.x, a.n, a.y)
+    }
+
+    #[inline]
+    fn copy(&self, a: CopyRows<'_, [f32], [f32]>) {
+        copy_rows(a)
+    }
+
+    #[inline]
+    fn read(&self, a: CopyRows<'_, [f32], [f32]>) {
+        copy_rows(a)
+    }
+
+    #[inline]
+    fn write(&self, a: CopyRows<'_, [f32], [f32]>) {
+        copy_rows(a)
+    }
+
     fn gather(&self, a: Gather<'_, Self>) {
-        let row_bytes = a
-            .dtype
-            .bytes_for(a.dim)
-            .expect("gather: rows of whole blocks");
-        for (&t, row) in a.tokens.iter().zip(a.out.chunks_exact_mut(a.dim)) {
-            let at = t as usize * row_bytes;
-            dequantize(a.dtype, &a.table[at..at + row_bytes], row);
-        }
+        gather_rows(a.table, a.dim, a.tokens, a.out)
     }
 
     #[inline]
@@ -137,7 +170,7 @@ impl Backend for Cpu {
     }
 
     #[inline]
-    fn attention(&self, a: Attend<'_, Self>) {
+    fn attention(&self, a: Attend<'_, '_, Self>) {
         let args = AttnArgs {
             geo: a.geo,
             q: a.q,
@@ -222,5 +255,55 @@ fn inputs<'a>(i: &DeltaInputs<'a, Cpu>) -> GdnInputs<'a> {
         v: i.v,
         g: i.g,
         beta: i.beta,
+    }
+}
+
+impl WeightInfo for MatMulWeight {
+    #[inline]
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    #[inline]
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    #[inline]
+    fn format(&self) -> WeightFormat {
+        MatMulWeight::format(self)
+    }
+    #[inline]
+    fn size_bytes(&self) -> usize {
+        MatMulWeight::size_bytes(self)
+    }
+}
+
+/// Copies rows between host slices (see [`CopyRows`]).
+#[inline]
+pub(super) fn copy_rows(a: CopyRows<'_, [f32], [f32]>) {
+    let w = a.width;
+    for r in 0..a.rows {
+        let (s, d) = (a.src_at + r * a.src_stride, a.dst_at + r * a.dst_stride);
+        a.dst[d..d + w].copy_from_slice(&a.src[s..s + w]);
+    }
+}
+
+/// Rows `tokens` of `table` (`dim` values each) into `out`, as f32 in the original basis.
+pub(super) fn gather_rows(table: Table<'_>, dim: usize, tokens: &[u32], out: &mut [f32]) {
+    match table {
+        Table::Raw { dtype, bytes } => {
+            let row_bytes = dtype.bytes_for(dim).expect("gather: rows of whole blocks");
+            for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(dim)) {
+                let at = t as usize * row_bytes;
+                dequantize(dtype, &bytes[at..at + row_bytes], row);
+            }
+        }
+        Table::Kasoku { view, signs } => {
+            for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(dim)) {
+                view.dequantize_row_rotated(t as usize, row);
+                if let Some(s) = signs {
+                    s.unrotate(row);
+                }
+            }
+        }
     }
 }

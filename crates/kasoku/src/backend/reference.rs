@@ -4,17 +4,25 @@
 //! them, as the CPU one does for block formats, differs from it by that rounding). It is the
 //! oracle the backends are tested against (`tests.rs`), not a way to run a model.
 
+use super::cpu::{copy_rows, gather_rows};
 use super::{
-    Activation, Attend, Backend, Conv, DeltaInputs, DeltaNet, Epilogue, Fused, Gather, MatMul,
-    MatMulMany, MatMulPrepared, Norm, NormInPlace, RopeArgs,
+    Activation, Attend, Backend, Conv, CopyRows, DeltaInputs, DeltaNet, Epilogue, Fused, Gather,
+    KvCache, KvType, Logits, MatMul, MatMulMany, MatMulPrepared, Norm, NormInPlace, RopeArgs,
+    WeightInfo,
 };
 use crate::kernels::attention::{KvHeads, Stored};
 use crate::kernels::conv1d::ConvTaps;
 use crate::kernels::gated_delta::GdnDims;
-use crate::kernels::matmul::MatMulError;
+use crate::kernels::matmul::{MatMulError, WeightFormat};
 use crate::kernels::rope::RopeLayout;
 use crate::quant::kasoku::QuantizedView;
 use crate::quant::{dequantize, DType};
+
+impl super::PreparedRows for Vec<f32> {
+    fn bytes(&self) -> usize {
+        self.capacity() * 4
+    }
+}
 
 /// The f64 oracle.
 #[derive(Clone, Copy, Debug, Default)]
@@ -27,15 +35,38 @@ pub struct RefMatrix {
     pub rows: usize,
     /// Values per row.
     pub cols: usize,
+    /// The format it was packed from.
+    format: WeightFormat,
     values: Vec<f64>,
+}
+
+impl WeightInfo for RefMatrix {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn format(&self) -> WeightFormat {
+        self.format
+    }
+    fn size_bytes(&self) -> usize {
+        self.values.len() * 8
+    }
 }
 
 impl Backend for Reference {
     type Buffer = [f32];
+    type Vec = Vec<f32>;
     type Weight = RefMatrix;
     type Kv<'a> = KvHeads<'a>;
     /// The epilogue's rows as f32, unchanged: the reference fuses nothing.
     type Prepared = Vec<f32>;
+    type KvCache = KvCache;
+
+    fn new_kv_cache(&self, n_kv_heads: usize, head_dim: usize, kv_type: KvType) -> KvCache {
+        KvCache::with_type(n_kv_heads, head_dim, kv_type)
+    }
 
     fn pack(
         &self,
@@ -64,7 +95,16 @@ impl Backend for Reference {
             dequantize(dtype, r, &mut row);
             values.extend(row.iter().map(|&v| v as f64));
         }
-        Ok(RefMatrix { rows, cols, values })
+        Ok(RefMatrix {
+            rows,
+            cols,
+            format: WeightFormat::Gguf(dtype),
+            values,
+        })
+    }
+
+    fn upload(&self, values: &[f32]) -> Vec<f32> {
+        values.to_vec()
     }
 
     fn pack_kasoku(&self, q: QuantizedView<'_>) -> RefMatrix {
@@ -73,6 +113,7 @@ impl Backend for Reference {
         RefMatrix {
             rows: q.spec.rows,
             cols: q.spec.cols,
+            format: WeightFormat::Kasoku(q.spec.format),
             values: q.dequantize().into_iter().map(f64::from).collect(),
         }
     }
@@ -105,7 +146,7 @@ impl Backend for Reference {
             .is_some_and(|w| ws.iter().all(|v| v.cols == w.cols))
     }
 
-    fn fused(&self, a: Fused<'_, '_, Self>) {
+    fn fused(&self, a: Fused<'_, '_, '_, Self>) {
         let out = a.out;
         match a.epilogue {
             Epilogue::RmsNorm { x, weight, eps } => {
@@ -156,15 +197,30 @@ impl Backend for Reference {
         });
     }
 
+    fn logits(&self, a: Logits<'_, Self>) {
+        self.matmul(MatMul {
+            w: a.w,
+            x: a.x,
+            n: a.n,
+            y: a.y,
+        })
+    }
+
+    fn copy(&self, a: CopyRows<'_, [f32], [f32]>) {
+        copy_rows(a)
+    }
+
+    fn read(&self, a: CopyRows<'_, [f32], [f32]>) {
+        copy_rows(a)
+    }
+
+    fn write(&self, a: CopyRows<'_, [f32], [f32]>) {
+        copy_rows(a)
+    }
+
+    /// A row is its stored values dequantized (the definition), as on the CPU.
     fn gather(&self, a: Gather<'_, Self>) {
-        let row_bytes = a
-            .dtype
-            .bytes_for(a.dim)
-            .expect("gather: rows of whole blocks");
-        for (&t, row) in a.tokens.iter().zip(a.out.chunks_exact_mut(a.dim)) {
-            let at = t as usize * row_bytes;
-            dequantize(a.dtype, &a.table[at..at + row_bytes], row);
-        }
+        gather_rows(a.table, a.dim, a.tokens, a.out)
     }
 
     fn rmsnorm(&self, a: Norm<'_, Self>) {
@@ -250,7 +306,7 @@ impl Backend for Reference {
         }
     }
 
-    fn attention(&self, a: Attend<'_, Self>) {
+    fn attention(&self, a: Attend<'_, '_, Self>) {
         let geo = a.geo;
         let hd = geo.head_dim;
         let group = geo.n_heads / geo.n_kv_heads;

@@ -1,8 +1,10 @@
 //! Every kernel family of every backend against the f64 reference on random shapes: matmul on
-//! every weight format, the embedding gather, RMSNorm, RoPE, the activations, attention (chain
-//! and tree, over f32 / f16 / q8_0 caches), Gated DeltaNet (recurrent, chunked, tree, replay)
-//! and conv1d (chain, tree, commit), the fused epilogues (RMSNorm, SwiGLU, attention into
-//! products on kasoku's formats; on the CPU also bit for bit against the unfused). The bounds are relative errors: float work in f32 against
+//! every weight format, the embedding gather (GGUF and kasoku tables), RMSNorm, RoPE, the
+//! activations, attention (chain and tree, over f32 / f16 / q8_0 caches), Gated DeltaNet
+//! (recurrent, chunked, tree, replay) and conv1d (chain, tree, commit); and the moves model
+//! code makes (row copies, to and from the host, the LM head into host memory, the KV store);
+//! the fused epilogues (RMSNorm, SwiGLU, attention into products on kasoku's formats; on the
+//! CPU also bit for bit against the unfused). The bounds are relative errors: float work in f32 against
 //! f64 (1e-5..1e-4), and products whose activations the backend quantizes to 8 bits (block
 //! formats: 3e-2); each would be of order 1 for a wrong result.
 
@@ -213,10 +215,10 @@ fn matmul_kasoku_formats() {
 }
 
 /// An epilogue's rows through [`Backend::fused`], then their product with `w`.
-fn fused_out<'a, B: Backend<Buffer = [f32]>>(
+fn fused_out<'a, 'k, B: Backend<Buffer = [f32]> + 'k>(
     b: &B,
     w: &'a B::Weight,
-    epilogue: Epilogue<'a, B>,
+    epilogue: Epilogue<'a, 'k, B>,
     n: usize,
     rows: usize,
 ) -> Vec<f32> {
@@ -408,8 +410,10 @@ fn gather_rmsnorm_rope_activations() {
         };
         let c = run(&|out| {
             Cpu.gather(Gather {
-                dtype,
-                table: &table,
+                table: Table::Raw {
+                    dtype,
+                    bytes: &table,
+                },
                 dim,
                 tokens: &tokens,
                 out,
@@ -417,8 +421,10 @@ fn gather_rmsnorm_rope_activations() {
         });
         let r = run(&|out| {
             Reference.gather(Gather {
-                dtype,
-                table: &table,
+                table: Table::Raw {
+                    dtype,
+                    bytes: &table,
+                },
                 dim,
                 tokens: &tokens,
                 out,
@@ -863,5 +869,170 @@ fn conv1d_chain_tree_and_commit() {
             });
             assert_eq!(cs, rs, "conv1d commit ch={ch} k={k} node={node}");
         }
+    }
+}
+
+/// The moves model code makes without reading values: strided row copies between buffers, to
+/// the host and from it, give exactly the rows asked for on every backend; the LM head's
+/// product into host memory equals the backend's own matmul; a KV store appends, commits and
+/// truncates whole rows as attention then reads them.
+#[test]
+fn copies_logits_and_kv_store() {
+    let mut rng = Rng::new(9);
+    let src = rng.vec(7 * 10, 1.0);
+    // Rows 3 values wide from column 2 of a 10-wide source into column 1 of a 5-wide target.
+    let want = |rows: usize| {
+        let mut d = vec![-1f32; 40];
+        for r in 0..rows {
+            for c in 0..3 {
+                d[4 + r * 5 + 1 + c] = src[2 + r * 10 + c];
+            }
+        }
+        d
+    };
+    fn moves<B: Backend<Buffer = [f32]>>(b: &B, src: &[f32]) -> [Vec<f32>; 3] {
+        let args = |dst| CopyRows {
+            src,
+            src_at: 2,
+            src_stride: 10,
+            dst,
+            dst_at: 5,
+            dst_stride: 5,
+            rows: 7,
+            width: 3,
+        };
+        let mut out = [vec![-1f32; 40], vec![-1f32; 40], vec![-1f32; 40]];
+        let [c, r, w] = &mut out;
+        b.copy(args(c));
+        b.read(args(r));
+        b.write(args(w));
+        out
+    }
+    for got in [moves(&Cpu, &src), moves(&Reference, &src)] {
+        for g in got {
+            assert_eq!(g, want(7));
+        }
+    }
+    let mut whole = vec![0f32; 70];
+    Cpu.copy(CopyRows::whole(&src[..], &mut whole[..]));
+    assert_eq!(whole, src);
+
+    // The head's product on the host.
+    let (rows, cols) = (12, 64);
+    let bytes = matrix_bytes(&mut rng, DType::Q8_0, rows, cols);
+    let x = rng.vec(3 * cols, 1.0);
+    let cw = Cpu.pack(DType::Q8_0, rows, cols, &bytes).unwrap();
+    let rw = Reference.pack(DType::Q8_0, rows, cols, &bytes).unwrap();
+    assert_eq!((WeightInfo::rows(&cw), WeightInfo::cols(&cw)), (rows, cols));
+    assert_eq!((rw.rows(), rw.cols()), (rows, cols));
+    let mut logits = vec![f32::NAN; 3 * rows];
+    Cpu.logits(Logits {
+        w: &cw,
+        x: &x,
+        n: 3,
+        y: &mut logits,
+    });
+    assert_eq!(logits, matmul_out(&Cpu, &cw, &x, 3, rows));
+    Reference.logits(Logits {
+        w: &rw,
+        x: &x,
+        n: 3,
+        y: &mut logits,
+    });
+    assert_eq!(logits, matmul_out(&Reference, &rw, &x, 3, rows));
+
+    // A KV store through its interface: rows 1 and 3 of a 4-row batch kept after 2 rows.
+    fn store<B: Backend<Buffer = [f32]>>(b: &B, rows: &[f32]) -> Vec<f32> {
+        let mut kv = b.new_kv_cache(2, 4, KvType::F32);
+        kv.reserve(8);
+        kv.append(&rows[..16], &rows[..16]);
+        kv.append(&rows[16..], &rows[16..]);
+        assert_eq!((kv.len(), kv.kv_dim()), (6, 8));
+        kv.commit(2, &[1, 3]);
+        assert_eq!((kv.len(), kv.bytes()), (4, 2 * 4 * 8 * 4));
+        let mut keep = kv.clone();
+        keep.truncate(3);
+        assert_eq!(keep.len(), 3);
+        // One query at position 3 attends to all four rows.
+        let q = vec![0.5f32; 2 * 4];
+        let mut out = vec![0f32; 2 * 4];
+        kv.with_heads(|keys, values| {
+            b.attention(Attend {
+                geo: AttnGeometry {
+                    n_heads: 2,
+                    n_kv_heads: 2,
+                    head_dim: 4,
+                },
+                q: &q,
+                keys,
+                values,
+                past: 3,
+                scale: 0.5,
+                tree: None,
+                out: &mut out,
+            })
+        });
+        out
+    }
+    let rows = rng.vec(6 * 8, 1.0);
+    close(
+        "kv store + attention",
+        &store(&Cpu, &rows),
+        &store(&Reference, &rows),
+        1e-5,
+    );
+}
+
+/// An embedding table in kasoku's formats gives each row dequantized in the original basis on
+/// every backend.
+#[test]
+fn gather_kasoku_tables() {
+    use crate::quant::kasoku::{quantize, Rotation, TensorSpec};
+    let mut rng = Rng::new(10);
+    let (vocab, dim) = (6, 64);
+    let w = rng.vec(vocab * dim, 1.0);
+    for spec in [
+        TensorSpec::l(vocab, dim, false, Some(Rotation::new(3, 32))),
+        TensorSpec::m(vocab, dim, 64, None),
+    ] {
+        let q = quantize(spec, &w).unwrap();
+        let signs = spec.rotation.map(|r| r.signs(dim));
+        let tokens = [4u32, 0, 4];
+        let gather = |b: &dyn Fn(&mut [f32])| {
+            let mut out = vec![f32::NAN; tokens.len() * dim];
+            b(&mut out);
+            out
+        };
+        let table = Table::Kasoku {
+            view: q.view(),
+            signs: signs.as_ref(),
+        };
+        let c = gather(&|out| {
+            Cpu.gather(Gather {
+                table,
+                dim,
+                tokens: &tokens,
+                out,
+            })
+        });
+        let r = gather(&|out| {
+            Reference.gather(Gather {
+                table,
+                dim,
+                tokens: &tokens,
+                out,
+            })
+        });
+        assert_eq!(c, r, "{spec}");
+        let all = q.view().dequantize();
+        assert_eq!(&c[..dim], &all[4 * dim..5 * dim], "{spec}");
+        assert_eq!(&c[dim..2 * dim], &all[..dim], "{spec}");
+        // 4-bit M on uniform values is off by about 6 %; a wrong row by about 140 %.
+        close(
+            &format!("{spec} near the values"),
+            &c[dim..2 * dim],
+            &w[..dim],
+            0.15,
+        );
     }
 }

@@ -10,9 +10,8 @@
 //! kernels hold no raw pointers; memory is reused from call to call (`scratch`, and work areas
 //! that the caller lends the pool's threads), so a call whose shapes were seen before
 //! allocates nothing, on any thread (`tests/kernels_no_alloc.rs`). Every `unsafe` block says
-//! why it is sound (enforced below).
-
-#![deny(clippy::undocumented_unsafe_blocks)]
+//! why it is sound (clippy's `undocumented_unsafe_blocks`, denied for the whole workspace in
+//! the root Cargo.toml).
 
 pub mod activation;
 pub mod attention;

@@ -47,19 +47,40 @@ pub enum Shape<'a> {
     Grow { parents: &'a [usize] },
 }
 
-/// One pass of the model: see the module doc.
-#[derive(Clone, Copy, Debug)]
-pub struct Batch<'a> {
+/// One pass of the model: see the module doc. `W` is the type of a replacement LM head
+/// (the backend's packed matrix: `MatMulWeight` on the CPU).
+pub struct Batch<'a, W = MatMulWeight> {
     pub(crate) tokens: &'a [u32],
     pub(crate) shape: Shape<'a>,
     pub(crate) logits: Logits,
-    pub(crate) head: Option<&'a MatMulWeight>,
+    pub(crate) head: Option<&'a W>,
     pub(crate) hidden: bool,
     pub(crate) taps: &'a [usize],
 }
 
-impl<'a> Batch<'a> {
-    fn with_shape(tokens: &'a [u32], shape: Shape<'a>, logits: Logits) -> Batch<'a> {
+impl<W> Clone for Batch<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W> Copy for Batch<'_, W> {}
+
+impl<W> std::fmt::Debug for Batch<'_, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("tokens", &self.tokens)
+            .field("shape", &self.shape)
+            .field("logits", &self.logits)
+            .field("own_head", &self.head.is_some())
+            .field("hidden", &self.hidden)
+            .field("taps", &self.taps)
+            .finish()
+    }
+}
+
+impl<'a, W> Batch<'a, W> {
+    fn with_shape(tokens: &'a [u32], shape: Shape<'a>, logits: Logits) -> Batch<'a, W> {
         Batch {
             tokens,
             shape,
@@ -71,12 +92,12 @@ impl<'a> Batch<'a> {
     }
 
     /// `tokens` appended to the state; logits of the last one.
-    pub fn chain(tokens: &'a [u32]) -> Batch<'a> {
+    pub fn chain(tokens: &'a [u32]) -> Batch<'a, W> {
         Batch::with_shape(tokens, Shape::Chain, Logits::Last)
     }
 
     /// Every node of `tree`, pending until a commit; logits of every node.
-    pub fn tree(tree: &'a TokenTree) -> Batch<'a> {
+    pub fn tree(tree: &'a TokenTree) -> Batch<'a, W> {
         let shape = Shape::Tree {
             parents: tree.parents(),
             depths: tree.depths(),
@@ -86,33 +107,33 @@ impl<'a> Batch<'a> {
 
     /// `tokens` added to the pending tree under `parents` (see [`Shape::Grow`]); logits of
     /// every new node.
-    pub fn grow(parents: &'a [usize], tokens: &'a [u32]) -> Batch<'a> {
+    pub fn grow(parents: &'a [usize], tokens: &'a [u32]) -> Batch<'a, W> {
         Batch::with_shape(tokens, Shape::Grow { parents }, Logits::All)
     }
 
     /// Which rows get logits.
-    pub fn logits(mut self, logits: Logits) -> Batch<'a> {
+    pub fn logits(mut self, logits: Logits) -> Batch<'a, W> {
         self.logits = logits;
         self
     }
 
     /// Logits from `head` instead of the model's LM head (e.g. its first rows: a drafter's
     /// reduced vocabulary); `None` for the model's own.
-    pub fn head(mut self, head: Option<&'a MatMulWeight>) -> Batch<'a> {
+    pub fn head(mut self, head: Option<&'a W>) -> Batch<'a, W> {
         self.head = head;
         self
     }
 
     /// Also return every row's final-normed hidden state when `hidden` (what MTP-style
     /// drafters read).
-    pub fn hidden(mut self, hidden: bool) -> Batch<'a> {
+    pub fn hidden(mut self, hidden: bool) -> Batch<'a, W> {
         self.hidden = hidden;
         self
     }
 
     /// Also return the outputs of the decoder layers `taps` (0-based, before the final norm)
     /// for every row (what DFlash-style drafters condition on).
-    pub fn taps(mut self, taps: &'a [usize]) -> Batch<'a> {
+    pub fn taps(mut self, taps: &'a [usize]) -> Batch<'a, W> {
         self.taps = taps;
         self
     }

@@ -363,11 +363,11 @@ impl DFlash {
         let c = &config;
         let (h, hd, eps) = (c.hidden, c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let norm = |name: &str, dim: usize| RmsNorm::load(&claims, name, dim, eps, false);
+        let norm = |name: &str, dim: usize| RmsNorm::load(&Cpu, &claims, name, dim, eps, false);
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let n = |part: &str| format!("layers.{i}.{part}.weight");
-            let m = |part: &str, rows, cols| weights::matrix(&claims, &n(part), rows, cols);
+            let m = |part: &str, rows, cols| weights::matrix(&Cpu, &claims, &n(part), rows, cols);
             layers.push(DraftLayer {
                 input_norm: norm(&n("input_layernorm"), h)?,
                 q: m("self_attn.q_proj", qd, h)?,
@@ -383,7 +383,7 @@ impl DFlash {
             });
         }
         let net = DFlash {
-            fc: weights::matrix(&claims, "fc.weight", h, c.taps.len() * h)?,
+            fc: weights::matrix(&Cpu, &claims, "fc.weight", h, c.taps.len() * h)?,
             hidden_norm: norm("hidden_norm.weight", h)?,
             norm: norm("norm.weight", h)?,
             layers,
@@ -472,7 +472,7 @@ impl DFlash {
             y: &mut proj,
         });
         let mut cn = vec![0f32; n * h];
-        self.hidden_norm.forward(&proj, &mut cn);
+        self.hidden_norm.forward(&Cpu, &proj, &mut cn);
         let (mut k, mut v) = (vec![0f32; n * kvd], vec![0f32; n * kvd]);
         for (li, layer) in self.layers.iter().enumerate() {
             self.kv_rows(layer, &cn, n, positions, &mut k, &mut v);
@@ -505,7 +505,7 @@ impl DFlash {
             n,
             y: v,
         });
-        layer.k_norm.forward_inplace(k);
+        layer.k_norm.forward_inplace(&Cpu, k);
         self.rope.apply(k, self.config.n_kv_heads, positions);
     }
 
@@ -547,7 +547,7 @@ impl DFlash {
         block[0] = root;
         let positions: Vec<usize> = (pos..pos + b).collect();
         let mut x = vec![0f32; b * h];
-        target.embedding.lookup(&block, &mut x);
+        target.embedding.lookup(&Cpu, &block, &mut x);
 
         let (qd, kvd, g) = (c.n_heads * hd, c.n_kv_heads * hd, c.n_heads / c.n_kv_heads);
         let past = ctx.len();
@@ -568,14 +568,14 @@ impl DFlash {
         };
         let fold = |r: usize, head: usize| ((head / g) * b * g + r * g + head % g) * hd;
         for (li, layer) in self.layers.iter().enumerate() {
-            layer.input_norm.forward(&x, &mut normed);
+            layer.input_norm.forward(&Cpu, &x, &mut normed);
             Cpu.matmul(MatMul {
                 w: &layer.q,
                 x: &normed,
                 n: b,
                 y: &mut q,
             });
-            layer.q_norm.forward_inplace(&mut q);
+            layer.q_norm.forward_inplace(&Cpu, &mut q);
             self.rope.apply(&mut q, c.n_heads, &positions);
             self.kv_rows(layer, &normed, b, &positions, &mut k, &mut v);
             for r in 0..b {
@@ -618,7 +618,7 @@ impl DFlash {
                 y: &mut d,
             });
             Cpu.activation(Activation::Add { x: &mut x, d: &d });
-            layer.post_norm.forward(&x, &mut normed);
+            layer.post_norm.forward(&Cpu, &x, &mut normed);
             Cpu.matmul(MatMul {
                 w: &layer.gate,
                 x: &normed,
@@ -644,7 +644,7 @@ impl DFlash {
             Cpu.activation(Activation::Add { x: &mut x, d: &d });
         }
         let out = &mut normed[..rows * h];
-        self.norm.forward(&x[h..(rows + 1) * h], out);
+        self.norm.forward(&Cpu, &x[h..(rows + 1) * h], out);
         logits.clear();
         logits.resize(rows * head.rows, 0.0);
         Cpu.matmul(MatMul {

@@ -3,7 +3,7 @@
 //! kasoku's formats (`quant::kasoku`) gives each row dequantized and, when rotated, rotated
 //! back to the original basis.
 
-use crate::backend::{Backend, Cpu, Gather};
+use crate::backend::{Backend, Buf, Gather, Table};
 use crate::format::{Claims, QuantizedTensor, RawTensor, TensorBytes};
 use crate::quant::kasoku::{quantize, Signs};
 use crate::quant::Target;
@@ -122,8 +122,9 @@ impl Embedding {
         self.row_bytes
     }
 
-    /// Writes the rows of `tokens` into `out` (`tokens.len() × dim`). Ids must be `< vocab`.
-    pub fn lookup(&self, tokens: &[u32], out: &mut [f32]) {
+    /// Writes the rows of `tokens` into `out` (`tokens.len() × dim`) on `b`. Ids must be
+    /// `< vocab`.
+    pub fn lookup<B: Backend>(&self, b: &B, tokens: &[u32], out: &mut B::Buffer) {
         assert_eq!(
             out.len(),
             tokens.len() * self.dim,
@@ -132,24 +133,22 @@ impl Embedding {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
             panic!("embedding: token {t} out of range");
         }
-        match &self.table {
-            EmbeddingTable::Raw(t) => Cpu.gather(Gather {
+        let table = match &self.table {
+            EmbeddingTable::Raw(t) => Table::Raw {
                 dtype: t.dtype,
-                table: t.data.as_slice(),
-                dim: self.dim,
-                tokens,
-                out,
-            }),
-            EmbeddingTable::Quantized(q) => {
-                let view = q.view();
-                for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(self.dim)) {
-                    view.dequantize_row_rotated(t as usize, row);
-                    if let Some(s) = &self.signs {
-                        s.unrotate(row);
-                    }
-                }
-            }
-        }
+                bytes: t.data.as_slice(),
+            },
+            EmbeddingTable::Quantized(q) => Table::Kasoku {
+                view: q.view(),
+                signs: self.signs.as_ref(),
+            },
+        };
+        b.gather(Gather {
+            table,
+            dim: self.dim,
+            tokens,
+            out,
+        });
     }
 }
 
@@ -185,7 +184,7 @@ mod tests {
                 row_bytes: 0,
             };
             let mut out = vec![0f32; 2 * dim];
-            e.lookup(&[3, 1], &mut out);
+            e.lookup(&crate::backend::Cpu, &[3, 1], &mut out);
             let all = q.view().dequantize();
             assert_eq!(&out[..dim], &all[3 * dim..4 * dim], "{spec}");
             assert_eq!(&out[dim..], &all[dim..2 * dim], "{spec}");

@@ -1,42 +1,41 @@
 //! The dense SwiGLU MLP of every supported family: `down(silu(gate(x)) · up(x))`, no biases.
 
 use crate::backend::{
-    Activation, Backend, Cpu, Epilogue, Fused, MatMul, MatMulMany, MatMulPrepared,
+    Activation, Backend, Cpu, Epilogue, Fused, MatMul, MatMulMany, MatMulPrepared, WeightInfo,
 };
 use crate::format::Claims;
-use crate::kernels::matmul::{MatMulWeight, Prepared};
 
 use super::scratch::carve;
 use super::trace::{Op, Trace};
 use super::{weights, ModelError};
 
-pub struct Mlp {
-    pub gate: MatMulWeight,
-    pub up: MatMulWeight,
-    pub down: MatMulWeight,
+pub struct Mlp<B: Backend = Cpu> {
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
 }
 
-impl Mlp {
-    /// Loads `blk.{layer}.ffn_{gate,up,down}.weight`.
+impl<B: Backend> Mlp<B> {
+    /// Loads `blk.{layer}.ffn_{gate,up,down}.weight`, packed by `b`.
     pub fn load(
+        b: &B,
         claims: &Claims,
         layer: usize,
         hidden: usize,
         ffn: usize,
-    ) -> Result<Mlp, ModelError> {
+    ) -> Result<Mlp<B>, ModelError> {
         let name = |part: &str| format!("blk.{layer}.ffn_{part}.weight");
         Ok(Mlp {
-            gate: weights::matrix(claims, &name("gate"), ffn, hidden)?,
-            up: weights::matrix(claims, &name("up"), ffn, hidden)?,
-            down: weights::matrix(claims, &name("down"), hidden, ffn)?,
+            gate: weights::matrix(b, claims, &name("gate"), ffn, hidden)?,
+            up: weights::matrix(b, claims, &name("up"), ffn, hidden)?,
+            down: weights::matrix(b, claims, &name("down"), hidden, ffn)?,
         })
     }
 
     /// The matrix whose prepared rows [`Mlp::run`] reads instead of f32 ones, when one
-    /// fused norm can write them for gate and up; `None` for f32 rows.
-    pub(crate) fn prepared_input(&self) -> Option<&MatMulWeight> {
-        Cpu.can_prepare(&[&self.gate, &self.up])
-            .then_some(&self.gate)
+    /// fused norm can write them for gate and up on `b`; `None` for f32 rows.
+    pub(crate) fn prepared_input(&self, b: &B) -> Option<&B::Weight> {
+        b.can_prepare(&[&self.gate, &self.up]).then_some(&self.gate)
     }
 
     /// `out = down(silu(gate(x)) · up(x))` for `n` rows of `x` (or of `prepared`, as
@@ -46,15 +45,16 @@ impl Mlp {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
-        x: &[f32],
+        b: &B,
+        x: &B::Buffer,
         n: usize,
-        out: &mut [f32],
-        work: &mut Vec<f32>,
-        prepared: &mut Prepared,
+        out: &mut B::Buffer,
+        work: &mut B::Vec,
+        prepared: &mut B::Prepared,
         layer: usize,
         tr: &mut T,
     ) {
-        let ffn = self.gate.rows;
+        let ffn = self.gate.rows();
         let [g, u] = carve(work, [n * ffn, n * ffn]);
         let op = |name| Op::new(name, Some(layer), n);
         let gate_up = op("ffn_gate_up")
@@ -62,14 +62,14 @@ impl Mlp {
             .reading(self.gate.size_bytes() + self.up.size_bytes());
         // Gate and up in one job: the pool synchronises once for both.
         let ws = [&self.gate, &self.up];
-        tr.op(gate_up, || match self.prepared_input() {
-            Some(_) => Cpu.matmul_prepared(MatMulPrepared {
+        tr.op(gate_up, || match self.prepared_input(b) {
+            Some(_) => b.matmul_prepared(MatMulPrepared {
                 ws: &ws,
                 x: prepared,
                 n,
                 ys: &mut [&mut *g, &mut *u],
             }),
-            None => Cpu.matmul_many(MatMulMany {
+            None => b.matmul_many(MatMulMany {
                 ws: &ws,
                 x,
                 n,
@@ -79,17 +79,17 @@ impl Mlp {
         let down = op("ffn_down")
             .matmul(self.down.format())
             .reading(self.down.size_bytes());
-        if Cpu.can_prepare(&[&self.down]) {
+        if b.can_prepare(&[&self.down]) {
             // SwiGLU writes its product prepared for down.
             tr.op(op("swiglu"), || {
-                Cpu.fused(Fused {
+                b.fused(Fused {
                     w: &self.down,
                     epilogue: Epilogue::SwiGlu { gate: g, up: u },
                     out: prepared,
                 })
             });
             tr.op(down, || {
-                Cpu.matmul_prepared(MatMulPrepared {
+                b.matmul_prepared(MatMulPrepared {
                     ws: &[&self.down],
                     x: prepared,
                     n,
@@ -99,10 +99,10 @@ impl Mlp {
             return;
         }
         tr.op(op("swiglu"), || {
-            Cpu.activation(Activation::SwiGlu { gate: g, up: u })
+            b.activation(Activation::SwiGlu { gate: g, up: u })
         });
         tr.op(down, || {
-            Cpu.matmul(MatMul {
+            b.matmul(MatMul {
                 w: &self.down,
                 x: g,
                 n,

@@ -20,6 +20,10 @@
 //! - `state.rs`: `ModelState`, one layer state per layer, behind methods; `scratch.rs`: the
 //!   activation buffers a state's passes reuse.
 //!
+//! Everything that computes is generic over the backend (`Model<B: Backend = Cpu>`, see
+//! `crate::backend`): weights are the backend's packed matrices, activations, recurrent states
+//! and KV caches live in its memory, and results reach the host only where a batch asks.
+//!
 //! Tensors are addressed by GGUF names (`blk.N.attn_q.weight`, ...) whatever the source.
 
 mod batch;

@@ -24,10 +24,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Cpu, MatMul};
+use crate::backend::{Backend, Buf, BufVec, CopyRows, Cpu, KvStore, MatMul, WeightInfo};
 use crate::format::hf_names::mtp_name;
 use crate::format::{Claims, RawTensor, SourceOrigin, TensorSource};
-use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 
 use super::batch::{Output, Pass};
@@ -42,32 +41,35 @@ use super::transformer::{Layer, Model};
 use super::{weights, ModelError, RmsNorm};
 
 /// The weights of the MTP block (one layer).
-pub struct MtpHead {
+pub struct MtpHead<B: Backend = Cpu> {
     /// `nextn.eh_proj` (HF `mtp.fc`): `[hidden, 2 · hidden]`.
-    pub(crate) eh_proj: MatMulWeight,
+    pub(crate) eh_proj: B::Weight,
     /// `nextn.enorm` (HF `mtp.pre_fc_norm_embedding`).
-    pub(crate) enorm: RmsNorm,
+    pub(crate) enorm: RmsNorm<B>,
     /// `nextn.hnorm` (HF `mtp.pre_fc_norm_hidden`).
-    pub(crate) hnorm: RmsNorm,
+    pub(crate) hnorm: RmsNorm<B>,
     /// A decoder block of the trunk's kind: gated attention (`attn_norm`, its own KV cache)
     /// and the MLP (`post_attention_norm`, HF `post_attention_layernorm`).
-    pub(crate) layer: Layer,
+    pub(crate) layer: Layer<B>,
     /// `nextn.shared_head_norm` (HF `mtp.norm`).
-    pub(crate) out_norm: RmsNorm,
+    pub(crate) out_norm: RmsNorm<B>,
     hidden: usize,
     /// The block's index, `blk.{n_layers}` (for traces).
     index: usize,
+    /// The backend its weights were packed for (its states' memory).
+    backend: B,
 }
 
-impl MtpHead {
+impl<B: Backend> MtpHead<B> {
     /// Loads the MTP block of `source` (a model of `config`) if it has one: `Ok(None)` when the
     /// source has no `mtp.*` and no `blk.{n_layers}.*` tensors. Loading is strict over the MTP
     /// tensors: a missing, misshapen or unknown one is an error.
     pub fn load(
+        b: &B,
         config: &ModelConfig,
         source: &dyn TensorSource,
         rope: Arc<Rope>,
-    ) -> Result<Option<MtpHead>, ModelError> {
+    ) -> Result<Option<MtpHead<B>>, ModelError> {
         let view = MtpView::new(source, config);
         if view.names.is_empty() {
             return Ok(None);
@@ -85,14 +87,17 @@ impl MtpHead {
                 config.arch
             ))));
         }
-        Self::load_view(config, &view, rope).map(Some).map_err(err)
+        Self::load_view(b, config, &view, rope)
+            .map(Some)
+            .map_err(err)
     }
 
     fn load_view(
+        b: &B,
         config: &ModelConfig,
         view: &MtpView,
         rope: Arc<Rope>,
-    ) -> Result<MtpHead, ModelError> {
+    ) -> Result<MtpHead<B>, ModelError> {
         let n = config.n_layers;
         if view
             .names
@@ -107,6 +112,7 @@ impl MtpHead {
         let (h, eps) = (config.hidden, config.rms_eps);
         let norm = |part: &str| {
             RmsNorm::load(
+                b,
                 &claims,
                 &format!("blk.{n}.{part}.weight"),
                 h,
@@ -115,26 +121,33 @@ impl MtpHead {
             )
         };
         let head = MtpHead {
-            eh_proj: weights::matrix(&claims, &format!("blk.{n}.nextn.eh_proj.weight"), h, 2 * h)?,
+            eh_proj: weights::matrix(
+                b,
+                &claims,
+                &format!("blk.{n}.nextn.eh_proj.weight"),
+                h,
+                2 * h,
+            )?,
             enorm: norm("nextn.enorm")?,
             hnorm: norm("nextn.hnorm")?,
             layer: Layer {
                 attn_norm: norm("attn_norm")?,
-                mixer: Mixer::Attention(Attention::load(&claims, n, config, rope)?),
+                mixer: Mixer::Attention(Attention::load(b, &claims, n, config, rope)?),
                 ffn_norm: norm("post_attention_norm")?,
-                mlp: Mlp::load(&claims, n, h, config.ffn)?,
+                mlp: Mlp::load(b, &claims, n, h, config.ffn)?,
             },
             out_norm: norm("nextn.shared_head_norm")?,
             hidden: h,
             index: n,
+            backend: b.clone(),
         };
         claims.finish()?;
         Ok(head)
     }
 
     /// An empty state (the MTP attention layer's KV cache) with room for `max_len` rows.
-    pub fn new_state(&self, max_len: usize) -> ModelState {
-        ModelState::new(std::slice::from_ref(&self.layer), max_len)
+    pub fn new_state(&self, max_len: usize) -> ModelState<B> {
+        ModelState::new(&self.backend, std::slice::from_ref(&self.layer), max_len)
     }
 
     /// Runs `n = tokens.len()` rows. Row `i` pairs `tokens[i]` with `hidden` row `i` (`n × H`):
@@ -149,8 +162,8 @@ impl MtpHead {
     /// leaves the state untouched. `ModelState::truncate` drops rejected rows.
     pub fn run(
         &self,
-        model: &Model,
-        state: &mut ModelState,
+        model: &Model<B>,
+        state: &mut ModelState<B>,
         tokens: &[u32],
         hidden: &[f32],
         out: &mut Output,
@@ -161,8 +174,8 @@ impl MtpHead {
     /// [`MtpHead::run`] with every step handed to `tr`.
     pub fn run_traced<T: Trace>(
         &self,
-        model: &Model,
-        state: &mut ModelState,
+        model: &Model<B>,
+        state: &mut ModelState<B>,
         tokens: &[u32],
         hidden: &[f32],
         out: &mut Output,
@@ -207,9 +220,12 @@ impl MtpHead {
         }
         state.discard_pending();
         for (toks, hid) in tokens.chunks(CHUNK).zip(hidden.chunks(CHUNK * h)) {
+            let b = &model.backend;
             let m = self.chunk(model, state, toks, hid, tr);
-            head_logits(&model.head, m, toks.len(), &mut out.logits, tr);
-            out.hidden.extend_from_slice(m);
+            head_logits(b, &model.head, m, toks.len(), &mut out.logits, tr);
+            let at = out.hidden.len();
+            out.hidden.resize(at + m.len(), 0.0);
+            b.read(CopyRows::whole(m, &mut out.hidden[at..]));
         }
         Ok(())
     }
@@ -218,8 +234,8 @@ impl MtpHead {
     /// state's length), and returns `(hidden rows, logits)`.
     pub fn forward(
         &self,
-        model: &Model,
-        state: &mut ModelState,
+        model: &Model<B>,
+        state: &mut ModelState<B>,
         tokens: &[u32],
         hidden: &[f32],
         pos0: usize,
@@ -238,13 +254,14 @@ impl MtpHead {
     /// One chunk of rows: returns the normed output hidden rows (in the state's scratch).
     fn chunk<'s, T: Trace>(
         &self,
-        model: &Model,
-        state: &'s mut ModelState,
+        model: &Model<B>,
+        state: &'s mut ModelState<B>,
         tokens: &[u32],
         hidden: &[f32],
         tr: &mut T,
-    ) -> &'s [f32] {
+    ) -> &'s B::Buffer {
         let (h, n) = (self.hidden, tokens.len());
+        let b = &model.backend;
         let op = |name| Op::new(name, Some(self.index), n);
         let ModelState {
             layers,
@@ -261,21 +278,27 @@ impl MtpHead {
             prepared,
         } = scratch;
         {
-            let [emb, e, hh, cat] = carve(work, [n * h, n * h, n * h, n * 2 * h]);
+            let [emb, hid, e, hh, cat] = carve(work, [n * h, n * h, n * h, n * h, n * 2 * h]);
             let row_bytes = model.embedding.row_bytes();
             tr.op(op("embed").reading(n * row_bytes), || {
-                model.embedding.lookup(tokens, emb)
+                model.embedding.lookup(b, tokens, emb)
             });
+            b.write(CopyRows::whole(hidden, hid));
             tr.op(op("mtp_norms"), || {
-                self.enorm.forward(emb, e);
-                self.hnorm.forward(hidden, hh);
-                for ((row, e), hh) in cat
-                    .chunks_exact_mut(2 * h)
-                    .zip(e.chunks_exact(h))
-                    .zip(hh.chunks_exact(h))
-                {
-                    row[..h].copy_from_slice(e);
-                    row[h..].copy_from_slice(hh);
+                self.enorm.forward(b, emb, e);
+                self.hnorm.forward(b, hid, hh);
+                // Each row of `cat` is [e | hh].
+                for (src, at) in [(&*e, 0), (&*hh, h)] {
+                    b.copy(CopyRows {
+                        src,
+                        src_at: 0,
+                        src_stride: h,
+                        dst: &mut *cat,
+                        dst_at: at,
+                        dst_stride: 2 * h,
+                        rows: n,
+                        width: h,
+                    });
                 }
             });
             let x = rows(x, n * h);
@@ -283,7 +306,7 @@ impl MtpHead {
                 .matmul(self.eh_proj.format())
                 .reading(self.eh_proj.size_bytes());
             tr.op(eh, || {
-                Cpu.matmul(MatMul {
+                b.matmul(MatMul {
                     w: &self.eh_proj,
                     x: cat,
                     n,
@@ -314,11 +337,11 @@ impl MtpHead {
             prepared,
         };
         let block = std::slice::from_ref(&self.layer);
-        run_layers(block, layers, self.index, &mut buffers, &pass, taps, tr);
+        run_layers(b, block, layers, self.index, &mut buffers, &pass, taps, tr);
         *len += n;
         let normed = rows(buffers.normed, n * h);
-        let x = &buffers.x[..n * h];
-        tr.op(op("output_norm"), || self.out_norm.forward(x, normed));
+        let x = buffers.x.all().at(0..n * h);
+        tr.op(op("output_norm"), || self.out_norm.forward(b, x, normed));
         normed
     }
 }

@@ -9,7 +9,9 @@
 //! hidden = output_norm(x);  logits = head(hidden)                       (what was asked)
 //! ```
 //! Chains longer than [`CHUNK`] rows run in chunks, each weight matrix multiplied once per
-//! chunk. Every kernel computes a row the same way whatever batch it comes in, so a row's
+//! chunk. The loop is generic over the backend (`Model<B>`, static dispatch): activations
+//! stay in the backend's buffers, and only what the batch asked for (logits, hidden states,
+//! layer taps) is copied to the host. Every kernel computes a row the same way whatever batch it comes in, so a row's
 //! results do not depend on the rows beside it: a tree node's logits have the bits plain
 //! decoding of its path gives.
 
@@ -21,21 +23,22 @@ use super::state::{LayerState, ModelState};
 use super::trace::{NoTrace, Op, Trace};
 use super::transformer::{Layer, Model};
 use super::ModelError;
-use crate::backend::{Activation, Backend, Cpu, MatMul};
+use crate::backend::{
+    Activation, Backend, Buf, BufVec, CopyRows, KvStore, Logits as Head, WeightInfo,
+};
 use crate::kernels::attention::TreeRows;
-use crate::kernels::matmul::{MatMulWeight, Prepared};
 
 /// Rows per forward chunk: bounds activation memory while keeping matmuls batched.
 pub const CHUNK: usize = 256;
 
-impl Model {
+impl<B: Backend> Model<B> {
     /// Runs `batch` on `state` and leaves what it asked for in `out` (emptied first). Invalid
     /// input (a token outside the vocabulary, no room in the state, a foreign state, a tree
     /// grown without a pending one) is an error and leaves the state untouched.
     pub fn run(
         &self,
-        state: &mut ModelState,
-        batch: &Batch,
+        state: &mut ModelState<B>,
+        batch: &Batch<'_, B::Weight>,
         out: &mut Output,
     ) -> Result<(), ModelError> {
         self.run_traced(state, batch, out, &mut NoTrace)
@@ -44,8 +47,8 @@ impl Model {
     /// [`Model::run`] with every step of the pass handed to `tr` (see [`Trace`]).
     pub fn run_traced<T: Trace>(
         &self,
-        state: &mut ModelState,
-        batch: &Batch,
+        state: &mut ModelState<B>,
+        batch: &Batch<'_, B::Weight>,
         out: &mut Output,
         tr: &mut T,
     ) -> Result<(), ModelError> {
@@ -113,8 +116,8 @@ impl Model {
 
     fn run_chain<T: Trace>(
         &self,
-        state: &mut ModelState,
-        batch: &Batch,
+        state: &mut ModelState<B>,
+        batch: &Batch<'_, B::Weight>,
         out: &mut Output,
         tr: &mut T,
     ) -> Result<(), ModelError> {
@@ -167,8 +170,8 @@ impl Model {
     /// More nodes for the pending tree ([`Shape::Grow`]).
     fn run_grow<T: Trace>(
         &self,
-        state: &mut ModelState,
-        batch: &Batch,
+        state: &mut ModelState<B>,
+        batch: &Batch<'_, B::Weight>,
         parents: &[usize],
         out: &mut Output,
         tr: &mut T,
@@ -250,11 +253,11 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn pass<T: Trace>(
         &self,
-        states: &mut [LayerState],
-        batch: &Batch,
+        states: &mut [LayerState<B>],
+        batch: &Batch<'_, B::Weight>,
         pass: &Pass,
         start: usize,
-        buf: &mut Buffers,
+        buf: &mut Buffers<B>,
         out: &mut Output,
         tr: &mut T,
     ) {
@@ -262,7 +265,7 @@ impl Model {
         let x = rows(buf.x, n * h);
         let row_bytes = self.embedding.row_bytes();
         tr.op(Op::new("embed", None, n).reading(n * row_bytes), || {
-            self.embedding.lookup(batch.tokens, x)
+            self.embedding.lookup(&self.backend, batch.tokens, x)
         });
         let taps = batch.taps;
         out.taps.resize((start + n) * taps.len() * h, 0.0);
@@ -271,43 +274,56 @@ impl Model {
             start,
             out: &mut out.taps,
         };
-        run_layers(&self.layers, states, 0, buf, pass, tapped, tr);
+        run_layers(
+            &self.backend,
+            &self.layers,
+            states,
+            0,
+            buf,
+            pass,
+            tapped,
+            tr,
+        );
     }
 
     /// What the host asked for of the hidden rows in `buf.x` (`n × hidden`, before the
     /// output norm) of one chunk (`last`: the batch's last).
     fn outputs<T: Trace>(
         &self,
-        buf: &mut Buffers,
+        buf: &mut Buffers<B>,
         n: usize,
-        batch: &Batch,
+        batch: &Batch<'_, B::Weight>,
         last: bool,
         out: &mut Output,
         tr: &mut T,
     ) {
-        let h = self.config.hidden;
-        let x = &buf.x[..n * h];
+        let (b, h) = (&self.backend, self.config.hidden);
+        let x = buf.x.all().at(0..n * h);
         let head = batch.head.unwrap_or(&self.head);
         let norm_op = |rows| Op::new("output_norm", None, rows);
         if batch.hidden || batch.logits == Logits::All {
             let normed = rows(buf.normed, n * h);
-            tr.op(norm_op(n), || self.output_norm.forward(x, normed));
+            tr.op(norm_op(n), || self.output_norm.forward(b, x, normed));
             if batch.hidden {
-                out.hidden.extend_from_slice(normed);
+                let at = out.hidden.len();
+                out.hidden.resize(at + n * h, 0.0);
+                b.read(CopyRows::whole(&*normed, &mut out.hidden[at..]));
             }
             match batch.logits {
-                Logits::All => head_logits(head, normed, n, &mut out.logits, tr),
+                Logits::All => head_logits(b, head, normed, n, &mut out.logits, tr),
                 Logits::Last if last => {
-                    head_logits(head, &normed[(n - 1) * h..], 1, &mut out.logits, tr)
+                    let normed = normed.at((n - 1) * h..n * h);
+                    head_logits(b, head, normed, 1, &mut out.logits, tr)
                 }
                 _ => {}
             }
         } else if batch.logits == Logits::Last && last {
             let normed = rows(buf.normed, h);
             tr.op(norm_op(1), || {
-                self.output_norm.forward(&x[(n - 1) * h..], normed)
+                self.output_norm
+                    .forward(b, x.at((n - 1) * h..n * h), normed)
             });
-            head_logits(head, normed, 1, &mut out.logits, tr);
+            head_logits(b, head, normed, 1, &mut out.logits, tr);
         }
     }
 
@@ -333,7 +349,7 @@ impl Model {
     }
 
     /// Whether `new` more positions fit in `state`.
-    fn check_room(&self, state: &ModelState, new: usize) -> Result<(), ModelError> {
+    fn check_room(&self, state: &ModelState<B>, new: usize) -> Result<(), ModelError> {
         if state
             .len
             .checked_add(new)
@@ -349,7 +365,7 @@ impl Model {
     }
 
     /// `tokens` may be appended to `state`, which belongs to this model.
-    pub(crate) fn check(&self, state: &ModelState, tokens: &[u32]) -> Result<(), ModelError> {
+    pub(crate) fn check(&self, state: &ModelState<B>, tokens: &[u32]) -> Result<(), ModelError> {
         self.check_tokens(tokens)?;
         self.check_room(state, tokens.len())?;
         check_layers(&self.layers, state)
@@ -357,7 +373,10 @@ impl Model {
 }
 
 /// `state` holds one matching state per layer of `layers`.
-pub(crate) fn check_layers(layers: &[Layer], state: &ModelState) -> Result<(), ModelError> {
+pub(crate) fn check_layers<B: Backend>(
+    layers: &[Layer<B>],
+    state: &ModelState<B>,
+) -> Result<(), ModelError> {
     if state.layers.len() != layers.len() {
         return Err(ModelError::StateMismatch(format!(
             "{} layer states for {} layers",
@@ -398,25 +417,27 @@ pub(crate) struct Taps<'a> {
 
 /// The activation buffers of a pass (a state's [`Scratch`] but its positions, which the
 /// [`Pass`] borrows).
-pub(crate) struct Buffers<'a> {
+pub(crate) struct Buffers<'a, B: Backend> {
     /// The residual stream: the embedded rows in, the last layer's outputs out.
-    pub(crate) x: &'a mut Vec<f32>,
-    pub(crate) normed: &'a mut Vec<f32>,
-    pub(crate) delta: &'a mut Vec<f32>,
+    pub(crate) x: &'a mut B::Vec,
+    pub(crate) normed: &'a mut B::Vec,
+    pub(crate) delta: &'a mut B::Vec,
     /// What each part of a layer carves its intermediates from.
-    pub(crate) work: &'a mut Vec<f32>,
+    pub(crate) work: &'a mut B::Vec,
     /// Rows a fused epilogue prepared for the next product.
-    pub(crate) prepared: &'a mut Prepared,
+    pub(crate) prepared: &'a mut B::Prepared,
 }
 
 /// The layer loop: the rows in `buf.x` (`n × hidden`, embedded) through every layer of
-/// `layers` (numbered from `first_layer` for the trace), each layer's state advanced or
-/// holding the pass's tree nodes. The one place where a decoder block is written.
-pub(crate) fn run_layers<T: Trace>(
-    layers: &[Layer],
-    states: &mut [LayerState],
+/// `layers` on `b` (numbered from `first_layer` for the trace), each layer's state advanced
+/// or holding the pass's tree nodes. The one place where a decoder block is written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_layers<B: Backend, T: Trace>(
+    b: &B,
+    layers: &[Layer<B>],
+    states: &mut [LayerState<B>],
     first_layer: usize,
-    buf: &mut Buffers,
+    buf: &mut Buffers<B>,
     pass: &Pass,
     taps: Taps,
     tr: &mut T,
@@ -425,59 +446,65 @@ pub(crate) fn run_layers<T: Trace>(
     let Some(h) = layers.first().map(|l| l.attn_norm.dim()) else {
         return;
     };
-    let x = &mut buf.x[..n * h];
+    let x = buf.x.prefix(n * h);
     let normed = rows(buf.normed, n * h);
     let delta = rows(buf.delta, n * h);
     for (i, (layer, st)) in layers.iter().zip(states.iter_mut()).enumerate() {
         let l = first_layer + i;
         let op = |name| Op::new(name, Some(l), n);
         // Each norm writes its rows as f32, or prepared for the matrices that read them.
-        let (into, prepared) = (layer.mixer.prepared_input(), &mut *buf.prepared);
+        let (into, prepared) = (layer.mixer.prepared_input(b), &mut *buf.prepared);
         tr.op(op("attn_norm"), || {
-            layer.attn_norm.forward_for(x, normed, into, prepared)
+            layer.attn_norm.forward_for(b, x, normed, into, prepared)
         });
         layer
             .mixer
-            .run(st, normed, pass, delta, buf.work, buf.prepared, l, tr);
-        tr.op(op("residual"), || add(x, delta));
-        let (into, prepared) = (layer.mlp.prepared_input(), &mut *buf.prepared);
+            .run(b, st, normed, pass, delta, buf.work, buf.prepared, l, tr);
+        tr.op(op("residual"), || {
+            b.activation(Activation::Add { x, d: delta })
+        });
+        let (into, prepared) = (layer.mlp.prepared_input(b), &mut *buf.prepared);
         tr.op(op("ffn_norm"), || {
-            layer.ffn_norm.forward_for(x, normed, into, prepared)
+            layer.ffn_norm.forward_for(b, x, normed, into, prepared)
         });
         layer
             .mlp
-            .run(normed, n, delta, buf.work, buf.prepared, l, tr);
-        tr.op(op("residual"), || add(x, delta));
+            .run(b, normed, n, delta, buf.work, buf.prepared, l, tr);
+        tr.op(op("residual"), || {
+            b.activation(Activation::Add { x, d: delta })
+        });
+        let stride = taps.layers.len() * h;
         for (k, _) in taps.layers.iter().enumerate().filter(|(_, &t)| t == l) {
-            for (r, row) in x.chunks_exact(h).enumerate() {
-                let at = ((taps.start + r) * taps.layers.len() + k) * h;
-                taps.out[at..at + h].copy_from_slice(row);
-            }
+            b.read(CopyRows {
+                src: &*x,
+                src_at: 0,
+                src_stride: h,
+                dst: &mut *taps.out,
+                dst_at: taps.start * stride + k * h,
+                dst_stride: stride,
+                rows: n,
+                width: h,
+            });
         }
     }
 }
 
-/// `x += d`, element by element.
-#[inline]
-fn add(x: &mut [f32], d: &[f32]) {
-    Cpu.activation(Activation::Add { x, d });
-}
-
-/// Appends the logits of `m` final-normed rows through `head` to `logits`.
-pub(crate) fn head_logits<T: Trace>(
-    head: &MatMulWeight,
-    normed: &[f32],
+/// Appends the logits of `m` final-normed rows through `head` to `logits` (on the host).
+pub(crate) fn head_logits<B: Backend, T: Trace>(
+    b: &B,
+    head: &B::Weight,
+    normed: &B::Buffer,
     m: usize,
     logits: &mut Vec<f32>,
     tr: &mut T,
 ) {
     let at = logits.len();
-    logits.resize(at + m * head.rows, 0.0);
+    logits.resize(at + m * head.rows(), 0.0);
     let op = Op::new("head", None, m)
         .matmul(head.format())
         .reading(head.size_bytes());
     tr.op(op, || {
-        Cpu.matmul(MatMul {
+        b.logits(Head {
             w: head,
             x: normed,
             n: m,

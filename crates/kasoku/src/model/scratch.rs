@@ -1,62 +1,77 @@
 //! The activation memory of a state's passes: the residual stream, the normed rows, each
-//! sub-layer's output, the positions of the rows, one work area that each part of a layer
-//! (attention, Gated DeltaNet, the MLP, the output norm) carves its intermediates from in
-//! turn, and the rows a fused epilogue prepared for the next product. A [`ModelState`](super::ModelState) owns one; the buffers grow to the largest pass
-//! the state has run (at most [`CHUNK`](super::CHUNK) rows) and are then reused, so a decode
-//! step or a verification pass of a size seen before allocates nothing. They are never
-//! copied: a clone or fork of a state starts with empty ones.
+//! sub-layer's output, the positions of the rows, and one work area that each part of a
+//! layer (attention, Gated DeltaNet, the MLP, the output norm) carves its intermediates from
+//! in turn, and the rows a fused epilogue prepared for the next product, all in the backend's
+//! memory (`B::Vec`, `B::Prepared`). A [`ModelState`](super::ModelState) owns
+//! one; the buffers grow to the largest pass the state has run (at most
+//! [`CHUNK`](super::CHUNK) rows) and are then reused, so a decode step or a verification pass
+//! of a size seen before allocates nothing. They are never copied: a clone or fork of a state
+//! starts with empty ones.
 //!
 //! Every buffer is handed out with stale values from the last pass; each user writes all of
 //! what it reads (the kernels overwrite their outputs).
 
-use crate::kernels::matmul::Prepared;
+use crate::backend::{Backend, Buf, BufVec, Cpu, PreparedRows};
 
 /// The buffers: see the module doc.
-#[derive(Debug, Default)]
-pub(crate) struct Scratch {
-    /// The rows' positions.
+#[derive(Debug)]
+pub(crate) struct Scratch<B: Backend = Cpu> {
+    /// The rows' positions (host: the backend reads them as RoPE's input).
     pub(crate) positions: Vec<usize>,
     /// The residual stream: `n × hidden`.
-    pub(crate) x: Vec<f32>,
+    pub(crate) x: B::Vec,
     /// Normed rows: `n × hidden`.
-    pub(crate) normed: Vec<f32>,
+    pub(crate) normed: B::Vec,
     /// A sub-layer's output before the residual add: `n × hidden`.
-    pub(crate) delta: Vec<f32>,
+    pub(crate) delta: B::Vec,
     /// Intermediates of one part of a layer at a time ([`carve`]).
-    pub(crate) work: Vec<f32>,
+    pub(crate) work: B::Vec,
     /// The rows a fused epilogue prepared for the next product (a norm's for q/k/v or
     /// gate/up, attention's for the output projection, SwiGLU's for down), one at a time.
-    pub(crate) prepared: Prepared,
+    pub(crate) prepared: B::Prepared,
 }
 
-impl Scratch {
+impl<B: Backend> Default for Scratch<B> {
+    fn default() -> Self {
+        Scratch {
+            positions: Vec::new(),
+            x: B::Vec::default(),
+            normed: B::Vec::default(),
+            delta: B::Vec::default(),
+            work: B::Vec::default(),
+            prepared: B::Prepared::default(),
+        }
+    }
+}
+
+impl<B: Backend> Scratch<B> {
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.positions.capacity() * std::mem::size_of::<usize>()
-            + (self.x.capacity()
-                + self.normed.capacity()
-                + self.delta.capacity()
-                + self.work.capacity())
-                * 4
+            + self.x.bytes()
+            + self.normed.bytes()
+            + self.delta.bytes()
+            + self.work.bytes()
             + self.prepared.bytes()
     }
 }
 
 /// The first `len` values of `buf`, which grows (with zeros) when it is shorter.
-pub(crate) fn rows(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buf.len() < len {
-        buf.resize(len, 0.0);
-    }
-    &mut buf[..len]
+#[inline]
+pub(crate) fn rows<B: Buf + ?Sized, V: BufVec<B>>(buf: &mut V, len: usize) -> &mut B {
+    buf.prefix(len)
 }
 
-/// `N` disjoint slices of `buf` of the given lengths, in order (`buf` grows when it is
+/// `N` disjoint parts of `buf` of the given lengths, in order (`buf` grows when it is
 /// shorter than their sum).
-pub(crate) fn carve<const N: usize>(buf: &mut Vec<f32>, lens: [usize; N]) -> [&mut [f32]; N] {
-    let mut rest = rows(buf, lens.iter().sum());
+pub(crate) fn carve<B: Buf + ?Sized, V: BufVec<B>, const N: usize>(
+    buf: &mut V,
+    lens: [usize; N],
+) -> [&mut B; N] {
+    let mut rest = Some(buf.prefix(lens.iter().sum()));
     lens.map(|len| {
-        let (part, tail) = std::mem::take(&mut rest).split_at_mut(len);
-        rest = tail;
+        let (part, tail) = rest.take().expect("carve: the rest").split_mut(len);
+        rest = Some(tail);
         part
     })
 }
@@ -67,7 +82,7 @@ mod tests {
 
     #[test]
     fn carving_splits_in_order_and_reuses_the_memory() {
-        let mut buf = Vec::new();
+        let mut buf: Vec<f32> = Vec::new();
         let [a, b, c] = carve(&mut buf, [2, 0, 3]);
         a.fill(1.0);
         c.fill(2.0);

@@ -8,19 +8,21 @@
 //! nothing above the model depends on which kinds of layers a model has or how they keep
 //! their state.
 
+use crate::backend::{Backend, Cpu, KvStore};
+
 use super::config::LayerKind;
-use super::mixer::{GdnState, KvCache};
+use super::mixer::GdnState;
 use super::scratch::Scratch;
 use super::transformer::Layer;
 
-/// The state of one layer.
+/// The state of one layer, in backend `B`'s memory.
 #[derive(Clone, Debug)]
-pub(crate) enum LayerState {
-    Kv(KvCache),
-    Gdn(GdnState),
+pub(crate) enum LayerState<B: Backend = Cpu> {
+    Kv(B::KvCache),
+    Gdn(GdnState<B>),
 }
 
-impl LayerState {
+impl<B: Backend> LayerState<B> {
     pub(crate) fn kind(&self) -> LayerKind {
         match self {
             LayerState::Kv(_) => LayerKind::Attention,
@@ -76,8 +78,8 @@ impl PendingTree {
 
 /// The state of one sequence: see the module doc.
 #[derive(Debug)]
-pub struct ModelState {
-    pub(crate) layers: Vec<LayerState>,
+pub struct ModelState<B: Backend = Cpu> {
+    pub(crate) layers: Vec<LayerState<B>>,
     /// Positions processed so far (the next token goes at position `len`).
     pub(crate) len: usize,
     /// Capacity: a pass refuses to go past it.
@@ -85,14 +87,14 @@ pub struct ModelState {
     /// The last verified tree, until it is committed or discarded (its KV rows sit past `len`).
     pub(crate) pending: PendingTree,
     /// The passes' activations (see `scratch.rs`).
-    pub(crate) scratch: Scratch,
+    pub(crate) scratch: Scratch<B>,
 }
 
 /// A compact copy: the KV caches hold just their rows (no room reserved beyond them) and the
 /// activation buffers start empty. What a prefix cache stores; [`ModelState::fork`] is the
 /// copy that goes on decoding.
-impl Clone for ModelState {
-    fn clone(&self) -> ModelState {
+impl<B: Backend> Clone for ModelState<B> {
+    fn clone(&self) -> ModelState<B> {
         ModelState {
             layers: self.layers.clone(),
             len: self.len,
@@ -107,12 +109,12 @@ impl Clone for ModelState {
 /// state that cannot be rewound needs to return to that length later
 /// ([`ModelState::restore`]). Attention layers are not copied (their caches can be cut back).
 #[derive(Clone, Debug)]
-pub struct Checkpoint {
+pub struct Checkpoint<B: Backend = Cpu> {
     len: usize,
-    layers: Vec<(usize, GdnState)>,
+    layers: Vec<(usize, GdnState<B>)>,
 }
 
-impl Checkpoint {
+impl<B: Backend> Checkpoint<B> {
     /// Positions the state held when the checkpoint was taken.
     pub fn len(&self) -> usize {
         self.len
@@ -129,13 +131,13 @@ impl Checkpoint {
     }
 }
 
-impl ModelState {
-    /// An empty state for `layers` with room for `max_len` positions.
+impl<B: Backend> ModelState<B> {
+    /// An empty state for `layers` on `backend` with room for `max_len` positions.
     /// Its KV caches reserve room for all of them at once (memory the system maps in as the
     /// rows arrive), so that appending never allocates.
-    pub(crate) fn new(layers: &[Layer], max_len: usize) -> ModelState {
+    pub(crate) fn new(backend: &B, layers: &[Layer<B>], max_len: usize) -> ModelState<B> {
         let mut state = ModelState {
-            layers: layers.iter().map(|l| l.mixer.new_state()).collect(),
+            layers: layers.iter().map(|l| l.mixer.new_state(backend)).collect(),
             len: 0,
             max_len,
             pending: PendingTree::default(),
@@ -187,7 +189,7 @@ impl ModelState {
     /// Bytes the committed state takes: every KV cache's stored rows, every recurrent
     /// layer's recurrent and conv states.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(LayerState::bytes).sum()
+        self.layers.iter().map(LayerState::<B>::bytes).sum()
     }
 
     /// Whether the state can be cut back to any shorter length ([`ModelState::truncate`]):
@@ -215,7 +217,7 @@ impl ModelState {
 
     /// A copy of the recurrent layers' states at the current length (empty for an
     /// attention-only model).
-    pub fn checkpoint(&self) -> Checkpoint {
+    pub fn checkpoint(&self) -> Checkpoint<B> {
         Checkpoint {
             len: self.len,
             layers: self
@@ -235,7 +237,7 @@ impl ModelState {
     /// checkpoint's states. Refused (`false`, nothing changed) when the state is shorter than
     /// the checkpoint or the checkpoint belongs to another layout. A pending tree is
     /// discarded.
-    pub fn restore(&mut self, checkpoint: &Checkpoint) -> bool {
+    pub fn restore(&mut self, checkpoint: &Checkpoint<B>) -> bool {
         self.discard_pending();
         let len = checkpoint.len;
         let fits = len <= self.len
@@ -271,7 +273,7 @@ impl ModelState {
 
     /// An independent copy that goes on from this state: KV room for its capacity reserved,
     /// its own activation buffers (a compact copy is [`Clone`]).
-    pub fn fork(&self) -> ModelState {
+    pub fn fork(&self) -> ModelState<B> {
         let mut copy = self.clone();
         copy.reserve();
         copy

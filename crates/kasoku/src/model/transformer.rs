@@ -3,20 +3,25 @@
 //! forward pass is [`Model::run`] (`run.rs`); the methods here that return vectors are thin
 //! conveniences over it.
 //!
+//! A model lives on a backend (`Model<B: Backend = Cpu>`): its matrices are packed by the
+//! backend as they load ([`Model::load_on`]), and every pass runs the backend's kernels.
+//! `Model` alone is the CPU model; `Model::<Reference>` runs the same layer loop on the f64
+//! oracle.
+//!
 //! The mixer of each layer is attention or Gated DeltaNet per `ModelConfig::layer_kinds`.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::{Backend, Cpu, KvType};
 use crate::format::{Checkpoint, Claims, TensorSource};
-use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::Rope;
 use crate::quant::Target;
 
 use super::batch::{Batch, Logits, Output};
 use super::config::{Arch, LayerKind, ModelConfig};
 use super::embedding::{Embedding, EmbeddingTable};
-use super::mixer::{Attention, GatedDeltaNet, KvType, Mixer};
+use super::mixer::{Attention, GatedDeltaNet, Mixer};
 use super::mlp::Mlp;
 use super::mtp::MtpHead;
 use super::run::head_logits;
@@ -25,19 +30,19 @@ use super::trace::NoTrace;
 use super::{weights, ModelError, RmsNorm};
 
 /// One decoder block.
-pub(crate) struct Layer {
-    pub(crate) attn_norm: RmsNorm,
-    pub(crate) mixer: Mixer,
+pub(crate) struct Layer<B: Backend = Cpu> {
+    pub(crate) attn_norm: RmsNorm<B>,
+    pub(crate) mixer: Mixer<B>,
     /// The norm before the MLP (`ffn_norm`; Qwen3.5 calls it `post_attention_norm`).
-    pub(crate) ffn_norm: RmsNorm,
-    pub(crate) mlp: Mlp,
+    pub(crate) ffn_norm: RmsNorm<B>,
+    pub(crate) mlp: Mlp<B>,
 }
 
-impl Layer {
+impl<B: Backend> Layer<B> {
     /// The packed matrices of block `index` under their GGUF names.
-    fn matrices(&self, index: usize) -> Vec<(String, &MatMulWeight)> {
+    fn matrices(&self, index: usize) -> Vec<(String, &B::Weight)> {
         let name = |part: &str| format!("blk.{index}.{part}.weight");
-        let mut out: Vec<(String, &MatMulWeight)> = match &self.mixer {
+        let mut out: Vec<(String, &B::Weight)> = match &self.mixer {
             Mixer::Attention(a) => a
                 .matrices()
                 .into_iter()
@@ -59,17 +64,20 @@ impl Layer {
     }
 }
 
-/// Immutable weights of a model; share it (`Arc`) between any number of `ModelState`s.
-pub struct Model {
+/// Immutable weights of a model on backend `B` (the CPU unless said); share it (`Arc`)
+/// between any number of `ModelState`s.
+pub struct Model<B: Backend = Cpu> {
     /// The hyper-parameters it was built from.
     pub config: ModelConfig,
+    /// The backend that packed the weights and runs the passes.
+    pub(crate) backend: B,
     pub(crate) embedding: Embedding,
-    pub(crate) layers: Vec<Layer>,
-    pub(crate) output_norm: RmsNorm,
+    pub(crate) layers: Vec<Layer<B>>,
+    pub(crate) output_norm: RmsNorm<B>,
     /// `output.weight`, or a packed copy of `token_embd.weight` when tied.
-    pub(crate) head: MatMulWeight,
+    pub(crate) head: B::Weight,
     /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
-    pub(crate) mtp: Option<MtpHead>,
+    pub(crate) mtp: Option<MtpHead<B>>,
     /// How new states' KV caches store keys and values ([`Model::set_kv_type`]).
     kv_type: KvType,
 }
@@ -86,9 +94,7 @@ impl Model {
         path: impl AsRef<Path>,
         matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
-        let ckpt = Checkpoint::open(path)?;
-        let config = ModelConfig::of_checkpoint(&ckpt)?;
-        Model::from_source_with(config, ckpt.tensors(), matrix_format)
+        Model::load_on(Cpu, path, matrix_format)
     }
 
     /// Builds the model from `source` (tensors under GGUF names), claiming every tensor:
@@ -102,10 +108,42 @@ impl Model {
 
     /// [`Model::from_source`] with the matrix format of [`Model::load_with`].
     pub fn from_source_with(
-        mut config: ModelConfig,
+        config: ModelConfig,
         source: &dyn TensorSource,
         matrix_format: Option<Target>,
     ) -> Result<Model, ModelError> {
+        Model::from_source_on(Cpu, config, source, matrix_format)
+    }
+
+    /// Logits (`m × vocab`) for `m` final-normed hidden rows (`m × hidden`).
+    pub fn head_logits(&self, normed: &[f32]) -> Vec<f32> {
+        let mut logits = Vec::new();
+        let m = normed.len() / self.config.hidden;
+        head_logits(&Cpu, &self.head, normed, m, &mut logits, &mut NoTrace);
+        logits
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// [`Model::load_with`] on `backend`, which packs the weights.
+    pub fn load_on(
+        backend: B,
+        path: impl AsRef<Path>,
+        matrix_format: Option<Target>,
+    ) -> Result<Model<B>, ModelError> {
+        let ckpt = Checkpoint::open(path)?;
+        let config = ModelConfig::of_checkpoint(&ckpt)?;
+        Model::from_source_on(backend, config, ckpt.tensors(), matrix_format)
+    }
+
+    /// [`Model::from_source_with`] on `backend`, which packs the weights.
+    pub fn from_source_on(
+        backend: B,
+        mut config: ModelConfig,
+        source: &dyn TensorSource,
+        matrix_format: Option<Target>,
+    ) -> Result<Model<B>, ModelError> {
+        let b = &backend;
         config.validate().map_err(|reason| ModelError::Config {
             source_path: source.path().display().to_string(),
             reason,
@@ -136,6 +174,7 @@ impl Model {
         for (i, kind) in config.layer_kinds.iter().enumerate() {
             let norm = |name: &str| {
                 RmsNorm::load(
+                    b,
                     &claims,
                     &format!("blk.{i}.{name}.weight"),
                     h,
@@ -145,49 +184,51 @@ impl Model {
             };
             let mixer = match kind {
                 LayerKind::Attention => {
-                    Mixer::Attention(Attention::load(&claims, i, &config, rope.clone())?)
+                    Mixer::Attention(Attention::load(b, &claims, i, &config, rope.clone())?)
                 }
                 LayerKind::GatedDeltaNet => {
-                    Mixer::GatedDeltaNet(GatedDeltaNet::load(&claims, i, &config)?)
+                    Mixer::GatedDeltaNet(GatedDeltaNet::load(b, &claims, i, &config)?)
                 }
             };
             layers.push(Layer {
                 attn_norm: norm("attn_norm")?,
                 mixer,
                 ffn_norm: norm(ffn_norm_name)?,
-                mlp: Mlp::load(&claims, i, h, config.ffn)?,
+                mlp: Mlp::load(b, &claims, i, h, config.ffn)?,
             });
         }
         let output_norm = RmsNorm::load(
+            b,
             &claims,
             "output_norm.weight",
             h,
             eps,
             config.norm_offset_one,
         )?;
-        let head = match weights::optional_matrix(&claims, "output.weight", config.vocab, h)? {
+        let head = match weights::optional_matrix(b, &claims, "output.weight", config.vocab, h)? {
             Some(m) => m,
             None => {
                 let name = "token_embd.weight (tied head)";
                 match embedding.tensor() {
                     EmbeddingTable::Raw(t) => {
                         weights::MatrixRows::new(&claims, name, t.clone(), config.vocab, h)?
-                            .pack()?
+                            .pack(b)?
                     }
                     EmbeddingTable::Quantized(q) => {
-                        weights::MatrixRows::stored(name, q.clone()).pack()?
+                        weights::MatrixRows::stored(name, q.clone()).pack(b)?
                     }
                 }
             }
         };
         config.tied_embeddings = !claims.has("output.weight");
         // The multi-token-prediction block (Qwen3.5) claims its own tensors, strictly.
-        let mtp = MtpHead::load(&config, source, rope)?;
+        let mtp = MtpHead::load(b, &config, source, rope)?;
         claims.ignore_prefix(&format!("blk.{}.", config.n_layers));
         claims.ignore_prefix("mtp.");
         claims.finish()?;
         Ok(Model {
             config,
+            backend,
             embedding,
             layers,
             output_norm,
@@ -242,20 +283,20 @@ impl Model {
     }
 
     /// Qwen3.5's multi-token-prediction block, when the checkpoint has one.
-    pub fn mtp(&self) -> Option<&MtpHead> {
+    pub fn mtp(&self) -> Option<&MtpHead<B>> {
         self.mtp.as_ref()
     }
 
     /// The LM head (`output.weight`, or the packed embedding when tied).
-    pub fn head(&self) -> &MatMulWeight {
+    pub fn head(&self) -> &B::Weight {
         &self.head
     }
 
     /// Every packed weight matrix of the trunk, in forward order, under its GGUF name
     /// (`blk.0.attn_qkv` when q, k and v are stacked into one; `output.weight` for the head,
     /// tied or not): for byte counts, formats and matrix benchmarks.
-    pub fn matrices(&self) -> Vec<(String, &MatMulWeight)> {
-        let mut out: Vec<(String, &MatMulWeight)> = self
+    pub fn matrices(&self) -> Vec<(String, &B::Weight)> {
+        let mut out: Vec<(String, &B::Weight)> = self
             .layers
             .iter()
             .enumerate()
@@ -266,8 +307,8 @@ impl Model {
     }
 
     /// An empty state that can hold up to `max_len` positions.
-    pub fn new_state(&self, max_len: usize) -> ModelState {
-        ModelState::new(&self.layers, max_len)
+    pub fn new_state(&self, max_len: usize) -> ModelState<B> {
+        ModelState::new(&self.backend, &self.layers, max_len)
     }
 
     /// Appends `tokens` at positions `state.len..` and returns their logits (`Logits::All`:
@@ -277,7 +318,7 @@ impl Model {
     /// state untouched.
     pub fn forward(
         &self,
-        state: &mut ModelState,
+        state: &mut ModelState<B>,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, ModelError> {
@@ -291,7 +332,7 @@ impl Model {
     /// logits with [`Model::head_logits`].
     pub fn forward_hidden(
         &self,
-        state: &mut ModelState,
+        state: &mut ModelState<B>,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
         Ok(self.forward_taps(state, tokens, &[])?.0)
@@ -302,7 +343,7 @@ impl Model {
     /// by token (what DFlash-style drafters condition on).
     pub fn forward_taps(
         &self,
-        state: &mut ModelState,
+        state: &mut ModelState<B>,
         tokens: &[u32],
         taps: &[usize],
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
@@ -313,14 +354,6 @@ impl Model {
             .taps(taps);
         self.run(state, &batch, &mut out)?;
         Ok((out.hidden, out.taps))
-    }
-
-    /// Logits (`m × vocab`) for `m` final-normed hidden rows (`m × hidden`).
-    pub fn head_logits(&self, normed: &[f32]) -> Vec<f32> {
-        let mut logits = Vec::new();
-        let m = normed.len() / self.config.hidden;
-        head_logits(&self.head, normed, m, &mut logits, &mut NoTrace);
-        logits
     }
 }
 
@@ -546,8 +579,8 @@ mod tests {
                 let run = |fused: bool| {
                     force(Some(fused));
                     for l in &model.layers {
-                        assert_eq!(l.mixer.prepared_input().is_some(), fused);
-                        assert_eq!(l.mlp.prepared_input().is_some(), fused);
+                        assert_eq!(l.mixer.prepared_input(&Cpu).is_some(), fused);
+                        assert_eq!(l.mlp.prepared_input(&Cpu).is_some(), fused);
                     }
                     let mut st = model.new_state(CHUNK + 64);
                     let mut all = model.forward(&mut st, &toks, Logits::All).unwrap();

@@ -19,15 +19,16 @@ use super::state::ModelState;
 use super::transformer::Model;
 use super::tree::TokenTree;
 use super::ModelError;
+use crate::backend::Backend;
 
-impl Model {
+impl<B: Backend> Model<B> {
     /// Runs every node of `tree` in one pass (see the module doc) and returns their logits
     /// (and final-normed hidden states when `want_hidden`): a [`Model::run`] of
     /// [`Batch::tree`] into a fresh [`Output`]. The tree stays pending in `state` until
     /// [`Model::commit`]; a previous pending tree is discarded first.
     pub fn verify(
         &self,
-        state: &mut ModelState,
+        state: &mut ModelState<B>,
         tree: &TokenTree,
         want_hidden: bool,
     ) -> Result<Output, ModelError> {
@@ -39,7 +40,7 @@ impl Model {
     /// Commits `path` of the pending tree (node indices from the root down, each a child of
     /// the one before; the root alone is a path): the state then holds exactly what plain
     /// decoding of those tokens would have left. Other nodes are dropped.
-    pub fn commit(&self, state: &mut ModelState, path: &[usize]) -> Result<(), ModelError> {
+    pub fn commit(&self, state: &mut ModelState<B>, path: &[usize]) -> Result<(), ModelError> {
         if !state.pending.active {
             return Err(ModelError::StateMismatch(
                 "commit without a verified tree".into(),
@@ -56,7 +57,7 @@ impl Model {
         state.pending.active = false;
         let base = state.len;
         for (layer, st) in self.layers.iter().zip(state.layers.iter_mut()) {
-            layer.mixer.commit(st, base, path);
+            layer.mixer.commit(&self.backend, st, base, path);
         }
         state.len += path.len();
         Ok(())

@@ -1,22 +1,24 @@
-//! Taking weights out of a checkpoint: matrices packed for `matmul`, and small vectors
-//! (norms, biases) dequantized to f32. Every tensor is claimed by name and shape.
+//! Taking weights out of a checkpoint: matrices packed by a backend for its `matmul`, and
+//! small vectors (norms, biases) dequantized to f32. Every tensor is claimed by name and
+//! shape.
 
-use crate::backend::{Backend, Cpu};
+use crate::backend::Backend;
 use crate::format::{Claims, QuantizedTensor, RawTensor};
-use crate::kernels::matmul::{MatMulError, MatMulWeight};
+use crate::kernels::matmul::MatMulError;
 use crate::quant::kasoku::{self, QuantizedMatrix, QuantizedView, TensorSpec};
 use crate::quant::{requantize, DType, Target};
 
 use super::ModelError;
 
-/// A `[rows, cols]` matrix for `y = x · Wᵀ`.
-pub fn matrix(
+/// A `[rows, cols]` matrix for `y = x · Wᵀ`, packed by `b`.
+pub fn matrix<B: Backend>(
+    b: &B,
     claims: &Claims,
     name: &str,
     rows: usize,
     cols: usize,
-) -> Result<MatMulWeight, ModelError> {
-    matrix_rows(claims, name, rows, cols)?.pack()
+) -> Result<B::Weight, ModelError> {
+    matrix_rows(claims, name, rows, cols)?.pack(b)
 }
 
 /// The rows of a claimed `[rows, cols]` matrix in the format it will be packed in: the
@@ -122,14 +124,14 @@ impl MatrixRows {
         }
     }
 
-    /// Packs the matrix for `matmul`, then releases the checkpoint pages it was read from
-    /// (the packed copy is what products read; see `TensorBytes::release_pages`).
-    pub fn pack(&self) -> Result<MatMulWeight, ModelError> {
+    /// Packs the matrix for `b`'s `matmul`, then releases the checkpoint pages it was read
+    /// from (the packed copy is what products read; see `TensorBytes::release_pages`).
+    pub fn pack<B: Backend>(&self, b: &B) -> Result<B::Weight, ModelError> {
         let packed = match (self.gguf_bytes(), self.kasoku_view()) {
-            (Some((dtype, bytes)), _) => Cpu
+            (Some((dtype, bytes)), _) => b
                 .pack(dtype, self.rows, self.cols, bytes)
                 .map_err(weight_error(&self.name)),
-            (None, Some(view)) => Ok(Cpu.pack_kasoku(view)),
+            (None, Some(view)) => Ok(b.pack_kasoku(view)),
             (None, None) => unreachable!("every matrix is GGUF or kasoku"),
         };
         self.release_pages();
@@ -140,7 +142,10 @@ impl MatrixRows {
     /// reads all their weights in one stream; `None` unless they share format and columns
     /// (for kasoku's formats: the whole spec but the rows, rotation included).
     /// Each row computes exactly what it computes in its own part.
-    pub fn pack_stacked(parts: &[&MatrixRows]) -> Option<Result<MatMulWeight, ModelError>> {
+    pub fn pack_stacked<B: Backend>(
+        b: &B,
+        parts: &[&MatrixRows],
+    ) -> Option<Result<B::Weight, ModelError>> {
         let first = parts.first()?;
         let rows = parts.iter().map(|p| p.rows).sum();
         let name = parts
@@ -165,7 +170,7 @@ impl MatrixRows {
             let zeros: Vec<u8> = views.iter().flat_map(|v| v.zeros).copied().collect();
             let spec = TensorSpec { rows, ..v0.spec };
             let packed = QuantizedView::new(spec, &codes, &scales, &zeros)
-                .map(|v| Cpu.pack_kasoku(v))
+                .map(|v| b.pack_kasoku(v))
                 .map_err(|e| ModelError::Tensor {
                     tensor: name.clone(),
                     reason: e.to_string(),
@@ -186,7 +191,7 @@ impl MatrixRows {
             .flat_map(|(_, b)| b)
             .copied()
             .collect();
-        let packed = Cpu.pack(dtype, rows, first.cols, &bytes);
+        let packed = b.pack(dtype, rows, first.cols, &bytes);
         parts.iter().for_each(|p| p.release_pages());
         Some(packed.map_err(weight_error(&name)))
     }
@@ -232,15 +237,16 @@ pub fn matrix_rows(
     MatrixRows::new(claims, name, raw, rows, cols)
 }
 
-/// A matrix if the checkpoint has it.
-pub fn optional_matrix(
+/// A matrix if the checkpoint has it, packed by `b`.
+pub fn optional_matrix<B: Backend>(
+    b: &B,
     claims: &Claims,
     name: &str,
     rows: usize,
     cols: usize,
-) -> Result<Option<MatMulWeight>, ModelError> {
+) -> Result<Option<B::Weight>, ModelError> {
     if claims.has(name) {
-        matrix(claims, name, rows, cols).map(Some)
+        matrix(b, claims, name, rows, cols).map(Some)
     } else {
         Ok(None)
     }

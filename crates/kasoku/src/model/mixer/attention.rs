@@ -1,4 +1,4 @@
-//! The attention mixer of every family (its KV cache is [`super::kv_cache`]).
+//! The attention mixer of every family (its KV cache is the backend's `KvCache`).
 //!
 //! One layer: Q/K/V projections (+ bias for Qwen2), optional per-head q/k RMSNorm (Qwen3,
 //! Qwen3.5), RoPE at the tokens' positions, append K/V to the cache, causal grouped-query
@@ -8,11 +8,12 @@
 use std::sync::Arc;
 
 use crate::backend::{
-    Activation, Attend, Backend, Cpu, Epilogue, Fused, MatMul, MatMulMany, MatMulPrepared, RopeArgs,
+    Activation, Attend, Backend, BufVec, CopyRows, Cpu, Epilogue, Fused, KvStore, KvType, MatMul,
+    MatMulMany, MatMulPrepared, RopeArgs, WeightInfo,
 };
 use crate::format::Claims;
 use crate::kernels::attention::AttnGeometry;
-use crate::kernels::matmul::{MatMulWeight, Prepared, WeightFormat};
+use crate::kernels::matmul::WeightFormat;
 use crate::kernels::rope::Rope;
 
 use super::super::batch::Pass;
@@ -20,18 +21,17 @@ use super::super::scratch::carve;
 use super::super::trace::{Op, Trace};
 use super::super::weights::{self, MatrixRows};
 use super::super::{ModelConfig, ModelError, RmsNorm};
-use super::kv_cache::{KvCache, KvType};
 
 /// Weights and geometry of one attention layer.
-pub struct Attention {
+pub struct Attention<B: Backend = Cpu> {
     /// The q, k and v projections, stacked into one matrix where their formats allow it.
-    pub qkv: Projections,
-    pub wo: MatMulWeight,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub q_norm: Option<RmsNorm>,
-    pub k_norm: Option<RmsNorm>,
+    pub qkv: Projections<B>,
+    pub wo: B::Weight,
+    pub bq: Option<B::Vec>,
+    pub bk: Option<B::Vec>,
+    pub bv: Option<B::Vec>,
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
     pub rope: Arc<Rope>,
     pub geo: AttnGeometry,
     /// Qwen3.5 output gate: q projection rows are `[query | gate]` per head.
@@ -44,28 +44,34 @@ pub struct Attention {
 /// An attention layer's q, k and v projections: one stacked matrix (one pass over the
 /// weights, which matters for small models whose matrices are too small to stream at full
 /// speed one by one), or three when their formats differ.
-pub enum Projections {
+pub enum Projections<B: Backend = Cpu> {
     /// Rows `[q | k | v]`, k and v of equal height.
-    Stacked { w: MatMulWeight, q_rows: usize },
+    Stacked { w: B::Weight, q_rows: usize },
     Separate {
-        wq: MatMulWeight,
-        wk: MatMulWeight,
-        wv: MatMulWeight,
+        wq: B::Weight,
+        wk: B::Weight,
+        wv: B::Weight,
     },
 }
 
-impl Projections {
-    /// Packs the three matrices (k and v of equal height), stacked when they share a format.
-    pub fn load(q: &MatrixRows, k: &MatrixRows, v: &MatrixRows) -> Result<Projections, ModelError> {
-        Ok(match MatrixRows::pack_stacked(&[q, k, v]) {
+impl<B: Backend> Projections<B> {
+    /// Packs the three matrices (k and v of equal height) for `b`, stacked when they share a
+    /// format.
+    pub fn load(
+        b: &B,
+        q: &MatrixRows,
+        k: &MatrixRows,
+        v: &MatrixRows,
+    ) -> Result<Projections<B>, ModelError> {
+        Ok(match MatrixRows::pack_stacked(b, &[q, k, v]) {
             Some(w) => Projections::Stacked {
                 w: w?,
                 q_rows: q.rows,
             },
             None => Projections::Separate {
-                wq: q.pack()?,
-                wk: k.pack()?,
-                wv: v.pack()?,
+                wq: q.pack(b)?,
+                wk: k.pack(b)?,
+                wv: v.pack(b)?,
             },
         })
     }
@@ -88,23 +94,23 @@ impl Projections {
         }
     }
 
-    /// The matrix to prepare rows for when one fused norm can write them for every matrix;
-    /// `None` for f32 rows.
-    fn prepared_input(&self) -> Option<&MatMulWeight> {
-        let ws = match self {
-            Projections::Stacked { w, .. } => [w, w, w],
-            Projections::Separate { wq, wk, wv } => [wq, wk, wv],
-        };
-        Cpu.can_prepare(&ws).then_some(ws[0])
-    }
-
     /// Values of the stacked product of `n` rows that [`Projections::project`] needs as
     /// room (0 for separate matrices).
     fn stacked_len(&self, n: usize) -> usize {
         match self {
-            Projections::Stacked { w, .. } => n * w.rows,
+            Projections::Stacked { w, .. } => n * w.rows(),
             Projections::Separate { .. } => 0,
         }
+    }
+
+    /// The matrix to prepare rows for on `b` when one fused norm can write them for every
+    /// matrix; `None` for f32 rows.
+    fn prepared_input(&self, b: &B) -> Option<&B::Weight> {
+        let ws = match self {
+            Projections::Stacked { w, .. } => [w, w, w],
+            Projections::Separate { wq, wk, wv } => [wq, wk, wv],
+        };
+        b.can_prepare(&ws).then_some(ws[0])
     }
 
     /// `q = x·Wqᵀ, k = x·Wkᵀ, v = x·Wvᵀ` for the `n` rows of `x`, or of `prepared` when given
@@ -112,47 +118,54 @@ impl Projections {
     #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
-        x: &[f32],
-        prepared: Option<&Prepared>,
+        b: &B,
+        x: &B::Buffer,
+        prepared: Option<&B::Prepared>,
         n: usize,
-        all: &mut [f32],
-        q: &mut [f32],
-        k: &mut [f32],
-        v: &mut [f32],
+        all: &mut B::Buffer,
+        q: &mut B::Buffer,
+        k: &mut B::Buffer,
+        v: &mut B::Buffer,
     ) {
         match self {
             &Projections::Stacked { ref w, q_rows } => {
-                let kv_rows = (w.rows - q_rows) / 2;
+                let rows = w.rows();
+                let kv_rows = (rows - q_rows) / 2;
                 match prepared {
-                    Some(p) => Cpu.matmul_prepared(MatMulPrepared {
+                    Some(p) => b.matmul_prepared(MatMulPrepared {
                         ws: &[w],
                         x: p,
                         n,
                         ys: &mut [&mut *all],
                     }),
-                    None => Cpu.matmul(MatMul { w, x, n, y: all }),
+                    None => b.matmul(MatMul { w, x, n, y: all }),
                 }
-                for (((row, q), k), v) in all
-                    .chunks_exact(w.rows)
-                    .zip(q.chunks_exact_mut(q_rows))
-                    .zip(k.chunks_exact_mut(kv_rows))
-                    .zip(v.chunks_exact_mut(kv_rows))
-                {
-                    let (rq, rest) = row.split_at(q_rows);
-                    let (rk, rv) = rest.split_at(kv_rows);
-                    q.copy_from_slice(rq);
-                    k.copy_from_slice(rk);
-                    v.copy_from_slice(rv);
+                // Each row's [q | k | v] into the three outputs.
+                for (dst, at, width) in [
+                    (q, 0, q_rows),
+                    (k, q_rows, kv_rows),
+                    (v, q_rows + kv_rows, kv_rows),
+                ] {
+                    b.copy(CopyRows {
+                        src: &*all,
+                        src_at: at,
+                        src_stride: rows,
+                        dst,
+                        dst_at: 0,
+                        dst_stride: width,
+                        rows: n,
+                        width,
+                    });
                 }
             }
             Projections::Separate { wq, wk, wv } => match prepared {
-                Some(p) => Cpu.matmul_prepared(MatMulPrepared {
+                Some(p) => b.matmul_prepared(MatMulPrepared {
                     ws: &[wq, wk, wv],
                     x: p,
                     n,
                     ys: &mut [q, k, v],
                 }),
-                None => Cpu.matmul_many(MatMulMany {
+                None => b.matmul_many(MatMulMany {
                     ws: &[wq, wk, wv],
                     x,
                     n,
@@ -163,14 +176,15 @@ impl Projections {
     }
 }
 
-impl Attention {
+impl<B: Backend> Attention<B> {
     /// Loads `blk.{layer}.attn_{q,k,v,output}` (+ `.bias`, `attn_{q,k}_norm`) per `cfg`.
     pub fn load(
+        b: &B,
         claims: &Claims,
         layer: usize,
         cfg: &ModelConfig,
         rope: Arc<Rope>,
-    ) -> Result<Attention, ModelError> {
+    ) -> Result<Attention<B>, ModelError> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
         let kv_dim = cfg.n_kv_heads * hd;
@@ -180,16 +194,17 @@ impl Attention {
             q_dim
         };
         let name = |part: &str| format!("blk.{layer}.{part}");
-        let bias = |part: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+        let bias = |part: &str, len: usize| -> Result<Option<B::Vec>, ModelError> {
             if cfg.qkv_bias {
-                weights::vector(claims, &name(part), len).map(Some)
+                weights::vector(claims, &name(part), len).map(|v| Some(b.upload(&v)))
             } else {
                 Ok(None)
             }
         };
-        let norm = |part: &str| -> Result<Option<RmsNorm>, ModelError> {
+        let norm = |part: &str| -> Result<Option<RmsNorm<B>>, ModelError> {
             if cfg.qk_norm {
-                RmsNorm::load(claims, &name(part), hd, cfg.rms_eps, cfg.norm_offset_one).map(Some)
+                RmsNorm::load(b, claims, &name(part), hd, cfg.rms_eps, cfg.norm_offset_one)
+                    .map(Some)
             } else {
                 Ok(None)
             }
@@ -204,8 +219,8 @@ impl Attention {
         let k = weights::matrix_rows(claims, &name("attn_k.weight"), kv_dim, h)?;
         let v = weights::matrix_rows(claims, &name("attn_v.weight"), kv_dim, h)?;
         Ok(Attention {
-            qkv: Projections::load(&q, &k, &v)?,
-            wo: weights::matrix(claims, &name("attn_output.weight"), h, q_dim)?,
+            qkv: Projections::load(b, &q, &k, &v)?,
+            wo: weights::matrix(b, claims, &name("attn_output.weight"), h, q_dim)?,
             bq: bias("attn_q.bias", q_rows)?,
             bk: bias("attn_k.bias", kv_dim)?,
             bv: bias("attn_v.bias", kv_dim)?,
@@ -225,7 +240,7 @@ impl Attention {
 
     /// The packed matrices by part name (`attn_qkv` stacked, else `attn_q`, `attn_k`,
     /// `attn_v`; then `attn_output`).
-    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &B::Weight)> {
         let mut out = match &self.qkv {
             Projections::Stacked { w, .. } => vec![("attn_qkv", w)],
             Projections::Separate { wq, wk, wv } => {
@@ -236,10 +251,10 @@ impl Attention {
         out
     }
 
-    /// The matrix whose prepared rows [`Attention::run`] reads instead of f32 ones, when one
-    /// fused norm can write them for q, k and v; `None` for f32 rows.
-    pub(crate) fn prepared_input(&self) -> Option<&MatMulWeight> {
-        self.qkv.prepared_input()
+    /// The matrix whose prepared rows [`Attention::run`] reads instead of f32 ones on `b`,
+    /// when one fused norm can write them for q, k and v; `None` for f32 rows.
+    pub(crate) fn prepared_input(&self, b: &B) -> Option<&B::Weight> {
+        self.qkv.prepared_input(b)
     }
 
     /// `n_kv_heads × head_dim`: the width of a KV cache row.
@@ -247,28 +262,29 @@ impl Attention {
         self.geo.n_kv_heads * self.geo.head_dim
     }
 
-    /// An empty cache in this layer's [`KvType`].
-    pub fn new_cache(&self) -> KvCache {
-        KvCache::with_type(self.geo.n_kv_heads, self.geo.head_dim, self.kv_type)
+    /// An empty cache in this layer's [`KvType`] on `b`.
+    pub fn new_cache(&self, b: &B) -> B::KvCache {
+        b.new_kv_cache(self.geo.n_kv_heads, self.geo.head_dim, self.kv_type)
     }
 
     /// Runs the pass's rows (`x`: `n × hidden`, already normed) at their positions, appends
     /// their keys and values to `cache` and writes the layer's output (`n × hidden`) to `out`;
     /// intermediates are carved from `work`. Chain rows see the cache and the rows before
     /// them; tree nodes see the committed positions and their ancestors, and their keys and
-    /// values wait past the committed end, uncommitted: [`KvCache::commit`] keeps the accepted
-    /// ones, [`KvCache::truncate`] drops them all. When [`Attention::prepared_input`] names
+    /// values wait past the committed end, uncommitted: [`KvStore::commit`] keeps the accepted
+    /// ones, [`KvStore::truncate`] drops them all. When [`Attention::prepared_input`] names
     /// a matrix, the rows are read from `prepared` instead of `x`; the attention output goes
     /// into `prepared` for the output projection where that matrix takes it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
-        cache: &mut KvCache,
-        x: &[f32],
+        b: &B,
+        cache: &mut B::KvCache,
+        x: &B::Buffer,
         pass: &Pass,
-        out: &mut [f32],
-        work: &mut Vec<f32>,
-        prepared: &mut Prepared,
+        out: &mut B::Buffer,
+        work: &mut B::Vec,
+        prepared: &mut B::Prepared,
         layer: usize,
         tr: &mut T,
     ) {
@@ -305,8 +321,10 @@ impl Attention {
         let qkv_op = op("qkv")
             .matmul(self.qkv.format())
             .reading(self.qkv.size_bytes());
-        let input = self.prepared_input().map(|_| &*prepared);
-        tr.op(qkv_op, || self.qkv.project(x, input, n, all, q_raw, k, v));
+        let input = self.prepared_input(b).map(|_| &*prepared);
+        tr.op(qkv_op, || {
+            self.qkv.project(b, x, input, n, all, q_raw, k, v)
+        });
         if self.bq.is_some() {
             tr.op(op("qkv_bias"), || {
                 for (buf, bias) in [
@@ -314,8 +332,11 @@ impl Attention {
                     (&mut *k, &self.bk),
                     (&mut *v, &self.bv),
                 ] {
-                    if let Some(b) = bias {
-                        Cpu.activation(Activation::AddBias { x: buf, bias: b });
+                    if let Some(bias) = bias {
+                        b.activation(Activation::AddBias {
+                            x: buf,
+                            bias: bias.all(),
+                        });
                     }
                 }
             });
@@ -323,9 +344,17 @@ impl Attention {
         // Qwen3.5: per head, the first hd values are the query, the next hd the gate.
         let (q, gate) = if self.gated {
             tr.op(op("q_gate_split"), || {
-                for (i, pair) in q_raw.chunks_exact(2 * hd).enumerate() {
-                    q_split[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
-                    gate[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
+                for (dst, at) in [(&mut *q_split, 0), (&mut *gate, hd)] {
+                    b.copy(CopyRows {
+                        src: &*q_raw,
+                        src_at: at,
+                        src_stride: 2 * hd,
+                        dst,
+                        dst_at: 0,
+                        dst_stride: hd,
+                        rows: n * n_heads,
+                        width: hd,
+                    });
                 }
             });
             (q_split, Some(&*gate))
@@ -335,22 +364,22 @@ impl Attention {
         if self.q_norm.is_some() || self.k_norm.is_some() {
             tr.op(op("qk_norm"), || {
                 if let Some(norm) = &self.q_norm {
-                    norm.forward_inplace(q);
+                    norm.forward_inplace(b, q);
                 }
                 if let Some(norm) = &self.k_norm {
-                    norm.forward_inplace(k);
+                    norm.forward_inplace(b, k);
                 }
             });
         }
         tr.op(op("rope"), || {
-            let rope = &self.rope;
-            Cpu.rope(RopeArgs {
+            let rope = &*self.rope;
+            b.rope(RopeArgs {
                 rope,
                 heads: n_heads,
                 positions,
                 x: q,
             });
-            Cpu.rope(RopeArgs {
+            b.rope(RopeArgs {
                 rope,
                 heads: n_kv_heads,
                 positions,
@@ -362,14 +391,14 @@ impl Attention {
         let kv_bytes = cache.bytes();
         // Without an output gate, attention writes its rows prepared for the output
         // projection where that matrix takes them.
-        let fused_out = gate.is_none() && Cpu.can_prepare(&[&self.wo]);
+        let fused_out = gate.is_none() && b.can_prepare(&[&self.wo]);
         let wo = op("attn_out")
             .matmul(self.wo.format())
             .reading(self.wo.size_bytes());
         if fused_out {
             tr.op(op("attention").reading(kv_bytes), || {
                 cache.with_heads(|keys, values| {
-                    Cpu.fused(Fused {
+                    b.fused(Fused {
                         w: &self.wo,
                         epilogue: Epilogue::Attention {
                             geo: self.geo,
@@ -385,7 +414,7 @@ impl Attention {
                 })
             });
             tr.op(wo, || {
-                Cpu.matmul_prepared(MatMulPrepared {
+                b.matmul_prepared(MatMulPrepared {
                     ws: &[&self.wo],
                     x: prepared,
                     n,
@@ -396,7 +425,7 @@ impl Attention {
         }
         tr.op(op("attention").reading(kv_bytes), || {
             cache.with_heads(|keys, values| {
-                Cpu.attention(Attend {
+                b.attention(Attend {
                     geo: self.geo,
                     q,
                     keys,
@@ -410,11 +439,11 @@ impl Attention {
         });
         if let Some(g) = gate {
             tr.op(op("attn_gate"), || {
-                Cpu.activation(Activation::SigmoidGate { x: att, gate: g })
+                b.activation(Activation::SigmoidGate { x: att, gate: g })
             });
         }
         tr.op(wo, || {
-            Cpu.matmul(MatMul {
+            b.matmul(MatMul {
                 w: &self.wo,
                 x: att,
                 n,
@@ -427,6 +456,7 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::matmul::MatMulWeight;
     use crate::quant::legacy::tests::{random_blocks, Rng};
     use crate::quant::DType;
 
@@ -463,7 +493,7 @@ mod tests {
                 let mut all = vec![0f32; p.stacked_len(n)];
                 let mut q = vec![0f32; n * q_rows];
                 let (mut k, mut v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
-                p.project(x, None, n, &mut all, &mut q, &mut k, &mut v);
+                p.project(&Cpu, x, None, n, &mut all, &mut q, &mut k, &mut v);
                 (q, k, v)
             };
             for n in [1, 5] {

@@ -19,11 +19,13 @@
 //! taking the conv rows of the path and replaying `S ← e^{g}·S + k ⊗ δ` per accepted node
 //! ([`GatedDeltaNet::commit`], see `kernels::gated_delta::tree`).
 
-use crate::backend::{Activation, Backend, Conv, Cpu, DeltaInputs, DeltaNet, MatMul, NormInPlace};
+use crate::backend::{
+    Activation, Backend, Buf, BufVec, Conv, CopyRows, Cpu, DeltaInputs, DeltaNet, MatMul,
+    NormInPlace, WeightInfo,
+};
 use crate::format::Claims;
 use crate::kernels::conv1d::ConvTaps;
 use crate::kernels::gated_delta::{GdnDims, HeadMap};
-use crate::kernels::matmul::MatMulWeight;
 
 use super::super::batch::Pass;
 use super::super::config::SourceKind;
@@ -32,44 +34,44 @@ use super::super::trace::{Op, Trace};
 use super::super::{weights, ModelConfig, ModelError};
 
 /// Weights of one Gated DeltaNet layer. Immutable; shared by every sequence.
-pub struct GatedDeltaNet {
+pub struct GatedDeltaNet<B: Backend = Cpu> {
     dims: GdnDims,
     hidden: usize,
     eps: f32,
     /// `attn_qkv`: `[2·nk·dk + nv·dv, hidden]`, rows `[q | k | v]`.
-    qkv: MatMulWeight,
+    qkv: B::Weight,
     /// `attn_gate` (z): `[nv·dv, hidden]`.
-    gate: MatMulWeight,
+    gate: B::Weight,
     /// `ssm_beta` (b): `[nv, hidden]`.
-    beta: MatMulWeight,
+    beta: B::Weight,
     /// `ssm_alpha` (a): `[nv, hidden]`.
-    alpha: MatMulWeight,
+    alpha: B::Weight,
     conv: ConvTaps,
     /// `−exp(A_log)` per value head.
-    ssm_a: Vec<f32>,
-    dt_bias: Vec<f32>,
+    ssm_a: B::Vec,
+    dt_bias: B::Vec,
     /// Gated RMSNorm weight over `dv` (plain, shared by all value heads).
-    norm: Vec<f32>,
+    norm: B::Vec,
     /// `ssm_out`: `[hidden, nv·dv]`.
-    out: MatMulWeight,
+    out: B::Weight,
 }
 
-/// Per-sequence state of one Gated DeltaNet layer.
+/// Per-sequence state of one Gated DeltaNet layer, in the backend's memory.
 #[derive(Debug)]
-pub struct GdnState {
+pub struct GdnState<B: Backend = Cpu> {
     /// The last `K−1` inputs of the conv (pre-activation q,k,v channels): `(K−1) × conv_dim`,
     /// oldest row first; zeros for a fresh sequence.
-    pub(crate) conv: Vec<f32>,
+    pub(crate) conv: B::Vec,
     /// Recurrent state: `nv × dk × dv` (key dimension first), f32.
-    pub(crate) ssm: Vec<f32>,
+    pub(crate) ssm: B::Vec,
     /// What the last tree pass left for its commit (its buffers kept from tree to tree).
-    pending: GdnPending,
+    pending: GdnPending<B>,
 }
 
 /// A copy of the committed state; the pending tree's data comes along only while one is
 /// pending.
-impl Clone for GdnState {
-    fn clone(&self) -> GdnState {
+impl<B: Backend> Clone for GdnState<B> {
+    fn clone(&self) -> GdnState<B> {
         GdnState {
             conv: self.conv.clone(),
             ssm: self.ssm.clone(),
@@ -82,7 +84,7 @@ impl Clone for GdnState {
     }
 }
 
-impl GdnState {
+impl<B: Backend> GdnState<B> {
     /// Forgets the pending tree's commit data.
     pub(crate) fn discard_pending(&mut self) {
         self.pending.active = false;
@@ -94,14 +96,20 @@ impl GdnState {
     }
 
     /// Whether `other` is a state of a layer of the same shape.
-    pub(crate) fn same_shape(&self, other: &GdnState) -> bool {
+    pub(crate) fn same_shape(&self, other: &GdnState<B>) -> bool {
         self.conv.len() == other.conv.len() && self.ssm.len() == other.ssm.len()
     }
 }
 
-impl GatedDeltaNet {
-    /// Claims layer `layer`'s tensors (GGUF names; the format layer maps HF names).
-    pub fn load(claims: &Claims, layer: usize, cfg: &ModelConfig) -> Result<Self, ModelError> {
+impl<B: Backend> GatedDeltaNet<B> {
+    /// Claims layer `layer`'s tensors (GGUF names; the format layer maps HF names), packed
+    /// by `b`.
+    pub fn load(
+        b: &B,
+        claims: &Claims,
+        layer: usize,
+        cfg: &ModelConfig,
+    ) -> Result<Self, ModelError> {
         let (nk, nv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads);
         let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
         let kernel = cfg.linear_conv_kernel_dim;
@@ -114,11 +122,11 @@ impl GatedDeltaNet {
         let conv_dim = 2 * nk * dk + nv * dv;
         let name = |s: &str| format!("blk.{layer}.{s}");
 
-        let qkv = weights::matrix(claims, &name("attn_qkv.weight"), conv_dim, h)?;
-        let gate = weights::matrix(claims, &name("attn_gate.weight"), nv * dv, h)?;
-        let beta = weights::matrix(claims, &name("ssm_beta.weight"), nv, h)?;
-        let alpha = weights::matrix(claims, &name("ssm_alpha.weight"), nv, h)?;
-        let out = weights::matrix(claims, &name("ssm_out.weight"), h, nv * dv)?;
+        let qkv = weights::matrix(b, claims, &name("attn_qkv.weight"), conv_dim, h)?;
+        let gate = weights::matrix(b, claims, &name("attn_gate.weight"), nv * dv, h)?;
+        let beta = weights::matrix(b, claims, &name("ssm_beta.weight"), nv, h)?;
+        let alpha = weights::matrix(b, claims, &name("ssm_alpha.weight"), nv, h)?;
+        let out = weights::matrix(b, claims, &name("ssm_out.weight"), h, nv * dv)?;
 
         let conv_name = name("ssm_conv1d.weight");
         let t = claims.take(&conv_name, &[conv_dim, kernel])?;
@@ -152,15 +160,15 @@ impl GatedDeltaNet {
             beta,
             alpha,
             conv,
-            ssm_a,
-            dt_bias,
-            norm,
+            ssm_a: b.upload(&ssm_a),
+            dt_bias: b.upload(&dt_bias),
+            norm: b.upload(&norm),
             out,
         })
     }
 
     /// The packed matrices by part name, in forward order.
-    pub(crate) fn matrices(&self) -> Vec<(&'static str, &MatMulWeight)> {
+    pub(crate) fn matrices(&self) -> Vec<(&'static str, &B::Weight)> {
         vec![
             ("attn_qkv", &self.qkv),
             ("attn_gate", &self.gate),
@@ -176,10 +184,10 @@ impl GatedDeltaNet {
     }
 
     /// A fresh state (zeros) for one sequence.
-    pub fn new_state(&self) -> GdnState {
+    pub fn new_state(&self) -> GdnState<B> {
         GdnState {
-            conv: vec![0.0; self.conv.state_len()],
-            ssm: vec![0.0; self.dims.state_len()],
+            conv: B::Vec::zeros(self.conv.state_len()),
+            ssm: B::Vec::zeros(self.dims.state_len()),
             pending: GdnPending::default(),
         }
     }
@@ -192,11 +200,12 @@ impl GatedDeltaNet {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
-        state: &mut GdnState,
-        x: &[f32],
+        bk: &B,
+        state: &mut GdnState<B>,
+        x: &B::Buffer,
         pass: &Pass,
-        out: &mut [f32],
-        work: &mut Vec<f32>,
+        out: &mut B::Buffer,
+        work: &mut B::Vec,
         layer: usize,
         tr: &mut T,
     ) {
@@ -219,7 +228,7 @@ impl GatedDeltaNet {
         // A chain's projections, keys and decays are intermediates; a tree's are its commit
         // data, kept in the state.
         let own = |len: usize| if tree.is_some() { 0 } else { len };
-        let [z, b, a, conv_out, q, v, beta, o, mixed, k, g] = carve(
+        let [z, b, a, conv_out, q, v, beta, o, mixed, k, g, none] = carve(
             work,
             [
                 n * vd,
@@ -233,10 +242,11 @@ impl GatedDeltaNet {
                 own(n * cd),
                 own(n * kd),
                 own(n * nv),
+                0,
             ],
         );
         let (mixed, k, g, deltas) = match tree {
-            None => (mixed, k, g, &mut [][..]),
+            None => (mixed, k, g, none),
             Some(parents) => {
                 pending.active = true;
                 pending.parents.clear();
@@ -251,12 +261,12 @@ impl GatedDeltaNet {
         };
 
         // The four input projections.
-        let proj = |name, w: &MatMulWeight| {
+        let proj = |name, w: &B::Weight| {
             Op::new(name, Some(layer), n)
                 .matmul(w.format())
                 .reading(w.size_bytes())
         };
-        let mm = |w, y| Cpu.matmul(MatMul { w, x, n, y });
+        let mm = |w, y| bk.matmul(MatMul { w, x, n, y });
         tr.op(proj("ssm_qkv", &self.qkv), || mm(&self.qkv, mixed));
         tr.op(proj("ssm_z", &self.gate), || mm(&self.gate, z));
         tr.op(proj("ssm_beta", &self.beta), || mm(&self.beta, b));
@@ -264,17 +274,17 @@ impl GatedDeltaNet {
         // Short causal conv + SiLU over [q | k | v].
         let taps = &self.conv;
         tr.op(op("conv1d"), || {
-            Cpu.conv1d(match tree {
+            bk.conv1d(match tree {
                 None => Conv::Chain {
                     taps,
-                    state: conv,
+                    state: conv.all_mut(),
                     x: mixed,
                     n,
                     y: conv_out,
                 },
                 Some(parents) => Conv::Tree {
                     taps,
-                    state: conv,
+                    state: conv.all(),
                     x: mixed,
                     parents,
                     y: conv_out,
@@ -283,48 +293,56 @@ impl GatedDeltaNet {
         });
         // Contiguous q, k, v (q and k l2-normalised per head, q scaled) and the gates.
         tr.op(op("ssm_inputs"), || {
-            for (t, row) in conv_out.chunks_exact(cd).enumerate() {
-                q[t * kd..(t + 1) * kd].copy_from_slice(&row[..kd]);
-                k[t * kd..(t + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
-                v[t * vd..(t + 1) * vd].copy_from_slice(&row[2 * kd..]);
+            let parts = [(&mut *q, 0, kd), (&mut *k, kd, kd), (&mut *v, 2 * kd, vd)];
+            for (dst, at, width) in parts {
+                bk.copy(CopyRows {
+                    src: &*conv_out,
+                    src_at: at,
+                    src_stride: cd,
+                    dst,
+                    dst_at: 0,
+                    dst_stride: width,
+                    rows: n,
+                    width,
+                });
             }
             let scale = 1.0 / (dk as f32).sqrt();
-            Cpu.activation(Activation::L2Norm {
+            bk.activation(Activation::L2Norm {
                 x: q,
                 dim: dk,
                 scale,
             });
-            Cpu.activation(Activation::L2Norm {
+            bk.activation(Activation::L2Norm {
                 x: k,
                 dim: dk,
                 scale: 1.0,
             });
-            Cpu.gated_delta(DeltaNet::Gates {
+            bk.gated_delta(DeltaNet::Gates {
                 a,
                 b,
-                ssm_a: &self.ssm_a,
-                dt_bias: &self.dt_bias,
+                ssm_a: self.ssm_a.all(),
+                dt_bias: self.dt_bias.all(),
                 g,
                 beta,
             });
         });
         let dims = self.dims;
-        let state_bytes = ssm.len() * 4;
+        let state_bytes = ssm.bytes();
         tr.op(op("gated_delta").reading(state_bytes), || {
             let inputs = DeltaInputs { q, k, v, g, beta };
-            Cpu.gated_delta(match tree {
+            bk.gated_delta(match tree {
                 None => DeltaNet::Chain {
                     dims,
                     inputs,
                     n,
-                    state: ssm,
+                    state: ssm.all_mut(),
                     out: o,
                 },
                 Some(parents) => DeltaNet::Tree {
                     dims,
                     inputs,
                     parents,
-                    state: ssm,
+                    state: ssm.all(),
                     out: o,
                     deltas,
                 },
@@ -332,18 +350,18 @@ impl GatedDeltaNet {
         });
         // Gated RMSNorm per value head, then the output projection.
         tr.op(op("ssm_norm_gate"), || {
-            Cpu.rmsnorm_inplace(NormInPlace {
+            bk.rmsnorm_inplace(NormInPlace {
                 x: o,
-                weight: &self.norm,
+                weight: self.norm.all(),
                 eps: self.eps,
             });
-            Cpu.activation(Activation::SiluGate { x: o, gate: z });
+            bk.activation(Activation::SiluGate { x: o, gate: z });
         });
         let op_out = op("ssm_out")
             .matmul(self.out.format())
             .reading(self.out.size_bytes());
         tr.op(op_out, || {
-            Cpu.matmul(MatMul {
+            bk.matmul(MatMul {
                 w: &self.out,
                 x: o,
                 n,
@@ -356,7 +374,10 @@ impl GatedDeltaNet {
     /// `state` advances past the tokens. (A convenience of tests: it allocates its
     /// intermediates.)
     #[cfg(test)]
-    pub fn forward(&self, state: &mut GdnState, x: &[f32], n: usize, out: &mut [f32]) {
+    pub fn forward(&self, state: &mut GdnState<B>, x: &B::Buffer, n: usize, out: &mut B::Buffer)
+    where
+        B: Default,
+    {
         let positions: Vec<usize> = (0..n).collect();
         let pass = Pass {
             n,
@@ -365,11 +386,12 @@ impl GatedDeltaNet {
             tree: None,
         };
         self.run(
+            &B::default(),
             state,
             x,
             &pass,
             out,
-            &mut Vec::new(),
+            &mut B::Vec::default(),
             0,
             &mut super::super::NoTrace,
         )
@@ -378,33 +400,33 @@ impl GatedDeltaNet {
     /// Advances `state` along `path` (node indices of its pending tree, root first, each a
     /// child of the one before): the recurrent state replays each node's update, the conv
     /// state becomes the path's last inputs. The pending tree is consumed.
-    pub(crate) fn commit(&self, state: &mut GdnState, path: &[usize]) {
+    pub(crate) fn commit(&self, b: &B, state: &mut GdnState<B>, path: &[usize]) {
         assert!(state.pending.active, "gated delta net: no pending tree");
         state.pending.active = false;
         let pending = &state.pending;
         let GdnDims { nk, nv, dk, dv, .. } = self.dims;
         let (kd, vd) = (nk * dk, nv * dv);
         for &i in path {
-            Cpu.gated_delta(DeltaNet::Replay {
+            b.gated_delta(DeltaNet::Replay {
                 dims: self.dims,
-                state: &mut state.ssm,
-                k: &pending.k[i * kd..(i + 1) * kd],
-                g: &pending.g[i * nv..(i + 1) * nv],
-                delta: &pending.deltas[i * vd..(i + 1) * vd],
+                state: state.ssm.all_mut(),
+                k: pending.k.all().at(i * kd..(i + 1) * kd),
+                g: pending.g.all().at(i * nv..(i + 1) * nv),
+                delta: pending.deltas.all().at(i * vd..(i + 1) * vd),
             });
         }
         if let Some(&last) = path.last() {
-            Cpu.conv1d(Conv::Commit {
+            b.conv1d(Conv::Commit {
                 taps: &self.conv,
-                state: &mut state.conv,
-                x: &pending.mixed,
+                state: state.conv.all_mut(),
+                x: pending.mixed.all(),
                 parents: &pending.parents,
                 node: last,
             });
         }
     }
 
-    fn check(&self, state: &GdnState, x: &[f32], n: usize, out: &[f32]) {
+    fn check(&self, state: &GdnState<B>, x: &B::Buffer, n: usize, out: &B::Buffer) {
         assert_eq!(x.len(), n * self.hidden, "gated delta net: x length");
         assert_eq!(out.len(), n * self.hidden, "gated delta net: out length");
         assert!(
@@ -416,15 +438,41 @@ impl GatedDeltaNet {
 
 /// What a tree pass leaves for [`GatedDeltaNet::commit`]: per node, the conv inputs, the
 /// normalised key, the log-decays and the deltas of the recurrence.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct GdnPending {
+#[derive(Debug)]
+pub(crate) struct GdnPending<B: Backend = Cpu> {
     /// Whether a tree is pending (the buffers hold it).
     active: bool,
     parents: Vec<usize>,
-    mixed: Vec<f32>,
-    k: Vec<f32>,
-    g: Vec<f32>,
-    deltas: Vec<f32>,
+    mixed: B::Vec,
+    k: B::Vec,
+    g: B::Vec,
+    deltas: B::Vec,
+}
+
+impl<B: Backend> Default for GdnPending<B> {
+    fn default() -> Self {
+        GdnPending {
+            active: false,
+            parents: Vec::new(),
+            mixed: B::Vec::default(),
+            k: B::Vec::default(),
+            g: B::Vec::default(),
+            deltas: B::Vec::default(),
+        }
+    }
+}
+
+impl<B: Backend> Clone for GdnPending<B> {
+    fn clone(&self) -> Self {
+        GdnPending {
+            active: self.active,
+            parents: self.parents.clone(),
+            mixed: self.mixed.clone(),
+            k: self.k.clone(),
+            g: self.g.clone(),
+            deltas: self.deltas.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -490,7 +538,7 @@ mod tests {
 
     fn load(cfg: &ModelConfig, src: &MemSource) -> GatedDeltaNet {
         let claims = Claims::new(src);
-        let m = GatedDeltaNet::load(&claims, 0, cfg).unwrap();
+        let m = GatedDeltaNet::load(&Cpu, &claims, 0, cfg).unwrap();
         claims.finish().unwrap();
         m
     }
@@ -708,14 +756,14 @@ mod tests {
         let cfg = config(SourceKind::Gguf, 2, 4, 16, 8);
         let mut src = random_layer(&cfg, 1);
         src.tensors.retain(|t| t.name != "blk.0.ssm_dt.bias");
-        assert!(GatedDeltaNet::load(&Claims::new(&src), 0, &cfg).is_err());
+        assert!(GatedDeltaNet::<Cpu>::load(&Cpu, &Claims::new(&src), 0, &cfg).is_err());
         let mut src = random_layer(&cfg, 1);
         for t in &mut src.tensors {
             if t.name == "blk.0.ssm_norm.weight" {
                 t.shape = vec![2, 4];
             }
         }
-        let err = GatedDeltaNet::load(&Claims::new(&src), 0, &cfg)
+        let err = GatedDeltaNet::<Cpu>::load(&Cpu, &Claims::new(&src), 0, &cfg)
             .err()
             .expect("wrong shape accepted");
         assert!(err.to_string().contains("ssm_norm"), "{err}");

@@ -3,31 +3,31 @@
 //! (a chain, a tree, or more nodes of a pending tree) and one `commit` of a tree path. This
 //! file is the one place where a mixer meets its state.
 //!
-//! - [`attention`]: (gated) multi-head attention over a KV cache ([`kv_cache`]).
+//! - [`attention`]: (gated) multi-head attention over a KV cache (the backend's).
 //! - [`gated_delta_net`]: Qwen3.5's linear-attention layers with recurrent + conv state.
 
 pub mod attention;
 pub mod gated_delta_net;
-pub mod kv_cache;
 
+pub use crate::backend::KvType;
 pub use attention::Attention;
 pub use gated_delta_net::{GatedDeltaNet, GdnState};
-pub use kv_cache::{KvCache, KvType};
+
+use crate::backend::{Backend, Cpu, KvStore};
 
 use super::batch::Pass;
 use super::config::LayerKind;
 use super::state::LayerState;
 use super::trace::Trace;
-use crate::kernels::matmul::{MatMulWeight, Prepared};
 
 /// The mixer of one layer. (One per layer, so variant sizes do not matter.)
 #[allow(clippy::large_enum_variant)]
-pub enum Mixer {
-    Attention(Attention),
-    GatedDeltaNet(GatedDeltaNet),
+pub enum Mixer<B: Backend = Cpu> {
+    Attention(Attention<B>),
+    GatedDeltaNet(GatedDeltaNet<B>),
 }
 
-impl Mixer {
+impl<B: Backend> Mixer<B> {
     pub fn kind(&self) -> LayerKind {
         match self {
             Mixer::Attention(_) => LayerKind::Attention,
@@ -35,19 +35,19 @@ impl Mixer {
         }
     }
 
-    /// A fresh (empty) state for this layer.
-    pub(crate) fn new_state(&self) -> LayerState {
+    /// A fresh (empty) state for this layer on `b`.
+    pub(crate) fn new_state(&self, b: &B) -> LayerState<B> {
         match self {
-            Mixer::Attention(a) => LayerState::Kv(a.new_cache()),
+            Mixer::Attention(a) => LayerState::Kv(a.new_cache(b)),
             Mixer::GatedDeltaNet(g) => LayerState::Gdn(g.new_state()),
         }
     }
 
-    /// The matrix whose prepared rows this mixer reads instead of f32 ones (see
+    /// The matrix whose prepared rows this mixer reads instead of f32 ones on `b` (see
     /// [`Attention::prepared_input`]); `None` for f32 rows.
-    pub(crate) fn prepared_input(&self) -> Option<&MatMulWeight> {
+    pub(crate) fn prepared_input(&self, b: &B) -> Option<&B::Weight> {
         match self {
-            Mixer::Attention(a) => a.prepared_input(),
+            Mixer::Attention(a) => a.prepared_input(b),
             Mixer::GatedDeltaNet(_) => None,
         }
     }
@@ -60,21 +60,22 @@ impl Mixer {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<T: Trace>(
         &self,
-        state: &mut LayerState,
-        x: &[f32],
+        b: &B,
+        state: &mut LayerState<B>,
+        x: &B::Buffer,
         pass: &Pass,
-        out: &mut [f32],
-        work: &mut Vec<f32>,
-        prepared: &mut Prepared,
+        out: &mut B::Buffer,
+        work: &mut B::Vec,
+        prepared: &mut B::Prepared,
         layer: usize,
         tr: &mut T,
     ) {
         match (self, state) {
             (Mixer::Attention(a), LayerState::Kv(cache)) => {
-                a.run(cache, x, pass, out, work, prepared, layer, tr)
+                a.run(b, cache, x, pass, out, work, prepared, layer, tr)
             }
             (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => {
-                g.run(s, x, pass, out, work, layer, tr)
+                g.run(b, s, x, pass, out, work, layer, tr)
             }
             _ => unreachable!("the model matched every layer with its state"),
         }
@@ -82,10 +83,10 @@ impl Mixer {
 
     /// Keeps `path` (root first, each node a child of the one before) of the tree pending in
     /// `state` after the `base` committed positions, as plain decoding of its tokens would.
-    pub(crate) fn commit(&self, state: &mut LayerState, base: usize, path: &[usize]) {
+    pub(crate) fn commit(&self, b: &B, state: &mut LayerState<B>, base: usize, path: &[usize]) {
         match (self, state) {
             (Mixer::Attention(_), LayerState::Kv(cache)) => cache.commit(base, path),
-            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => g.commit(s, path),
+            (Mixer::GatedDeltaNet(g), LayerState::Gdn(s)) => g.commit(b, s, path),
             _ => unreachable!("the model matched every layer with its state"),
         }
     }

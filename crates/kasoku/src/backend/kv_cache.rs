@@ -1,4 +1,5 @@
-//! The KV cache of one attention layer, and the formats it may store its rows in.
+//! The host KV cache of one attention layer (the store of the CPU and reference backends,
+//! [`KvStore`]), and the formats it may store its rows in.
 //!
 //! Head-major: per KV head, `[position][head_dim]` rows, contiguous (what the attention kernel
 //! streams), stored as f32, f16 or q8_0 ([`KvType`]). Each row is converted once, when it is
@@ -8,6 +9,7 @@
 
 use half::f16;
 
+use super::{Cpu, KvStore, Reference};
 use crate::kernels::attention::{BlockQ8_0, KvHeads, Stored};
 
 /// KV heads whose lists [`KvCache::with_heads`] keeps on the stack.
@@ -200,6 +202,11 @@ impl KvCache {
         self.len
     }
 
+    /// Whether it holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     pub fn n_kv_heads(&self) -> usize {
         self.keys.len()
     }
@@ -237,11 +244,11 @@ impl KvCache {
     /// Runs `f` over the stored keys and values, as the attention kernel reads them. The
     /// lists of heads live on the stack up to [`INLINE_HEADS`] heads (every released model;
     /// more are listed on the heap).
-    pub fn with_heads<R>(&self, f: impl FnOnce(KvHeads, KvHeads) -> R) -> R {
+    pub fn with_heads<R>(&self, f: impl for<'k> FnOnce(KvHeads<'k>, KvHeads<'k>) -> R) -> R {
         fn call<S: Stored, R>(
             keys: &[Vec<S>],
             values: &[Vec<S>],
-            f: impl FnOnce(KvHeads, KvHeads) -> R,
+            f: impl for<'k> FnOnce(KvHeads<'k>, KvHeads<'k>) -> R,
         ) -> R {
             if keys.len() > INLINE_HEADS || values.len() > INLINE_HEADS {
                 let keys: Vec<&[S]> = keys.iter().map(|h| &h[..]).collect();
@@ -305,6 +312,45 @@ impl KvCache {
         self.truncate(base + accepted.len());
     }
 }
+
+/// The host cache is the KV store of both host backends (whose buffers are `[f32]` and whose
+/// attention reads `KvHeads`).
+macro_rules! host_store {
+    ($backend:ty) => {
+        impl KvStore<$backend> for KvCache {
+            #[inline]
+            fn len(&self) -> usize {
+                KvCache::len(self)
+            }
+            fn kv_dim(&self) -> usize {
+                KvCache::kv_dim(self)
+            }
+            fn bytes(&self) -> usize {
+                KvCache::bytes(self)
+            }
+            fn reserve(&mut self, positions: usize) {
+                KvCache::reserve(self, positions)
+            }
+            #[inline]
+            fn append(&mut self, keys: &[f32], values: &[f32]) {
+                KvCache::append(self, keys, values)
+            }
+            fn truncate(&mut self, len: usize) {
+                KvCache::truncate(self, len)
+            }
+            fn commit(&mut self, base: usize, accepted: &[usize]) {
+                KvCache::commit(self, base, accepted)
+            }
+            #[inline]
+            fn with_heads<R>(&self, f: impl for<'k> FnOnce(KvHeads<'k>, KvHeads<'k>) -> R) -> R {
+                KvCache::with_heads(self, f)
+            }
+        }
+    };
+}
+
+host_store!(Cpu);
+host_store!(Reference);
 
 #[cfg(test)]
 mod tests {
