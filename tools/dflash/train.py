@@ -375,6 +375,15 @@ def main(argv=None):
     agen = torch.Generator().manual_seed(args.seed * 7919 + counters["step"])
     first_step = counters["step"]
     out_dir = os.path.join(args.out, "drafter")
+
+    def export(last_validation):
+        """The drafter in the published layout, and train_state.json beside it; its bytes."""
+        nbytes = dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
+        with open(os.path.join(out_dir, "train_state.json"), "w") as f:
+            json.dump({"counters": counters, "last_validation": last_validation}, f, indent=2)
+            f.write("\n")
+        return nbytes
+
     last_export = time.time()
     while time.time() - start < args.time and not (args.max_steps and
                                                     counters["step"] >= args.max_steps):
@@ -418,10 +427,7 @@ def main(argv=None):
         if args.export_every and time.time() - last_export > args.export_every:
             last_export = time.time()
             counters["elapsed_s"] = base + time.time() - start
-            dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
-            with open(os.path.join(out_dir, "train_state.json"), "w") as f:
-                json.dump({"counters": counters, "last_validation": None}, f, indent=2)
-                f.write("\n")
+            export(None)
             log({"event": "export", "step": counters["step"],
                  "elapsed_s": round(counters["elapsed_s"], 1)})
     counters["elapsed_s"] = base + time.time() - start
@@ -430,11 +436,8 @@ def main(argv=None):
                     "optimizer": opt.state_dict(), "counters": counters,
                     "rng": rng.getstate()}, args.state + ".tmp")
         os.replace(args.state + ".tmp", args.state)
-    nbytes = dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
     final = validate()
-    with open(os.path.join(out_dir, "train_state.json"), "w") as f:
-        json.dump({"counters": counters, "last_validation": final}, f, indent=2)
-        f.write("\n")
+    nbytes = export(final)
     log({"event": "end", **counters, "hours": round(counters["elapsed_s"] / 3600, 3),
          **final, "export_bytes": nbytes,
          "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)

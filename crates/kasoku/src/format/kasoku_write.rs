@@ -250,7 +250,7 @@ mod tests {
     use super::*;
     use crate::format::test_util::ScratchDir;
     use crate::format::HfCheckpoint;
-    use crate::model::testing::{random_weights, tiny_config};
+    use crate::model::testing::{kasoku_sized_config, random_weights};
     use crate::model::{Arch, SourceKind};
     use crate::model::{Logits, Model};
     use crate::quant::kasoku::Scheme;
@@ -260,11 +260,7 @@ mod tests {
     /// damaged copies are refused with errors that name the problem.
     #[test]
     fn written_checkpoints_load_as_quantized_at_load_and_damage_is_named() {
-        let mut cfg = tiny_config(Arch::Qwen2, SourceKind::Gguf);
-        cfg.hidden = 64;
-        cfg.ffn = 128;
-        cfg.head_dim = 16;
-        cfg.rope_dim = 16;
+        let cfg = kasoku_sized_config(Arch::Qwen2, SourceKind::Gguf);
         let src = random_weights(&cfg, 3);
         let dir = ScratchDir::new("kasoku-write");
         let file = dir.join("model.safetensors");

@@ -103,6 +103,17 @@ pub fn tiny_config(arch: Arch, source: SourceKind) -> ModelConfig {
     }
 }
 
+/// [`tiny_config`] made wide enough for kasoku's formats (their groups of 64 and rotation
+/// blocks of 32 need columns of 64 and 128: hidden 64, ffn 128, heads of 16).
+pub fn kasoku_sized_config(arch: Arch, source: SourceKind) -> ModelConfig {
+    let mut cfg = tiny_config(arch, source);
+    cfg.hidden = 64;
+    cfg.ffn = 128;
+    cfg.head_dim = 16;
+    cfg.rope_dim = 16;
+    cfg
+}
+
 /// Random weights (every parameter, norms included) for an attention-only `cfg`.
 pub fn random_weights(cfg: &ModelConfig, seed: u64) -> MemSource {
     let mut rng = Rng::new(seed);

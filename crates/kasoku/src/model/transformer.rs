@@ -363,7 +363,8 @@ mod tests {
     use crate::model::config::SourceKind;
     use crate::model::run::CHUNK;
     use crate::model::testing::{
-        random_weights, reference_forward, rel_diff, tiny_config, MemSource, Rng,
+        kasoku_sized_config, random_weights, reference_forward, rel_diff, tiny_config, MemSource,
+        Rng,
     };
     use crate::quant::DType;
 
@@ -491,11 +492,7 @@ mod tests {
         use crate::kernels::matmul::WeightFormat;
         use crate::quant::kasoku::{Format, Recipe, Scheme};
         for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-            let mut cfg = tiny_config(arch, SourceKind::Gguf);
-            cfg.hidden = 64;
-            cfg.ffn = 128;
-            cfg.head_dim = 16;
-            cfg.rope_dim = 16;
+            let cfg = kasoku_sized_config(arch, SourceKind::Gguf);
             let src = random_weights(&cfg, 21);
             let toks = tokens(11, cfg.vocab, 9);
             let want = reference_forward(&cfg, &src, &toks);
@@ -553,11 +550,7 @@ mod tests {
         use crate::model::TreeBuilder;
         use crate::quant::kasoku::{Recipe, Scheme};
         for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-            let mut cfg = tiny_config(arch, SourceKind::Gguf);
-            cfg.hidden = 64;
-            cfg.ffn = 128;
-            cfg.head_dim = 16;
-            cfg.rope_dim = 16;
+            let cfg = kasoku_sized_config(arch, SourceKind::Gguf);
             let src = random_weights(&cfg, 23);
             let toks = tokens(CHUNK + 20, cfg.vocab, 5);
             let mut tree = TreeBuilder::new(toks[3]);
