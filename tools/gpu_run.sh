@@ -3,6 +3,7 @@
 # GPU-side script into the main checkout's .gpu/ folder (ignored by git), which the device
 # tool carries to the GPU machine. Then call the device tool with carry [".gpu"] and
 #   bash .gpu/run.sh 420
+# or, for kasoku beside llama.cpp's CUDA build on the same files, `bash .gpu/side_by_side.sh`.
 # Results come back under $OUT (progress.log, one log per phase). Run tools/nvrtc_check.sh
 # first: the GPU machine should never see a kernel that does not compile.
 set -euo pipefail
@@ -16,6 +17,18 @@ strip "$STAGE/kasoku-cuda-check" "$STAGE/kasoku" 2>/dev/null || true
 cp tools/gpu_device.sh "$STAGE/run.sh"
 cp tools/gpu_cli_checks.sh "$STAGE/cli_checks.sh"
 cp bench/gpu_bench.sh "$STAGE/bench.sh"
+cp bench/gpu_side_by_side.sh "$STAGE/side_by_side.sh"
+# llama.cpp's source for its CUDA build beside kasoku (bench/gpu_side_by_side.sh): the parts
+# a CUDA build of llama-bench needs, from the sdist tools/build_llama_cpp.sh fetched.
+LLAMA_SRC=${KASOKU_CACHE:-$HOME/.cache/kasoku}/llama.cpp/src
+if [ -d "$LLAMA_SRC" ] && [ ! -f "$STAGE/llama/llama-src.tar.xz" ]; then
+  mkdir -p "$STAGE/llama"
+  tar cJf "$STAGE/llama/llama-src.tar.xz" -C "$LLAMA_SRC" \
+    --exclude='ggml/src/ggml-vulkan' --exclude='ggml/src/ggml-sycl' --exclude='ggml/src/ggml-opencl' \
+    --exclude='ggml/src/ggml-metal' --exclude='ggml/src/ggml-hexagon' --exclude='ggml/src/ggml-et' \
+    --exclude='tools/server/public*' --exclude='*.png' \
+    CMakeLists.txt cmake common ggml include src tools vendor LICENSE
+fi
 for f in llama/tiny llama/tiny_rope_llama3 qwen2/tiny qwen3/tiny; do
   mkdir -p "$STAGE/fixtures/$f"
   cp tests/fixtures/$f/reference.json tests/fixtures/$f/*.gguf "$STAGE/fixtures/$f/"

@@ -156,7 +156,9 @@ pub fn tensors(shape: &Shape, scheme: Scheme) -> Vec<(String, DType, Vec<usize>)
     v
 }
 
-/// The qwen2 metadata of `shape` (no tokenizer: speed runs feed token ids).
+/// The qwen2 metadata of `shape`. No tokenizer (speed runs feed token ids): the model is
+/// `none` with `vocab_size` entries, which llama.cpp loads as dummy tokens, so the same file
+/// serves its llama-bench.
 pub fn metadata(shape: &Shape) -> Vec<(String, MetaValue)> {
     let s = shape;
     let k = |x: &str| format!("qwen2.{x}");
@@ -180,6 +182,11 @@ pub fn metadata(shape: &Shape) -> Vec<(String, MetaValue)> {
         ),
         (k("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-6)),
         (k("rope.freq_base"), MetaValue::F32(1e6)),
+        (k("vocab_size"), MetaValue::U32(s.vocab as u32)),
+        (
+            "tokenizer.ggml.model".into(),
+            MetaValue::String("none".into()),
+        ),
     ]
 }
 

@@ -141,9 +141,14 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     let m = CudaModel::load(gpu, path)?;
     let name = path.file_name().unwrap().to_string_lossy();
     println!(
-        "bench {name}: loaded in {:.1} s, {} weight bytes per token",
+        "bench {name}: loaded in {:.1} s, {} weight bytes per token, block formats on {}",
         t.elapsed().as_secs_f64(),
-        m.weight_bytes
+        m.weight_bytes,
+        if m.kernels.uses_mma() {
+            "tensor cores (mma.cu)"
+        } else {
+            "dp4a (matvec.cu)"
+        }
     );
     let vocab = m.config.vocab as u32;
     let toks = |n: usize, seed: u32| -> Vec<u32> {

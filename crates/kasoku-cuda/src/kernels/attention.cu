@@ -114,7 +114,13 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
             size_t at = ((size_t)(i * n_heads + h) * chunks + c) * 2;
             part_ml[at] = m;
             part_ml[at + 1] = l;
+            red[0] = l;
         }
+        // A row of one chunk is its own merge: out = o / l, the bits attn_merge_row gives one
+        // chunk (its weight e^(m − m) is exactly 1), without the partials' round trip.
+        __syncthreads();
+        const bool alone = nc == 1;
+        const float inv_l = 1.0f / red[0];
         float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
             // Every value of the chunk loaded first (independent loads in flight), then eight
@@ -129,9 +135,25 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
             float total = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; k++) total += acc[k];
-            o[d] = total;
+            if (alone) {
+                float v = total * inv_l;
+                out[(size_t)i * out_ld + h * head_dim + d] = v;
+                qs[d] = v;
+            } else {
+                o[d] = total;
+            }
         }
         __syncthreads();
+    }
+    if (nc == 1) {
+        if (xq) {
+            int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+            for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
+                size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
+                quant_block32(qs[32 * b + lane], xq + at, xs + at / 32);
+            }
+        }
+        return;
     }
     // The last of the row's blocks to finish merges them all (no second kernel): each block
     // publishes its partials, then counts itself in; the one that completes the count reads

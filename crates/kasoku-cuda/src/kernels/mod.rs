@@ -3,6 +3,8 @@
 //!
 //! - `matvec.cu`: matrix products on every GGUF weight format at any number of activation
 //!   rows, batch-invariant ([`Kernels::matvec`]).
+//! - `mma.cu`: the same products on the block formats with int8 tensor cores (compute
+//!   capability 8.0 and later), so that 16 or 64 rows cost little more than one.
 //! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
 //!   SwiGLU, argmax, KV-cache commit.
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility.
@@ -20,6 +22,7 @@ pub fn source() -> String {
     [
         include_str!("common.cuh"),
         include_str!("matvec.cu"),
+        include_str!("mma.cu"),
         include_str!("ops.cu"),
         include_str!("attention.cu"),
     ]
@@ -27,12 +30,16 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 16] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
     "matvec_4",
     "matvec_8",
+    "mma_1",
+    "mma_2",
+    "mma_4",
+    "mma_8",
     "embed",
     "rmsnorm",
     "qkv_post",
@@ -56,6 +63,18 @@ pub fn matvec_kernel(n: usize) -> &'static str {
         _ => "matvec_8",
     }
 }
+/// The tensor-core kernel for `n` activation rows: tiles of 8 rows, 1, 2, 4 or 8 of them per
+/// pass over the weights.
+pub fn mma_kernel(n: usize) -> &'static str {
+    match n {
+        0..=8 => "mma_1",
+        9..=16 => "mma_2",
+        17..=32 => "mma_4",
+        _ => "mma_8",
+    }
+}
+/// Most warps per 16-row tile of the tensor-core kernel (MMA_MAX_SPLIT in mma.cu).
+pub const MMA_MAX_SPLIT: usize = 16;
 /// The largest attention head the kernels take (their shared-memory row).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Warps (pairs of weight rows) per matvec block.
@@ -274,6 +293,35 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
     Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
+/// Warps per 16-row tile of the tensor-core kernel: one per 4 of the row's 32-value blocks,
+/// 1 to [`MMA_MAX_SPLIT`]. Depends only on the width, never on the number of activation rows,
+/// so a row's arithmetic is the same at every batch size.
+pub fn mma_split(cols: usize) -> usize {
+    (cols / 32 / 4).clamp(1, MMA_MAX_SPLIT)
+}
+
+/// Builds the tensor-core kernel's parameters for block-format `segs` (at most 3, each the
+/// same width `cols`) over `n` activation rows `x`; returns them with the grid size (one
+/// block of `split` warps per 16 weight rows).
+pub fn mma_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatArgs, u32)> {
+    let (mut a, _) = matvec_args(segs, x, n, cols)?;
+    if let Some(s) = segs.iter().find(|s| !is_block_format(s.fmt)) {
+        return Err(Error::Invalid(format!(
+            "tensor-core product of format {} (block formats only)",
+            s.fmt
+        )));
+    }
+    a.split = mma_split(cols) as i32;
+    let tiles: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(16)).sum();
+    Ok((a, tiles as u32))
+}
+
+/// Whether GGML type id `fmt` is a block format the tensor-core kernel reads (every format
+/// but F32, F16 and BF16).
+pub fn is_block_format(fmt: i32) -> bool {
+    !matches!(fmt, 0 | 1 | 30)
+}
+
 /// The int8 targets of a producer: both or neither set, for a whole number of blocks.
 fn quant_targets(y: Acts, len: usize) -> Result<(u64, u64)> {
     if y.xq == 0 || y.xs == 0 {
@@ -296,6 +344,10 @@ pub fn attention_chunks(pos: usize) -> usize {
 pub struct Kernels {
     pub gpu: Arc<Gpu>,
     module: Module,
+    /// Block formats go through the tensor-core kernel (compute capability 8.0 or later, and
+    /// `KASOKU_CUDA_MMA=1`: until its one-row speed matches matvec.cu's it is opt-in); the
+    /// choice holds for the process, so every row of a format is always computed the same way.
+    mma: bool,
 }
 
 /// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
@@ -308,9 +360,11 @@ impl Kernels {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Kernels> {
         let cubin = compile_cached(&source(), &arch_of(gpu.capability))?;
         let module = Module::load(gpu, &cubin, &NAMES)?;
+        let mma = gpu.capability.0 >= 8 && std::env::var("KASOKU_CUDA_MMA").is_ok_and(|v| v == "1");
         Ok(Kernels {
             gpu: gpu.clone(),
             module,
+            mma,
         })
     }
 
@@ -343,17 +397,39 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (mut args, blocks) = matvec_args(segs, x, n, cols)?;
-        for (i, m) in next.iter().take(3).enumerate() {
-            args.pre[i] = m.buf.ptr();
-            args.pre_len[i] = m.buf.len() as i64;
+        let (blocks, floats): (Vec<MatSeg>, Vec<MatSeg>) = if self.mma {
+            segs.iter().partition(|s| is_block_format(s.fmt))
+        } else {
+            (Vec::new(), segs.to_vec())
+        };
+        if !floats.is_empty() {
+            let (mut args, grid) = matvec_args(&floats, x, n, cols)?;
+            for (i, m) in next.iter().take(3).enumerate() {
+                args.pre[i] = m.buf.ptr();
+                args.pre_len[i] = m.buf.len() as i64;
+            }
+            self.launch(
+                matvec_kernel(n),
+                (grid, 1, 1),
+                (MATVEC_WARPS * 32) as u32,
+                &mut [p(&args)],
+            )?;
         }
-        self.launch(
-            matvec_kernel(n),
-            (blocks, 1, 1),
-            (MATVEC_WARPS * 32) as u32,
-            &mut [p(&args)],
-        )
+        if !blocks.is_empty() {
+            let (args, grid) = mma_args(&blocks, x, n, cols)?;
+            self.launch(
+                mma_kernel(n),
+                (grid, 1, 1),
+                (args.split * 32) as u32,
+                &mut [p(&args)],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether block formats run on the tensor-core kernel in this process.
+    pub fn uses_mma(&self) -> bool {
+        self.mma
     }
 
     /// Rows `tokens` of the embedding `table` into `y` (`n × dim` f32).

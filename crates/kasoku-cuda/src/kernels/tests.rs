@@ -138,3 +138,43 @@ fn long_rows_are_split_over_warps_by_format_and_width_only() {
     .unwrap();
     assert_eq!((a.split, blocks), (4, 5));
 }
+
+#[test]
+fn tensor_core_products_take_block_formats_in_16_row_tiles_split_by_width() {
+    let seg = |dtype: DType, rows| MatSeg {
+        fmt: dtype.ggml_id() as i32,
+        rows,
+        ..MatSeg::default()
+    };
+    let acts = |ld| Acts {
+        ld,
+        ..Acts::default()
+    };
+    assert_eq!(mma_kernel(1), "mma_1");
+    assert_eq!(mma_kernel(8), "mma_1");
+    assert_eq!(mma_kernel(9), "mma_2");
+    assert_eq!(mma_kernel(16), "mma_2");
+    assert_eq!(mma_kernel(17), "mma_4");
+    assert_eq!(mma_kernel(64), "mma_8");
+    for name in ["mma_1", "mma_2", "mma_4", "mma_8"] {
+        assert!(NAMES.contains(&name));
+    }
+    // One warp per 4 blocks of 32 values, 1..=16: the 1.5B model's 1536 and 8960 widths.
+    assert_eq!(mma_split(64), 1);
+    assert_eq!(mma_split(512), 4);
+    assert_eq!(mma_split(1536), 12);
+    assert_eq!(mma_split(8960), 16);
+    // q/k/v of 1536 + 256 + 256 rows: 96 + 16 + 16 tiles; a partial tile counts whole.
+    let segs = [
+        seg(DType::Q4K, 1536),
+        seg(DType::Q4K, 256),
+        seg(DType::Q6K, 250),
+    ];
+    let (a, grid) = mma_args(&segs, acts(1536), 3, 1536).unwrap();
+    assert_eq!((a.split, a.nseg, grid), (12, 3, 128));
+    // Float formats stay on the FMA kernel.
+    assert!(!is_block_format(DType::F16.ggml_id() as i32));
+    assert!(is_block_format(DType::Q8_0.ggml_id() as i32));
+    let e = mma_args(&[seg(DType::BF16, 16)], acts(256), 1, 256).unwrap_err();
+    assert!(e.to_string().contains("block formats only"), "{e}");
+}
