@@ -82,7 +82,7 @@ fi
 echo "=== side by side (same files, same run)"
 for m in $MODELS; do
   echo "--- $m: kasoku"
-  grep -E "bench |pp512|tg128 \(dependent launch on, prefetch on\)|verify depth|kernel matvec|in-graph|generate" "$OUT/kasoku_$m.log" | cut -c1-200
+  grep -E "bench |pp512|tg128 \(dependent launch on|verify depth|kernel matvec|in-graph|generate" "$OUT/kasoku_$m.log" | cut -c1-200
   if [ -f "$OUT/llama_$m.md" ]; then
     echo "--- $m: llama.cpp"
     grep -E "^\| .*(pp|tg)[0-9]+ " "$OUT/llama_$m.md" | awk -F'|' '{print $(NF-2), $(NF-1)}'
@@ -90,5 +90,5 @@ for m in $MODELS; do
 done
 if [ -f "$OUT/kasoku_q15-q4_k_m_mma.log" ]; then
   echo "--- q15-q4_k_m: kasoku on tensor cores"
-  grep -E "bench |pp512|tg128 \(dependent launch on, prefetch on\)|verify depth|kernel matvec" "$OUT/kasoku_q15-q4_k_m_mma.log" | cut -c1-200
+  grep -E "bench |pp512|tg128 \(dependent launch on|verify depth|kernel matvec" "$OUT/kasoku_q15-q4_k_m_mma.log" | cut -c1-200
 fi

@@ -198,7 +198,7 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         tg.remove(0);
         Ok(steps as f64 / median(tg))
     };
-    for (pdl, prefetch) in [(false, false), (true, false), (true, true)] {
+    for (pdl, prefetch) in [(false, false), (true, true), (true, false)] {
         gpu.set_dependent_launch(pdl);
         st.prefetch = prefetch;
         let tps = tg(&mut st, 128)?;
