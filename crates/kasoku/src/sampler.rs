@@ -97,6 +97,14 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Whether any repetition penalty changes the logits (they read the history).
+    pub fn has_penalties(&self) -> bool {
+        let none = self.repetition_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0;
+        !none && self.penalty_last_n > 0
+    }
+
     /// Whether the draw is the most likely token (temperature 0).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
@@ -201,10 +209,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 fn apply_penalties(params: &SamplingParams, logits: &mut [f32], history: &[u32]) {
-    let no_penalty = params.repetition_penalty == 1.0
-        && params.presence_penalty == 0.0
-        && params.frequency_penalty == 0.0;
-    if no_penalty || params.penalty_last_n == 0 {
+    if !params.has_penalties() {
         return;
     }
     let window = &history[history.len().saturating_sub(params.penalty_last_n)..];

@@ -2,6 +2,8 @@
 //! (chat templates, streaming, stop strings).
 
 pub mod context;
+pub mod device;
+pub mod generator;
 pub mod loader;
 pub mod logprobs;
 pub mod prefix_cache;
@@ -15,6 +17,8 @@ pub mod text;
 pub use crate::sampler;
 pub use crate::sampler::SamplingParams;
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
+pub use device::{DeviceModel, DeviceSession, DeviceState};
+pub use generator::Generator;
 pub use loader::{check_memory, LoadError, LoadedModel};
 pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
