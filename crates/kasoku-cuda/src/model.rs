@@ -447,6 +447,13 @@ impl CudaState {
         self.pending = None;
     }
 
+    /// Keeps the first `len` committed positions (attention-only: later slots are simply
+    /// overwritten by the next passes); a pending tree is dropped.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.pending = None;
+    }
+
     fn check_tokens(&self, m: &CudaModel, tokens: &[u32], extra: usize) -> Result<()> {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= m.config.vocab) {
             return Err(Error::Invalid(format!(

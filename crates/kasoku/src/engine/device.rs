@@ -26,11 +26,11 @@ use std::time::Instant;
 use super::generator::Generator;
 use super::prefix_cache::PrefixCache;
 use super::session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Run};
-use super::speculative::Speculator;
+use super::speculative::{SpecKind, Speculator};
 use super::stats::GenerationStats;
 use crate::constraint::Constraint;
 use crate::model::TokenTree;
-use crate::spec::{Accepted, Features};
+use crate::spec::{Accepted, Features, NgramDrafter, PolicyConfig};
 
 /// Prompt tokens per pass between cancellation checks.
 const PREFILL_BLOCK: usize = 512;
@@ -81,6 +81,37 @@ pub fn ids_only(options: &GenerateOptions) -> bool {
         && !options.sampling.has_penalties()
         && options.constraint.is_none()
         && options.logprobs.is_none()
+}
+
+/// The speculator a device session drafts with for speculation `kind` (`draft_given`: a
+/// draft model or DFlash checkpoint was named): prompt lookup for `ngram`, and for `auto`
+/// without a draft; `None` for `none`. Other drafters run on the CPU only: an error saying so.
+/// The budget is fixed at `policy`'s largest: the first pass of each tree size on a GPU
+/// captures its graph, which a measuring policy would charge to that size.
+pub fn device_speculator(
+    kind: SpecKind,
+    draft_given: bool,
+    policy: PolicyConfig,
+) -> Result<Option<Speculator>, EngineError> {
+    match kind {
+        SpecKind::None => return Ok(None),
+        SpecKind::Ngram => {}
+        SpecKind::Auto if !draft_given => {}
+        _ => {
+            return Err(EngineError::Draft(
+                "the GPU drafts with prompt lookup only (speculation ngram, auto without a draft, or none)"
+                    .into(),
+            ))
+        }
+    }
+    let policy = PolicyConfig {
+        adaptive: false,
+        ..policy
+    };
+    Ok(Some(Speculator::new(
+        Box::new(NgramDrafter::default()),
+        policy,
+    )))
 }
 
 /// A conversation on a device: its state and the tokens in it, and an optional speculator
@@ -366,16 +397,33 @@ impl Generator for DeviceSession {
         DeviceSession::ctx_size(self)
     }
 
-    /// `cache` holds CPU states and is not used: the session reuses its own state's prefix.
+    fn reset(&mut self) {
+        DeviceSession::reset(self)
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        DeviceSession::generate(self, prompt, options, &|| false, on_token)
+    }
+
+    /// `cache` holds CPU states and is not used: with one, the session reuses its own
+    /// state's prefix; without, it computes the whole prompt (as a CPU session does).
     fn generate_until(
         &mut self,
-        _cache: Option<&Mutex<PrefixCache>>,
+        cache: Option<&Mutex<PrefixCache>>,
         prompt: &[u32],
         options: &GenerateOptions,
         cancelled: &dyn Fn() -> bool,
         on_token: &mut dyn FnMut(Emitted) -> Flow,
     ) -> Result<Generation, EngineError> {
-        self.generate(prompt, options, cancelled, on_token)
+        if cache.is_none() {
+            DeviceSession::reset(self);
+        }
+        DeviceSession::generate(self, prompt, options, cancelled, on_token)
     }
 }
 

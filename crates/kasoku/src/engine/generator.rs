@@ -18,10 +18,24 @@ pub trait Generator {
     /// Tokens its cache holds, prompt and answer together.
     fn ctx_size(&self) -> usize;
 
-    /// Prefills `prompt` (reusing what it can: its own cache, and `cache` where the generator
-    /// can use one) and generates, handing each new token to `on_token`. `cancelled` is asked
-    /// between blocks of a long prefill; when it says so, the generation ends at once with no
-    /// tokens. The semantics are [`Session::generate_cached_until`]'s.
+    /// Forgets everything in its cache.
+    fn reset(&mut self);
+
+    /// Prefills `prompt` after the longest prefix already in its cache and generates, handing
+    /// each new token to `on_token` (which may end the answer): [`Session::generate`]'s
+    /// semantics.
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError>;
+
+    /// The server's call: reuses the longest prefix of `prompt` found in `cache` (a
+    /// generator that cannot use the shared cache's CPU states reuses its own instead);
+    /// without a cache, the whole prompt is computed. `cancelled` is asked between blocks of
+    /// a long prefill; when it says so, the generation ends at once with no tokens.
+    /// [`Session::generate_cached_until`]'s semantics.
     fn generate_until(
         &mut self,
         cache: Option<&Mutex<PrefixCache>>,
@@ -39,6 +53,19 @@ impl Generator for Session {
 
     fn ctx_size(&self) -> usize {
         Session::ctx_size(self)
+    }
+
+    fn reset(&mut self) {
+        Session::reset(self)
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        Session::generate(self, prompt, options, on_token)
     }
 
     fn generate_until(

@@ -5,6 +5,7 @@
 
 use serde_json::Map;
 
+use super::generator::Generator;
 use super::loader::LoadedModel;
 use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
 use super::stop::StopMatcher;
@@ -122,7 +123,27 @@ pub fn generate_text(
     stop_strings: &[String],
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generation, String), TextError> {
-    let mut text = TextStream::new(&model.tokenizer, stop_strings);
+    generate_text_on(
+        session,
+        &model.tokenizer,
+        prompt,
+        options,
+        stop_strings,
+        on_text,
+    )
+}
+
+/// [`generate_text`] on any [`Generator`] (a CPU session, or a session on a device), its
+/// tokens decoded by `tokenizer`.
+pub fn generate_text_on(
+    generator: &mut dyn Generator,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    stop_strings: &[String],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<(Generation, String), TextError> {
+    let mut text = TextStream::new(tokenizer, stop_strings);
     let mut answer = String::new();
     let mut emit = |piece: &str, answer: &mut String| {
         if !piece.is_empty() {
@@ -130,7 +151,7 @@ pub fn generate_text(
             on_text(piece);
         }
     };
-    let generation = session.generate(prompt, options, &mut |emitted| {
+    let generation = generator.generate(prompt, options, &mut |emitted| {
         let released = text.push(emitted.token);
         emit(&released, &mut answer);
         if text.stopped() {

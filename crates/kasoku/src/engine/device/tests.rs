@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::constraint::{ConstraintError, TokenConstraint, TokenMask};
-use crate::engine::{build_speculator, Session, SpecKind};
+use crate::engine::{Session, SpecKind};
 use crate::model::{Batch, Model, ModelState, Output};
 use crate::sampler::{argmax, SamplingParams};
 use crate::spec::PolicyConfig;
@@ -130,7 +130,7 @@ fn sampled() -> SamplingParams {
 }
 
 fn generate(g: &mut dyn Generator, prompt: &[u32], options: &GenerateOptions) -> Generation {
-    g.generate_until(None, prompt, options, &|| false, &mut |_| Flow::Continue)
+    g.generate(prompt, options, &mut |_| Flow::Continue)
         .unwrap()
 }
 
@@ -260,7 +260,7 @@ fn prompt_lookup_on_the_device_equals_plain_greedy_decoding() {
         ..PolicyConfig::default()
     };
     let (mut dev, counts) = device(&model);
-    dev.set_speculator(build_speculator(SpecKind::Ngram, &model, None, CTX, policy).unwrap());
+    dev.set_speculator(device_speculator(SpecKind::Ngram, false, policy).unwrap());
     let got = generate(&mut dev, &p, &o);
     assert_eq!(got.tokens, plain.tokens);
     assert_eq!(counts.logits.get(), 0);
@@ -274,6 +274,35 @@ fn prompt_lookup_on_the_device_equals_plain_greedy_decoding() {
     let got = generate(&mut dev, &p, &o);
     assert_eq!(got.tokens, plain.tokens);
     assert!(got.stats.spec.is_none());
+}
+
+#[test]
+fn the_device_drafts_with_prompt_lookup_only() {
+    let p = PolicyConfig::default();
+    assert!(device_speculator(SpecKind::None, false, p)
+        .unwrap()
+        .is_none());
+    let auto = device_speculator(SpecKind::Auto, false, p)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        auto.drafter.name(),
+        device_speculator(SpecKind::Ngram, true, p)
+            .unwrap()
+            .unwrap()
+            .drafter
+            .name()
+    );
+    assert!(!auto.policy.config.adaptive);
+    for (kind, draft) in [
+        (SpecKind::Auto, true),
+        (SpecKind::Draft, true),
+        (SpecKind::Mtp, false),
+        (SpecKind::DFlash, true),
+    ] {
+        let err = device_speculator(kind, draft, p).err().expect("refused");
+        assert!(err.to_string().contains("prompt lookup only"), "{err}");
+    }
 }
 
 #[test]
@@ -294,6 +323,23 @@ fn a_shared_prefix_is_reused_and_the_answer_is_unchanged() {
     let same = generate(&mut dev, &b, &o);
     assert_eq!(same.stats.cached_tokens, b.len() - 1);
     assert_eq!(same.tokens, fresh.tokens);
+    // The server's call without a prefix cache computes the whole prompt, as on the CPU;
+    // with one, the session's own prefix serves.
+    let cache = Mutex::new(PrefixCache::new(1 << 20, 16));
+    let until = |dev: &mut DeviceSession, cache| {
+        dev.generate_until(cache, &b, &o, &|| false, &mut |_| Flow::Continue)
+            .unwrap()
+    };
+    let none = until(&mut dev, None);
+    assert_eq!(
+        (none.stats.cached_tokens, none.tokens),
+        (0, fresh.tokens.clone())
+    );
+    let some = until(&mut dev, Some(&cache));
+    assert_eq!(
+        (some.stats.cached_tokens, some.tokens),
+        (b.len() - 1, fresh.tokens)
+    );
 }
 
 #[test]
