@@ -9,6 +9,7 @@ use super::generator::Generator;
 use super::loader::LoadedModel;
 use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
 use super::stop::StopMatcher;
+use crate::format::hf_config::GenerationDefaults;
 use crate::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError};
 
 /// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
@@ -104,8 +105,14 @@ pub fn render_prompt(
 
 /// The end-of-generation tokens of a model: the tokenizer's, plus generation_config.json's.
 pub fn stop_tokens(model: &LoadedModel) -> Vec<u32> {
-    let mut ids = model.tokenizer.eos_ids().to_vec();
-    if let Some(d) = &model.defaults {
+    end_tokens(&model.tokenizer, model.defaults.as_ref())
+}
+
+/// [`stop_tokens`] from a tokenizer and generation defaults alone (for a model whose weights
+/// live elsewhere, e.g. on a GPU).
+pub fn end_tokens(tokenizer: &Tokenizer, defaults: Option<&GenerationDefaults>) -> Vec<u32> {
+    let mut ids = tokenizer.eos_ids().to_vec();
+    if let Some(d) = defaults {
         ids.extend(&d.eos_token_ids);
     }
     ids.sort_unstable();
