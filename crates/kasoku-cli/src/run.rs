@@ -69,46 +69,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
 }
 
 /// The model on a GPU when `--device` asks for one, or when none was asked and a usable GPU
-/// runs this request (else None: the CPU runs it, and the reason is printed). A GPU that was
-/// asked for and cannot run the request is an error.
+/// runs this request (else None: the CPU runs it, and the reason is printed).
 fn gpu_model(args: &RunArgs, name: &str) -> Result<Option<crate::run_gpu::GpuModel>> {
-    if args.device == Some(kasoku_cuda::Device::Cpu) {
-        return Ok(None);
-    }
-    let asked = args.device.is_some();
-    let say = |why: &str| {
-        if !args.quiet {
-            eprintln!("device: cpu ({why})");
-        }
-    };
-    let ordinal = match kasoku_cuda::select_device(args.device) {
-        Ok((kasoku_cuda::Device::Cuda(i), _)) => i,
-        Ok((_, why)) => {
-            say(why.as_deref().unwrap_or("no GPU"));
-            return Ok(None);
-        }
-        Err(e) if asked => return Err(e.into()),
-        Err(e) => {
-            say(&e.to_string());
-            return Ok(None);
-        }
-    };
-    let path = progress::resolve_model(name, args.quiet)?;
-    if let Some(why) = crate::run_gpu::unsupported(args, &path) {
-        if asked {
-            anyhow::bail!("--device cuda: {why}");
-        }
-        say(&why);
-        return Ok(None);
-    }
-    match crate::run_gpu::GpuModel::load(&path, ordinal, args.quiet) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if asked => Err(e),
-        Err(e) => {
-            say(&format!("the GPU cannot run this model: {e:#}"));
-            Ok(None)
-        }
-    }
+    crate::run_gpu::pick(args.device, name, args.quiet, &|path| {
+        crate::run_gpu::unsupported(args, path)
+    })
 }
 
 /// Resolves and loads a model (its KV caches as `kv_type`) with a progress line, after

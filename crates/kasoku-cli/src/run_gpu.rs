@@ -10,7 +10,7 @@
 //! layers, KV caches other than f16, `--quantize`) is reported by [`unsupported`], so `run`
 //! takes the CPU instead (or says why, when the GPU was asked for).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ use kasoku::engine::{device_speculator, DeviceModel, DeviceSession, PromptOption
 use kasoku::format::gguf::GgufFile;
 use kasoku::model::KvType;
 use kasoku::tokenizer::{ChatTemplate, Tokenizer};
-use kasoku_cuda::{CudaDevice, CudaModel, Gpu};
+use kasoku_cuda::{CudaDevice, CudaModel, Device, Gpu};
 
 use crate::args::RunArgs;
 
@@ -63,8 +63,59 @@ pub fn unsupported(args: &RunArgs, path: &Path) -> Option<String> {
     )
 }
 
+/// The model `name` on a GPU when `asked` is one, or when nothing was asked and a usable GPU
+/// runs the request (`unsupported` says why it cannot, given the resolved path); else None:
+/// the CPU runs it, and the reason is printed (unless `quiet`). A GPU that was asked for and
+/// cannot run the request is an error with the reason, never a fallback.
+pub fn pick(
+    asked: Option<Device>,
+    name: &str,
+    quiet: bool,
+    unsupported: &dyn Fn(&Path) -> Option<String>,
+) -> Result<Option<GpuModel>> {
+    if asked == Some(Device::Cpu) {
+        return Ok(None);
+    }
+    let explicit = asked.is_some();
+    let say = |why: &str| {
+        if !quiet {
+            eprintln!("device: cpu ({why})");
+        }
+    };
+    let ordinal = match kasoku_cuda::select_device(asked) {
+        Ok((Device::Cuda(i), _)) => i,
+        Ok((_, why)) => {
+            say(why.as_deref().unwrap_or("no GPU"));
+            return Ok(None);
+        }
+        Err(e) if explicit => return Err(e.into()),
+        Err(e) => {
+            say(&e.to_string());
+            return Ok(None);
+        }
+    };
+    let path = crate::progress::resolve_model(name, quiet)?;
+    if let Some(why) = unsupported(&path) {
+        if explicit {
+            anyhow::bail!("--device cuda: {why}");
+        }
+        say(&why);
+        return Ok(None);
+    }
+    match GpuModel::load(&path, ordinal, quiet) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if explicit => Err(e),
+        Err(e) => {
+            say(&format!("the GPU cannot run this model: {e:#}"));
+            Ok(None)
+        }
+    }
+}
+
 /// A model on the GPU with what turns text into its tokens and back.
 pub struct GpuModel {
+    /// The checkpoint it was loaded from.
+    pub path: PathBuf,
     pub device: Arc<CudaDevice>,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
@@ -99,6 +150,7 @@ impl GpuModel {
             );
         }
         Ok(GpuModel {
+            path: path.to_path_buf(),
             device: Arc::new(CudaDevice::new(Arc::new(model))),
             tokenizer: Arc::new(tokenizer),
             template: template.map(Arc::new),
