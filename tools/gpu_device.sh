@@ -30,8 +30,9 @@ phase kernels 90 $B kernels
 grep -q " 0 failed" "$L/kernels.log" || KASOKU_CUDA_PDL=0 phase kernels_nopdl 90 $B kernels
 phase fixtures 60 $B fixtures "$G/fixtures"
 phase spec_tiny 60 $B spec "$G/fixtures/llama/tiny/model-f32.gguf" 48
-# The kasoku binary itself: `run --device cuda` against `--device cpu`, and with prompt lookup.
-phase cli 90 bash "$G/cli_checks.sh" "$G" 
+# The kasoku binary itself: `run --device cuda` against `--device cpu` (greedy and sampled),
+# with prompt lookup, and `serve --device cuda` against `serve --device cpu`.
+phase cli 150 bash "$G/cli_checks.sh" "$G" 
 for i in $(seq 90); do [ -f $M/DONE ] && break; sleep 1; done
 phase spec_q15 90 $B spec $M/q15-q4_k_m.gguf 96
 phase bench 320 bash "$G/bench.sh" "$L" $M
