@@ -25,10 +25,12 @@ for f in llama/tiny qwen2/tiny qwen3/tiny; do
   # Sampled on the host from the GPU's logits with the CPU's sampler: the same seed, the same
   # text (a draw that lands within the logits' difference of a boundary could differ).
   hot=(--temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.02 --repeat-penalty 1.1 --seed 11)
-  sg=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --device cuda -q 2>&1)
-  sc=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --device cpu -q 2>&1)
+  sg=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec none --device cuda -q 2>&1)
+  sgs=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec ngram --device cuda -q 2>&1)
+  sc=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec none --device cpu -q 2>&1)
   check "$f: sampled run --device cuda == --device cpu, seed 11 (${sg:0:40})" "$([ "$sg" = "$sc" ] && echo 1)"
   [ "$sg" = "$sc" ] || echo "     cuda: [$sg]"$'\n'"     cpu:  [$sc]"
+  check "$f: sampled with prompt lookup on the GPU == sampled plain on the GPU" "$([ "$sgs" = "$sg" ] && echo 1)"
 done
 m=$G/fixtures/qwen2/tiny/model-f32.gguf
 stats=$($K run --model "$m" -m "hello" -n 8 2>&1)

@@ -2,10 +2,10 @@
 //! `DeviceState`), so that `kasoku::engine::DeviceSession` runs requests on it with the CPU
 //! session's semantics: a server or the command line sees a `Generator` and nothing of CUDA.
 //!
-//! What crosses per pass: the argmax id of the head's last row (8 bytes of key), and, only
-//! when the session asks (sampling, penalties, constraints, log-probabilities), that row's
-//! logits, `vocab × 4` bytes. Every error is the engine's `Device` error with the driver's
-//! words.
+//! What crosses per pass: the argmax id of each head row (8 bytes of key each), and, only
+//! when the session asks (sampling, penalties, constraints, log-probabilities), the rows it
+//! samples from, `vocab × 4` bytes each. Every error is the engine's `Device` error with the
+//! driver's words.
 
 use std::sync::Arc;
 
@@ -92,8 +92,15 @@ impl DeviceState for CudaSequence {
     }
 
     fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        *out = self.state.last_logits(&self.model).map_err(device_error)?;
-        Ok(())
+        self.state
+            .row_logits(&self.model, 0, out)
+            .map_err(device_error)
+    }
+
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.state
+            .row_logits(&self.model, node, out)
+            .map_err(device_error)
     }
 
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {

@@ -688,6 +688,16 @@ impl CudaState {
         self.logits.read_f32(m.config.vocab)
     }
 
+    /// Row `row` of the last pass's head, copied into `out` (`vocab` values): row 0 after a
+    /// `prefill` or `step`, node `row` after a `verify`. For sampling on the host.
+    pub fn row_logits(&self, m: &CudaModel, row: usize, out: &mut Vec<f32>) -> Result<()> {
+        if row >= MAX_TREE {
+            return Err(Error::Invalid(format!("logits row {row} of {MAX_TREE}")));
+        }
+        let vocab = m.config.vocab;
+        self.logits.read_f32_into(row * vocab, vocab, out)
+    }
+
     /// Appends `tokens` (any number; passes of [`PREFILL_ROWS`]) and returns the greedy next
     /// token after them.
     pub fn prefill(&mut self, m: &CudaModel, tokens: &[u32]) -> Result<u32> {

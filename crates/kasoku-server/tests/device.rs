@@ -170,7 +170,7 @@ fn the_device_path_answers_as_the_cpu_does() {
 }
 
 #[test]
-fn prompt_lookup_on_the_device_answers_like_plain_decoding_in_fewer_passes() {
+fn prompt_lookup_on_the_device_answers_like_plain_decoding_in_fewer_passes_greedy_or_sampled() {
     let (plain, _) = device_server(config(SpecKind::None)).unwrap();
     let (ngram, device) = device_server(config(SpecKind::Ngram)).unwrap();
     let (plain, ngram) = (Running::serve(plain), Running::serve(ngram));
@@ -188,8 +188,17 @@ fn prompt_lookup_on_the_device_answers_like_plain_decoding_in_fewer_passes() {
         passes(&a)
     );
     assert!(b["usage"]["spec_accepted_tokens"].as_u64() > Some(0));
+    // Sampled with a seed: drafted too (rows fetched per visited node), the same text.
+    let mut hot = body.clone();
+    hot["temperature"] = json!(0.7);
+    hot["seed"] = json!(9);
+    let a = post(&plain, "/v1/completions", &hot);
+    let b = post(&ngram, "/v1/completions", &hot);
+    assert_eq!(answer(&a), answer(&b));
+    assert!(device.logits_rows() > 0);
+    assert!(b["usage"]["spec_verify_ct"].as_u64().is_some());
     // A second request sharing the prefix reuses the device state's.
-    let again = post(&ngram, "/v1/completions", &body);
+    let again = post(&ngram, "/v1/completions", &hot);
     assert_eq!(answer(&again), answer(&b));
     assert!(
         again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),

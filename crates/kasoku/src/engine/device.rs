@@ -10,9 +10,14 @@
 //! same logits give the same tokens on either. What crosses from the device per token:
 //!
 //! - greedy requests without penalties, constraint or log-probabilities: the device's argmax
-//!   (4 bytes), and with a speculator (prompt lookup) one tree of ids per verification;
-//! - every other request: the last row's logits (`vocab × 4` bytes, 608 KB for Qwen2.5's
-//!   151,936 tokens), sampled on the host one token per pass.
+//!   (4 bytes), and with a speculator (prompt lookup) one id per node of each verified tree;
+//! - every other request: a row of logits (`vocab × 4` bytes, 608 KB for Qwen2.5's 151,936
+//!   tokens) per token sampled on the host; with a speculator, the rows of the nodes the
+//!   sampler walks through (the accepted path and the node after it), fetched one by one.
+//!
+//! With a speculator the output is plain decoding's token for token (the walk samples each
+//! node as plain decoding would sample there, under the constraint's fork), provided the
+//! device computes each row the same way whatever the batch, as the CPU does.
 //!
 //! The session keeps what its state holds and reuses the longest common prefix of the next
 //! prompt (attention states truncate); a server's shared prefix cache holds CPU states and is
@@ -30,6 +35,7 @@ use super::speculative::{SpecKind, Speculator};
 use super::stats::GenerationStats;
 use crate::constraint::Constraint;
 use crate::model::TokenTree;
+use crate::sampler;
 use crate::spec::{Accepted, Features, NgramDrafter, PolicyConfig};
 
 /// Prompt tokens per pass between cancellation checks.
@@ -55,6 +61,8 @@ pub trait DeviceState {
     /// The logits of the last row of the last [`DeviceState::feed`], copied into `out`
     /// (`vocab` values; `out` is overwritten).
     fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError>;
+    /// The logits of node `node` of the last [`DeviceState::verify`], copied into `out`.
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError>;
     /// Runs every node of `tree` (its root the last sampled token, not yet in the state) and
     /// returns each node's greedy next token; the tree stays pending until a commit.
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError>;
@@ -124,6 +132,9 @@ pub struct DeviceSession {
     spec: Option<Speculator>,
     /// The last row's logits, when a request needed them on the host.
     logits: Vec<f32>,
+    /// The rows of a verified tree's walk, when a request needs them on the host (buffers
+    /// kept from pass to pass).
+    rows: Vec<Vec<f32>>,
 }
 
 impl DeviceSession {
@@ -135,6 +146,7 @@ impl DeviceSession {
             tokens: Vec::new(),
             spec: None,
             logits: Vec::new(),
+            rows: Vec::new(),
         }
     }
 
@@ -143,7 +155,7 @@ impl DeviceSession {
         Ok(DeviceSession::new(model.new_state(ctx)?, model.device()))
     }
 
-    /// Turns drafting of greedy, ids-only requests on (this drafter and budget policy) or off.
+    /// Turns speculative decoding on (this drafter and budget policy) or off.
     pub fn set_speculator(&mut self, spec: Option<Speculator>) {
         self.spec = spec;
     }
@@ -256,9 +268,9 @@ impl DeviceSession {
             FinishReason::Length
         } else {
             let first = self.pick(&mut run, ids_only, greedy)?;
-            match self.spec.take().filter(|_| ids_only) {
+            match self.spec.take() {
                 Some(mut spec) => {
-                    let r = self.decode_drafted(&mut spec, &mut run, first, prompt);
+                    let r = self.decode_drafted(&mut spec, &mut run, first, prompt, ids_only);
                     run.stats.spec = Some(spec.take_stats());
                     self.spec = Some(spec);
                     r?
@@ -312,19 +324,20 @@ impl DeviceSession {
         }
     }
 
-    /// Greedy speculative decoding with only ids crossing: each cycle verifies the drafted
-    /// tree in one pass and walks it with the device's argmax of every node, which is the
-    /// token plain greedy decoding would pick there.
+    /// Speculative decoding: each cycle verifies the drafted tree in one pass and walks it
+    /// as plain decoding would sample: with the device's argmax of every node when only ids
+    /// cross, else with the host sampler on each visited node's row.
     fn decode_drafted(
         &mut self,
         spec: &mut Speculator,
         run: &mut Run,
         first: u32,
         prompt: &[u32],
+        ids_only: bool,
     ) -> Result<FinishReason, EngineError> {
         spec.drafter.start(prompt, Features::default())?;
         let mut token = first;
-        if let Some(finish) = run.take(token, &[])? {
+        if let Some(finish) = run.take(token, &self.logits)? {
             return Ok(finish);
         }
         loop {
@@ -346,18 +359,11 @@ impl DeviceSession {
                     ids.len()
                 )));
             }
-            let (mut node, mut path, mut new) = (0, vec![0], Vec::new());
-            loop {
-                let y = ids[node];
-                new.push(y);
-                match tree.child_with(node, y) {
-                    Some(child) => {
-                        node = child;
-                        path.push(child);
-                    }
-                    None => break,
-                }
-            }
+            let (path, new) = if ids_only {
+                walk_ids(&tree, &ids)
+            } else {
+                self.walk_sampled(&tree, run)?
+            };
             run.stats.decode_passes += 1;
             spec.record_pass(&tree, path.len() - 1, draft_time, t.elapsed());
             // Emit as plain decoding would; it would have fed every emitted token but the last.
@@ -365,7 +371,13 @@ impl DeviceSession {
             let mut fed = path.len();
             for (j, &y) in new.iter().enumerate() {
                 run.stats.decode_tokens += 1;
-                if let Some(f) = run.take(y, &[])? {
+                // Token j was drawn from the row of the path's j-th node (none when ids only).
+                let row = self
+                    .rows
+                    .get(j)
+                    .filter(|_| !ids_only)
+                    .map_or(&[][..], |r| r);
+                if let Some(f) = run.take(y, row)? {
                     finish = Some(f);
                     fed = j + 1;
                     break;
@@ -384,6 +396,63 @@ impl DeviceSession {
                 return Ok(f);
             }
             token = *new.last().expect("a pass yields at least one token");
+        }
+    }
+
+    /// The walk down a verified `tree` with the host sampler (`spec::accept_path_constrained`'s
+    /// rule), fetching each visited node's row into `self.rows`: the accepted path and the
+    /// tokens sampled along it.
+    fn walk_sampled(
+        &mut self,
+        tree: &TokenTree,
+        run: &Run,
+    ) -> Result<(Vec<usize>, Vec<u32>), EngineError> {
+        let mut walker = run.constraint.as_deref().map(|c| c.fork());
+        let mut history = run.history.clone();
+        let (mut node, mut path, mut new) = (0, vec![0], Vec::new());
+        loop {
+            let j = new.len();
+            if self.rows.len() <= j {
+                self.rows.push(Vec::new());
+            }
+            self.state.node_logits(node, &mut self.rows[j])?;
+            let mask = walker.as_mut().map(|w| w.mask()).transpose()?;
+            let y = sampler::sample_masked(
+                &run.options.sampling,
+                &self.rows[j],
+                &history,
+                history.len(),
+                mask.as_ref(),
+            );
+            new.push(y);
+            match tree.child_with(node, y) {
+                Some(child) => {
+                    if let Some(w) = walker.as_mut() {
+                        w.advance(y)?;
+                    }
+                    node = child;
+                    path.push(child);
+                    history.push(y);
+                }
+                None => return Ok((path, new)),
+            }
+        }
+    }
+}
+
+/// The walk down a verified `tree` by the device's argmax of each node (`ids`): the accepted
+/// path and the tokens along it, the last one the first that left the tree.
+fn walk_ids(tree: &TokenTree, ids: &[u32]) -> (Vec<usize>, Vec<u32>) {
+    let (mut node, mut path, mut new) = (0, vec![0], Vec::new());
+    loop {
+        let y = ids[node];
+        new.push(y);
+        match tree.child_with(node, y) {
+            Some(child) => {
+                node = child;
+                path.push(child);
+            }
+            None => return (path, new),
         }
     }
 }

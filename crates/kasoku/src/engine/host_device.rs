@@ -107,6 +107,17 @@ impl DeviceState for HostState {
         Ok(())
     }
 
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.logits_rows.fetch_add(1, Ordering::Relaxed);
+        let vocab = self.model.config.vocab;
+        let Some(row) = self.out.logits.get(node * vocab..(node + 1) * vocab) else {
+            return Err(EngineError::Device(format!("no logits of node {node}")));
+        };
+        out.clear();
+        out.extend_from_slice(row);
+        Ok(())
+    }
+
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {
         self.model
             .run(&mut self.state, &Batch::tree(tree), &mut self.out)?;

@@ -72,6 +72,13 @@ impl DeviceState for CpuDevice {
         out.extend_from_slice(&self.out.logits);
         Ok(())
     }
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.counts.logits.set(self.counts.logits.get() + 1);
+        let vocab = self.model.config.vocab;
+        out.clear();
+        out.extend_from_slice(&self.out.logits[node * vocab..(node + 1) * vocab]);
+        Ok(())
+    }
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {
         self.pass()?;
         self.counts.verifies.set(self.counts.verifies.get() + 1);
@@ -249,7 +256,7 @@ fn constraints_apply_to_host_logits_as_on_the_cpu() {
 }
 
 #[test]
-fn prompt_lookup_on_the_device_equals_plain_greedy_decoding() {
+fn prompt_lookup_on_the_device_equals_plain_decoding_greedy_or_sampled() {
     let model = fixture("llama/tiny/model-f32.gguf");
     // A repetitive prompt gives prompt lookup something to find.
     let p: Vec<u32> = (0..40).map(|i| 5 + (i % 6)).collect();
@@ -268,12 +275,42 @@ fn prompt_lookup_on_the_device_equals_plain_greedy_decoding() {
     assert!(spec.verify_passes > 0, "trees were verified");
     assert_eq!(counts.verifies.get(), got.stats.decode_passes);
     assert!(got.stats.decode_passes < got.tokens.len(), "{spec:?}");
-    // A sampled request is not drafted: one pass per token, as plain sampling.
-    let o = options(sampled(), 20);
-    let plain = generate(&mut Session::new(model.clone(), CTX), &p, &o);
-    let got = generate(&mut dev, &p, &o);
-    assert_eq!(got.tokens, plain.tokens);
-    assert!(got.stats.spec.is_none());
+    // Sampled, penalised, constrained and with log-probabilities: drafted too, walked with
+    // the host sampler on the visited nodes' rows, and the answer is plain decoding's.
+    let vocab = model.config.vocab;
+    let cases = [
+        options(sampled(), 30),
+        GenerateOptions {
+            logprobs: Some(2),
+            ..options(SamplingParams::default(), 30)
+        },
+        GenerateOptions {
+            constraint: Some(Constraint::new(Stride { vocab, at: 0 })),
+            ..options(sampled(), 20)
+        },
+        options(
+            SamplingParams {
+                temperature: 0.3,
+                seed: 3,
+                ..Default::default()
+            },
+            30,
+        ),
+    ];
+    let mut accepted = 0;
+    for o in cases {
+        let plain = generate(&mut Session::new(model.clone(), CTX), &p, &o);
+        let before = counts.logits.get();
+        let got = generate(&mut dev, &p, &o);
+        assert_eq!(got.tokens, plain.tokens);
+        assert_eq!(got.logprobs, plain.logprobs);
+        assert_eq!(got.finish, plain.finish);
+        let spec = got.stats.spec.clone().expect("drafted");
+        accepted += spec.accepted_tokens();
+        // A row per sampled token (the first, then the walk's rows), never a whole tree's.
+        assert!(counts.logits.get() - before <= got.tokens.len() + got.stats.decode_passes + 1);
+    }
+    assert!(accepted > 0, "sampled drafts were accepted somewhere");
 }
 
 #[test]
