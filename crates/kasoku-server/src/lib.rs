@@ -23,8 +23,10 @@
 //! header deadline, graceful stop), `access` (Host, Origin and body-type checks before any
 //! route), `routes` (HTTP handlers, body limits), `request` (request bodies checked field by
 //! field against one allow-list), `prompt` (prompts bounded in bytes; control-token spellings
-//! in client text kept as text), `pool` (the queue and its session threads), `output` (tokens
-//! to answer text), `metrics` and `error` (OpenAI-shaped errors).
+//! in client text kept as text), `pool` (the queue and its session threads), `target` (where
+//! the sessions run: CPU sessions over a shared `Model`, or one session on a device through
+//! `kasoku::engine::DeviceModel`, see [`Server::on_device`]), `output` (tokens to answer text),
+//! `metrics` and `error` (OpenAI-shaped errors).
 
 #![warn(missing_docs)]
 
