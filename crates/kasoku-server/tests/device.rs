@@ -157,6 +157,28 @@ fn the_device_path_answers_as_the_cpu_does() {
     let a = post(&cpu, "/v1/chat/completions", &js);
     let b = post(&dev, "/v1/chat/completions", &js);
     assert_eq!(answer(&a), answer(&b));
+    // Anthropic's messages and the Responses API go through the same sessions.
+    // (Anthropic's API has no seed: greedy, to compare.)
+    let msg = json!({"model": "tiny", "max_tokens": 16, "temperature": 0,
+                     "messages": [{"role": "user", "content": "hi"}]});
+    let (a, b) = (
+        post(&cpu, "/v1/messages", &msg),
+        post(&dev, "/v1/messages", &msg),
+    );
+    assert_eq!(a["content"], b["content"]);
+    assert!(
+        b["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{b}"
+    );
+    let resp =
+        json!({"model": "tiny", "input": "hello", "max_output_tokens": 16, "temperature": 0});
+    let (a, b) = (
+        post(&cpu, "/v1/responses", &resp),
+        post(&dev, "/v1/responses", &resp),
+    );
+    assert_eq!(a["output"][0]["content"], b["output"][0]["content"]);
     // Where it runs, for the operator.
     let metrics = dev.request("GET", "/metrics", None).body;
     assert!(
