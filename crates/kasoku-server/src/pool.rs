@@ -1,8 +1,8 @@
 //! The generation side of the server: the shared engine (model, prefix cache, metrics), a
 //! FIFO queue of jobs bounded in length, and `--parallel` worker threads that each own a
-//! session (a `Generator`: on the CPU or on a device, see `target`) and run jobs to completion, streaming events back to the request's handler. A
-//! job whose handler has gone (client disconnected) stops at its next token, or is skipped
-//! if it has not started.
+//! session (a `Generator`: on the CPU or on a device, see `target`) and run jobs to
+//! completion, streaming events back to the request's handler. A job whose handler has gone
+//! (client disconnected) stops at its next token, or is skipped if it has not started.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -210,9 +210,9 @@ impl Shared {
 }
 
 fn worker(shared: &Shared, engine: &Engine) {
-    // Made on the first job (a device binds its context to this thread), and again after a
-    // failure.
-    let mut session: Option<Box<dyn Generator>> = None;
+    // Made in this thread (a device binds its context to it) before any job; made again for
+    // the next job after a failure, which that job is told of.
+    let mut session: Option<Box<dyn Generator>> = new_session(engine).ok();
     loop {
         let job = {
             let mut queue = shared.lock();
