@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (staged by tools/gpu_run.sh as .gpu/cli_checks.sh): the kasoku binary
 # on the transformers fixtures, `run --device cuda` against `run --device cpu` (the same greedy
-# text), with and without prompt lookup on the GPU, and the device named in the statistics.
+# text; the same sampled text for the same seed, as far as the logits agree), with and without
+# prompt lookup on the GPU, the device named in the statistics, and `serve --device cuda`
+# against `serve --device cpu` (streamed and plain chat completions, greedy and sampled).
 # Usage: bash cli_checks.sh STAGE_DIR
 G=$1
 K=$G/kasoku
 checks=0 fails=0
+short() { printf %s "$1" | tr '\n' ' ' | cut -c1-40; }  # a text on one line
 check() {  # what, ok?
   checks=$((checks + 1))
   if [ "$2" = 1 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
@@ -19,6 +22,15 @@ for f in llama/tiny qwen2/tiny qwen3/tiny; do
   check "$f: run --device cuda == --device cpu (${gpu:0:60})" "$([ "$gpu" = "$cpu" ] && echo 1)"
   [ "$gpu" = "$cpu" ] || echo "     cuda: [$gpu]"$'\n'"     cpu:  [$cpu]"
   check "$f: prompt lookup on the GPU == plain on the GPU" "$([ "$spec" = "$gpu" ] && echo 1)"
+  # Sampled on the host from the GPU's logits with the CPU's sampler: the same seed, the same
+  # text (a draw that lands within the logits' difference of a boundary could differ).
+  hot=(--temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.02 --repeat-penalty 1.1 --seed 11)
+  sg=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec none --device cuda -q 2>&1)
+  sgs=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec ngram --device cuda -q 2>&1)
+  sc=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec none --device cpu -q 2>&1)
+  check "$f: sampled run --device cuda == --device cpu, seed 11 (${sg:0:40})" "$([ "$sg" = "$sc" ] && echo 1)"
+  [ "$sg" = "$sc" ] || echo "     cuda: [$sg]"$'\n'"     cpu:  [$sc]"
+  check "$f: sampled with prompt lookup on the GPU == sampled plain on the GPU" "$([ "$sgs" = "$sg" ] && echo 1)"
 done
 m=$G/fixtures/qwen2/tiny/model-f32.gguf
 stats=$($K run --model "$m" -m "hello" -n 8 2>&1)
@@ -33,4 +45,49 @@ check "sampling on the GPU at temperature 1 differs from greedy" "$([ "$hot1" !=
 err=$($K run --model "$m" -m "hello" -n 8 --spec mtp --device cuda 2>&1)
 check "MTP drafting on --device cuda is refused with the reason" \
   "$(echo "$err" | grep -q "prompt lookup only" && echo 1)"
+# serve: the same fixture served on the GPU and on the CPU, the same requests to both.
+m=$G/fixtures/qwen2/tiny/model-f32.gguf
+serve() {  # device port -> pid; waits (10 s at most) for the banner
+  $K serve --model "$m" --device "$1" --port "$2" > /tmp/serve-$1.log 2>&1 &
+  local pid=$! i
+  for i in $(seq 50); do grep -q " on http://" /tmp/serve-$1.log && break; sleep 0.2; done
+  echo $pid
+}
+gpid=$(serve cuda 18431); cpid=$(serve cpu 18432)
+grep -h "kasoku serve:" /tmp/serve-cuda.log /tmp/serve-cpu.log | cut -c1-160
+check "serve --device cuda starts and names the device" \
+  "$(grep -q "(device cuda:0," /tmp/serve-cuda.log && echo 1)"
+ask() {  # port stream(0|1) temperature -> the answer's text (or ERROR ...)
+  timeout 60 python3 - "$@" <<'PY'
+import json, sys, urllib.request
+port, stream, temp = sys.argv[1], sys.argv[2] == "1", float(sys.argv[3])
+body = {"model": "model-f32", "messages": [{"role": "user", "content": "def add(a, b): return a + b. Again:"}],
+        "max_tokens": 24, "ignore_eos": True, "temperature": temp, "seed": 5, "stream": stream}
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=50) as r:
+        if not stream:
+            print(json.load(r)["choices"][0]["message"]["content"]); sys.exit()
+        text = ""
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        print(text)
+except Exception as e:
+    print("ERROR", e)
+PY
+}
+for mode in "0 0" "1 0" "0 0.8" "1 0.8"; do
+  set -- $mode
+  a=$(ask 18431 $1 $2); b=$(ask 18432 $1 $2)
+  check "serve cuda == cpu (stream $1, temperature $2): $(short "$a")" \
+    "$([ "$a" = "$b" ] && [ "${a:0:5}" != ERROR ] && echo 1)"
+  [ "$a" = "$b" ] || echo "     cuda: [$a]"$'\n'"     cpu:  [$b]"
+done
+check "serve --device cuda: /metrics names the device" \
+  "$(curl -s -m 5 http://127.0.0.1:18431/metrics | grep -q 'kasoku_device_info{device="cuda:0"} 1' && echo 1)"
+kill $gpid $cpid 2>/dev/null; wait $gpid $cpid 2>/dev/null
+grep -h -i "error\|panic" /tmp/serve-cuda.log | head -3
 echo "$checks checks, $fails failed"

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use kasoku::engine::{self, GenerateOptions, LoadedModel, PromptOptions, SamplingParams, Session};
+use kasoku::engine::{
+    self, GenerateOptions, Generator, LoadedModel, PromptOptions, SamplingParams, Session,
+};
 use kasoku::model::{footprint, KvType};
 use kasoku::quant::kasoku::{Recipe, Scheme};
 use kasoku::quant::Target;
-use kasoku::tokenizer::ChatMessage;
+use kasoku::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use crate::args::RunArgs;
 use crate::progress;
@@ -51,81 +53,27 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let ctx = plan.tokens;
     let mut session = Session::new(Arc::clone(&model.model), ctx);
     session.set_speculator(args.spec.speculator(&model.model, draft, ctx)?);
-    let options = generate_options(args, &model)?;
+    let options = generate_options(args, engine::stop_tokens(&model))?;
     let prompt_options = PromptOptions {
         raw: args.raw,
         think: args.think,
         context: Some(ctx),
     };
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(ChatMessage::new("system", system.clone()));
-    }
-    match &args.message {
-        Some(message) => {
-            messages.push(ChatMessage::new("user", message.clone()));
-            answer(
-                &mut session,
-                &model,
-                &messages,
-                &prompt_options,
-                &options,
-                args,
-            )?;
-            Ok(())
-        }
-        None => chat(
-            &mut session,
-            &model,
-            messages,
-            &prompt_options,
-            &options,
-            args,
-        ),
-    }
+    converse(
+        &mut session,
+        (&model.tokenizer, model.template.as_deref()),
+        &prompt_options,
+        &options,
+        args,
+    )
 }
 
 /// The model on a GPU when `--device` asks for one, or when none was asked and a usable GPU
-/// runs this request (else None: the CPU runs it, and the reason is printed). A GPU that was
-/// asked for and cannot run the request is an error.
+/// runs this request (else None: the CPU runs it, and the reason is printed).
 fn gpu_model(args: &RunArgs, name: &str) -> Result<Option<crate::run_gpu::GpuModel>> {
-    if args.device == Some(kasoku_cuda::Device::Cpu) {
-        return Ok(None);
-    }
-    let asked = args.device.is_some();
-    let say = |why: &str| {
-        if !args.quiet {
-            eprintln!("device: cpu ({why})");
-        }
-    };
-    let ordinal = match kasoku_cuda::select_device(args.device) {
-        Ok((kasoku_cuda::Device::Cuda(i), _)) => i,
-        Ok((_, why)) => {
-            say(why.as_deref().unwrap_or("no GPU"));
-            return Ok(None);
-        }
-        Err(e) if asked => return Err(e.into()),
-        Err(e) => {
-            say(&e.to_string());
-            return Ok(None);
-        }
-    };
-    let path = progress::resolve_model(name, args.quiet)?;
-    if let Some(why) = crate::run_gpu::unsupported(args, &path) {
-        if asked {
-            anyhow::bail!("--device cuda: {why}");
-        }
-        say(&why);
-        return Ok(None);
-    }
-    match crate::run_gpu::GpuModel::load(&path, ordinal, args.quiet) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if asked => Err(e),
-        Err(e) => {
-            say(&format!("the GPU cannot run this model: {e:#}"));
-            Ok(None)
-        }
-    }
+    crate::run_gpu::pick(args.device, name, args.quiet, &|path| {
+        crate::run_gpu::unsupported(args, path)
+    })
 }
 
 /// Resolves and loads a model (its KV caches as `kv_type`) with a progress line, after
@@ -183,12 +131,13 @@ pub(crate) fn sampling_params(args: &RunArgs) -> Result<SamplingParams> {
     Ok(sampling)
 }
 
-fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptions> {
+/// The options of one answer; `stop_tokens` are the model's end-of-generation tokens.
+pub(crate) fn generate_options(args: &RunArgs, stop_tokens: Vec<u32>) -> Result<GenerateOptions> {
     let sampling = sampling_params(args)?;
     let stop_tokens = if args.ignore_eos {
         Vec::new()
     } else {
-        engine::stop_tokens(model)
+        stop_tokens
     };
     Ok(GenerateOptions {
         logprobs: None,
@@ -199,29 +148,38 @@ fn generate_options(args: &RunArgs, model: &LoadedModel) -> Result<GenerateOptio
     })
 }
 
-/// Generates one answer to the conversation, streaming it; returns the answer text.
-fn answer(
-    session: &mut Session,
-    model: &LoadedModel,
+/// Generates one answer to the conversation on `generator` (a CPU session or a session on a
+/// GPU), streaming it; returns the answer text. The statistics name the device.
+pub(crate) fn answer(
+    generator: &mut dyn Generator,
+    text: (&Tokenizer, Option<&ChatTemplate>),
     messages: &[ChatMessage],
     prompt_options: &PromptOptions,
     options: &GenerateOptions,
     args: &RunArgs,
 ) -> Result<String> {
-    let prompt = engine::prompt_tokens(model, messages, prompt_options)?;
+    let (tokenizer, template) = text;
+    let prompt = engine::render_prompt(tokenizer, template, messages, prompt_options)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let (generation, text) =
-        engine::generate_text(session, model, &prompt, options, &args.stop, &mut |piece| {
+    let (generation, text) = engine::generate_text_on(
+        generator,
+        tokenizer,
+        &prompt,
+        options,
+        &args.stop,
+        &mut |piece| {
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
-        })?;
+        },
+    )?;
     let _ = writeln!(out);
     drop(out);
     if !args.quiet {
         eprintln!(
-            "\n[{}] {}",
+            "\n[{}] device {} | {}",
             generation.finish.as_str(),
+            generator.device(),
             generation.stats.summary()
         );
         if let Some(spec) = &generation.stats.spec {
@@ -231,28 +189,37 @@ fn answer(
     Ok(text)
 }
 
-fn chat(
-    session: &mut Session,
-    model: &LoadedModel,
-    messages: Vec<ChatMessage>,
+/// One answer to `-m`, or the interactive chat, on `generator`.
+pub(crate) fn converse(
+    generator: &mut dyn Generator,
+    text: (&Tokenizer, Option<&ChatTemplate>),
     prompt_options: &PromptOptions,
     options: &GenerateOptions,
     args: &RunArgs,
 ) -> Result<()> {
-    let session = std::cell::RefCell::new(session);
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system.clone()));
+    }
+    if let Some(message) = &args.message {
+        messages.push(ChatMessage::new("user", message.clone()));
+        answer(generator, text, &messages, prompt_options, options, args)?;
+        return Ok(());
+    }
+    let generator = std::cell::RefCell::new(generator);
     chat_loop(
         messages,
         &mut |messages| {
             answer(
-                &mut session.borrow_mut(),
-                model,
+                *generator.borrow_mut(),
+                text,
                 messages,
                 prompt_options,
                 options,
                 args,
             )
         },
-        &mut || session.borrow_mut().reset(),
+        &mut || generator.borrow_mut().reset(),
     )
 }
 

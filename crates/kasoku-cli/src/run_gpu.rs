@@ -1,51 +1,124 @@
-//! `kasoku run` on an NVIDIA GPU: a GGUF file of a dense model (llama, qwen2, qwen3) decoded
-//! greedily with every pass on the device (one graph launch and one synchronisation per token,
-//! or per verified draft tree with prompt lookup), the answer streamed as text as on the CPU.
+//! `kasoku run` on an NVIDIA GPU: a GGUF file of a dense model (llama, qwen2, qwen3) whose
+//! passes run on the device, answered by the engine's `DeviceSession` through the same
+//! `answer` as the CPU (tokenizer, template, stop strings, sampler and statistics from
+//! `kasoku`).
 //!
-//! Sampling at a temperature (and repetition penalties) draws each token on the host from the
-//! pass's logits with the same (seed, position)-keyed sampler as the CPU path, one token per
-//! pass. What the GPU path does not do yet (draft models, MTP, DFlash, the hybrid Qwen3.5
-//! layers) is reported by [`unsupported`], so `run` takes the CPU instead (or says why, when the
-//! GPU was asked for).
+//! Greedy requests keep the device's argmax (only token ids cross); sampling at a temperature
+//! and repetition penalties draw each token on the host from its row of logits with the CPU's
+//! (seed, position)-keyed sampler. Prompt lookup verifies a draft tree per pass either way
+//! (the text is plain decoding's). What the GPU path does not do yet (draft models, MTP, DFlash, the hybrid Qwen3.5
+//! layers, KV caches other than f16, `--quantize`) is reported by [`unsupported`], so `run`
+//! takes the CPU instead (or says why, when the GPU was asked for).
 
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kasoku::engine::{render_prompt, PromptOptions, SamplingParams, SpecKind, TextStream};
+use kasoku::engine::{device_speculator, DeviceModel, DeviceSession, PromptOptions, SpecKind};
 use kasoku::format::gguf::GgufFile;
-use kasoku::spec::ngram::NgramDrafter;
-use kasoku::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
-use kasoku_cuda::{CudaModel, CudaState, Drafting, Gpu};
+use kasoku::model::KvType;
+use kasoku::tokenizer::{ChatTemplate, Tokenizer};
+use kasoku_cuda::{CudaDevice, CudaModel, Device, Gpu};
 
 use crate::args::RunArgs;
 
 /// Longest context the GPU path plans by default (its KV cache is allocated whole).
-const DEFAULT_GPU_CONTEXT: usize = 32768;
+pub const DEFAULT_GPU_CONTEXT: usize = 32768;
 
-/// Why `args` cannot run on the GPU path (None: it can), before anything is loaded.
-pub fn unsupported(args: &RunArgs, path: &Path) -> Option<String> {
+/// Why a request with these settings cannot run on the GPU path (None: it can), before
+/// anything is loaded: the model file, speculation, cache type and conversion asked for.
+pub fn unsupported_settings(
+    path: &Path,
+    spec: SpecKind,
+    draft_given: bool,
+    cache_type: KvType,
+    quantize: bool,
+) -> Option<String> {
     if path.extension().is_none_or(|e| e != "gguf") {
         return Some(format!(
             "the GPU runs GGUF files; {} is not one",
             path.display()
         ));
     }
-    match args.spec.spec {
-        SpecKind::None | SpecKind::Ngram => None,
-        SpecKind::Auto if args.spec.draft.is_none() => None,
-        _ => Some("the GPU drafts with prompt lookup only (--spec ngram, auto or none)".into()),
+    if let Err(e) = device_speculator(spec, draft_given, Default::default()) {
+        return Some(e.to_string());
+    }
+    if cache_type != KvType::F16 {
+        return Some(format!(
+            "the GPU keeps its KV cache in f16 (--cache-type {cache_type} runs on the CPU)"
+        ));
+    }
+    quantize.then(|| "--quantize converts weights for the CPU's kernels".into())
+}
+
+/// [`unsupported_settings`] for `run`'s flags.
+pub fn unsupported(args: &RunArgs, path: &Path) -> Option<String> {
+    unsupported_settings(
+        path,
+        args.spec.spec,
+        args.spec.draft.is_some(),
+        args.cache_type,
+        args.quantize.is_some(),
+    )
+}
+
+/// The model `name` on a GPU when `asked` is one, or when nothing was asked and a usable GPU
+/// runs the request (`unsupported` says why it cannot, given the resolved path); else None:
+/// the CPU runs it, and the reason is printed (unless `quiet`). A GPU that was asked for and
+/// cannot run the request is an error with the reason, never a fallback.
+pub fn pick(
+    asked: Option<Device>,
+    name: &str,
+    quiet: bool,
+    unsupported: &dyn Fn(&Path) -> Option<String>,
+) -> Result<Option<GpuModel>> {
+    if asked == Some(Device::Cpu) {
+        return Ok(None);
+    }
+    let explicit = asked.is_some();
+    let say = |why: &str| {
+        if !quiet {
+            eprintln!("device: cpu ({why})");
+        }
+    };
+    let ordinal = match kasoku_cuda::select_device(asked) {
+        Ok((Device::Cuda(i), _)) => i,
+        Ok((_, why)) => {
+            say(why.as_deref().unwrap_or("no GPU"));
+            return Ok(None);
+        }
+        Err(e) if explicit => return Err(e.into()),
+        Err(e) => {
+            say(&e.to_string());
+            return Ok(None);
+        }
+    };
+    let path = crate::progress::resolve_model(name, quiet)?;
+    if let Some(why) = unsupported(&path) {
+        if explicit {
+            anyhow::bail!("--device cuda: {why}");
+        }
+        say(&why);
+        return Ok(None);
+    }
+    match GpuModel::load(&path, ordinal, quiet) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if explicit => Err(e),
+        Err(e) => {
+            say(&format!("the GPU cannot run this model: {e:#}"));
+            Ok(None)
+        }
     }
 }
 
 /// A model on the GPU with what turns text into its tokens and back.
 pub struct GpuModel {
-    gpu: Arc<Gpu>,
-    model: CudaModel,
-    tokenizer: Tokenizer,
-    template: Option<ChatTemplate>,
+    /// The checkpoint it was loaded from.
+    pub path: PathBuf,
+    pub device: Arc<CudaDevice>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
 }
 
 impl GpuModel {
@@ -77,168 +150,41 @@ impl GpuModel {
             );
         }
         Ok(GpuModel {
-            gpu,
-            model,
-            tokenizer,
-            template,
+            path: path.to_path_buf(),
+            device: Arc::new(CudaDevice::new(Arc::new(model))),
+            tokenizer: Arc::new(tokenizer),
+            template: template.map(Arc::new),
         })
+    }
+
+    /// The context a session gets: `asked`, else the model's own up to
+    /// [`DEFAULT_GPU_CONTEXT`].
+    pub fn context(&self, asked: Option<usize>) -> usize {
+        asked.unwrap_or_else(|| self.device.max_context().clamp(1, DEFAULT_GPU_CONTEXT))
     }
 }
 
-/// `kasoku run` on the GPU: one answer to `-m`, or an interactive chat.
+/// `kasoku run` on the GPU: one answer to `-m`, or an interactive chat (the conversation's
+/// prefix stays in the device's cache between turns).
 pub fn run(args: &RunArgs, m: &GpuModel) -> Result<()> {
-    let ctx = args
-        .ctx_size
-        .unwrap_or_else(|| m.model.config.max_context.clamp(1, DEFAULT_GPU_CONTEXT));
-    let mut state = m.model.new_state(ctx)?;
+    let ctx = m.context(args.ctx_size);
+    let mut session = DeviceSession::on(m.device.as_ref(), ctx)?;
+    session.set_speculator(device_speculator(
+        args.spec.spec,
+        args.spec.draft.is_some(),
+        args.spec.policy(),
+    )?);
+    let options = crate::run::generate_options(args, m.tokenizer.eos_ids().to_vec())?;
     let prompt_options = PromptOptions {
         raw: args.raw,
         think: args.think,
         context: Some(ctx),
     };
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(ChatMessage::new("system", system.clone()));
-    }
-    if let Some(message) = &args.message {
-        messages.push(ChatMessage::new("user", message.clone()));
-        answer(m, &mut state, &messages, &prompt_options, args)?;
-        return Ok(());
-    }
-    crate::run::chat_loop(
-        messages,
-        &mut |messages| answer(m, &mut state, messages, &prompt_options, args),
-        &mut || {},
+    crate::run::converse(
+        &mut session,
+        (&m.tokenizer, m.template.as_deref()),
+        &prompt_options,
+        &options,
+        args,
     )
-}
-
-/// Generates and streams one answer; returns its text. The conversation is prefilled whole
-/// each turn (the GPU prefills thousands of tokens a second).
-fn answer(
-    m: &GpuModel,
-    state: &mut CudaState,
-    messages: &[ChatMessage],
-    prompt_options: &PromptOptions,
-    args: &RunArgs,
-) -> Result<String> {
-    m.gpu.bind()?;
-    let prompt = render_prompt(&m.tokenizer, m.template.as_ref(), messages, prompt_options)?;
-    if prompt.len() + 1 >= state.max_len {
-        anyhow::bail!(
-            "the prompt has {} tokens, but the context holds {}",
-            prompt.len(),
-            state.max_len
-        );
-    }
-    state.reset();
-    let stop_ids: Vec<u32> = if args.ignore_eos {
-        Vec::new()
-    } else {
-        m.tokenizer.eos_ids().to_vec()
-    };
-    let mut stream = TextStream::new(&m.tokenizer, &args.stop);
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut text = String::new();
-    let mut emit = |piece: &str, text: &mut String| {
-        if !piece.is_empty() {
-            text.push_str(piece);
-            let _ = out.write_all(piece.as_bytes());
-            let _ = out.flush();
-        }
-    };
-    let sampling = crate::run::sampling_params(args)?;
-    let mut drafter = NgramDrafter::default();
-    // Drafts are checked greedily on the device; sampled tokens come one per pass.
-    let drafting = (args.spec.spec != SpecKind::None && sampling.is_greedy()).then_some(Drafting {
-        drafter: &mut drafter,
-        budget: args.spec.tree_budget,
-        max_depth: args.spec.max_depth,
-    });
-    let start = Instant::now();
-    let mut first_token_at = None;
-    let (mut generated, mut finish) = (0usize, "length");
-    let mut on_token = |t: u32| {
-        first_token_at.get_or_insert_with(|| start.elapsed());
-        if stop_ids.contains(&t) {
-            finish = "stop";
-            return false;
-        }
-        generated += 1;
-        let released = stream.push(t);
-        emit(&released, &mut text);
-        if stream.stopped() {
-            finish = "stop";
-            return false;
-        }
-        true
-    };
-    let run = if sampling.is_greedy() {
-        kasoku_cuda::generate_greedy(
-            &m.model,
-            state,
-            &prompt,
-            args.max_tokens,
-            drafting,
-            &mut on_token,
-        )?
-    } else {
-        generate_sampled(m, state, &prompt, args.max_tokens, &sampling, &mut on_token)?
-    };
-    let tail = stream.finish();
-    emit(&tail, &mut text);
-    let _ = writeln!(out);
-    drop(out);
-    if !args.quiet {
-        let total = start.elapsed().as_secs_f64();
-        let ttft = first_token_at.map_or(total, |d| d.as_secs_f64());
-        let decode = (total - ttft).max(1e-9);
-        let mut line = format!(
-            "\n[{finish}] device cuda:{} | prompt {} tokens in {:.3} s ({:.0} t/s) | {} tokens, decode {:.1} t/s",
-            m.gpu.ordinal,
-            prompt.len(),
-            ttft,
-            prompt.len() as f64 / ttft.max(1e-9),
-            generated,
-            generated.saturating_sub(1) as f64 / decode
-        );
-        if run.drafted > 0 {
-            line += &format!(
-                " | {:.2} tokens per pass, {} of {} drafts accepted",
-                generated.saturating_sub(1) as f64 / run.passes.max(1) as f64,
-                run.accepted,
-                run.drafted
-            );
-        }
-        eprintln!("{line}");
-    }
-    Ok(text)
-}
-
-/// Sampled decoding: each pass's logits come to the host, where `sampling` draws the next
-/// token at its position (as the CPU path does); at most `n` tokens, until `on_token` says stop.
-fn generate_sampled(
-    m: &GpuModel,
-    state: &mut CudaState,
-    prompt: &[u32],
-    n: usize,
-    sampling: &SamplingParams,
-    on_token: &mut dyn FnMut(u32) -> bool,
-) -> Result<kasoku_cuda::SpecRun> {
-    let mut run = kasoku_cuda::SpecRun::default();
-    if n == 0 {
-        return Ok(run);
-    }
-    let mut history = prompt.to_vec();
-    state.prefill(&m.model, prompt)?;
-    loop {
-        let logits = state.last_logits(&m.model)?;
-        let token = kasoku::sampler::sample(sampling, &logits, &history, history.len());
-        history.push(token);
-        if !on_token(token) || history.len() - prompt.len() >= n || state.len + 1 >= state.max_len {
-            return Ok(run);
-        }
-        state.step(&m.model, token)?;
-        run.passes += 1;
-    }
 }

@@ -1,5 +1,6 @@
-//! `kasoku serve`: its flags, turned into a `kasoku_server::ServerConfig`; the server itself
-//! (routes, queue, sessions) is the `kasoku-server` crate.
+//! `kasoku serve`: its flags, turned into a `kasoku_server::ServerConfig`, and the device the
+//! sessions run on (`--device`: a GPU model handed to `Server::on_device`, or the CPU model to
+//! `Server::new`); the server itself (routes, queue, sessions) is the `kasoku-server` crate.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use kasoku::engine;
 use kasoku::model::KvType;
-use kasoku_server::{PrefixCacheConfig, Server, ServerConfig, Speculation};
+use kasoku_server::{DeviceServed, PrefixCacheConfig, Server, ServerConfig, Speculation};
 
 /// Arguments of `kasoku serve`.
 #[derive(Args, Debug, Clone)]
@@ -83,6 +84,11 @@ pub struct ServeArgs {
     /// (streams get a final chunk with finish_reason "length" and [DONE]).
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     pub shutdown_grace: f64,
+    /// Where the sessions run: cpu, cuda or cuda:N (default: the first GPU when one is usable
+    /// and runs this model and these settings, else the CPU; startup and /metrics say which).
+    /// On a GPU one request runs at a time and the others queue.
+    #[arg(long)]
+    pub device: Option<kasoku_cuda::Device>,
     /// Speculative decoding for every session (usage reports `spec_verify_ct`, the target
     /// passes, and `spec_accepted_tokens`).
     #[command(flatten)]
@@ -139,30 +145,62 @@ impl ServeArgs {
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let model = crate::run::load(
-        &args.model,
-        args.threads,
-        args.cache_type,
-        args.quantize,
-        false,
-    )?;
-    let draft = args.spec.load_draft(&model.model, args.cache_type, false)?;
-    let server = Server::new(model, args.config(draft)?)?;
+    let gpu = crate::run_gpu::pick(args.device, &args.model, false, &|path| {
+        crate::run_gpu::unsupported_settings(
+            path,
+            args.spec.spec,
+            args.spec.draft.is_some(),
+            args.cache_type,
+            args.quantize.is_some(),
+        )
+        .or_else(|| {
+            (args.parallel.is_some_and(|n| n > 1))
+                .then(|| "the GPU serves one request at a time (--parallel 1)".into())
+        })
+    })?;
+    let server = match gpu {
+        Some(m) => {
+            let served = DeviceServed {
+                path: m.path.clone(),
+                tokenizer: m.tokenizer.clone(),
+                template: m.template.clone(),
+                defaults: None,
+                model: m.device.clone(),
+            };
+            Server::on_device(
+                served,
+                args.config(None)?,
+                crate::run_gpu::DEFAULT_GPU_CONTEXT,
+            )?
+        }
+        None => {
+            let model = crate::run::load(
+                &args.model,
+                args.threads,
+                args.cache_type,
+                args.quantize,
+                false,
+            )?;
+            let draft = args.spec.load_draft(&model.model, args.cache_type, false)?;
+            Server::new(model, args.config(draft)?)?
+        }
+    };
     if let Some(note) = server.context_note() {
         eprintln!("note: {note}");
     }
     let addr = format!("{}:{}", args.host, args.port);
     let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
     eprintln!(
-        "kasoku serve: '{}' on http://{} ({} session(s), context {}, prefix cache {})",
+        "kasoku serve: '{}' on http://{} (device {}, {} session(s), context {}, prefix cache {})",
         server.model_id(),
         listener.local_addr()?,
+        server.device(),
         server.sessions(),
         server.context(),
-        if args.no_prefix_cache {
-            "off".to_string()
-        } else {
-            format!("{} MiB", args.prefix_cache_mb)
+        match (args.no_prefix_cache, server.device().as_str()) {
+            (true, _) => "off".to_string(),
+            (false, "cpu") => format!("{} MiB", args.prefix_cache_mb),
+            (false, _) => "the session's own".to_string(),
         }
     );
     server.serve(listener)?;

@@ -572,3 +572,55 @@ fn run_picks_a_device_and_says_which() {
     assert!(cpu.status.success(), "{}", stderr(&cpu));
     assert!(!stderr(&cpu).contains("device: cpu ("));
 }
+
+/// `serve` picks its device as `run` does and says which at startup; an asked-for GPU that
+/// is absent is an error with the reason (exit 1), never a CPU server.
+#[test]
+fn serve_picks_a_device_and_says_which() {
+    use std::io::{BufRead, BufReader};
+    let model = fixture("qwen2/tiny/model-f32.gguf");
+    let banner = |device: &[&str]| -> (String, bool) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kasoku"))
+            .args(["serve", "--model", &model, "--port", "0", "--threads", "1"])
+            .args(device)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start kasoku serve");
+        let mut seen = String::new();
+        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+            let Ok(line) = line else { break };
+            seen += &line;
+            seen.push('\n');
+            if line.contains(" on http://") {
+                let _ = child.kill();
+                let _ = child.wait();
+                return (seen, true);
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "exited 0 without serving:\n{seen}");
+        (seen, false)
+    };
+    let (cpu, served) = banner(&["--device", "cpu"]);
+    assert!(served && cpu.contains("(device cpu, "), "{cpu}");
+    let (default, served) = banner(&[]);
+    assert!(served, "{default}");
+    assert!(
+        default.contains("(device cuda:0, ") || default.contains("device: cpu ("),
+        "{default}"
+    );
+    if default.contains("device: cpu (") {
+        // No usable GPU here: asking for one is an error naming why.
+        let (err, served) = banner(&["--device", "cuda"]);
+        assert!(!served);
+        assert!(err.contains("no usable CUDA device"), "{err}");
+    }
+    // MTP drafting does not run on the GPU: refused when the GPU is asked for.
+    let (err, served) = banner(&["--device", "cuda", "--spec", "mtp"]);
+    assert!(!served);
+    assert!(
+        err.contains("no usable CUDA device") || err.contains("prompt lookup only"),
+        "{err}"
+    );
+}

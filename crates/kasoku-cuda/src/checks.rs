@@ -821,3 +821,105 @@ pub fn speculative(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<
     );
     Ok(rep)
 }
+
+/// The engine's `DeviceSession` on the GPU (what `run` and `serve` use): greedy with only ids
+/// crossing equals [`crate::generate_plain`]; with prompt lookup it equals plain decoding,
+/// greedy and sampled; and what each kind of request costs per token (decode tokens per
+/// second: ids only, a host-sampled row with top-k 40, and with top-k off, where the host
+/// sampler sorts the whole vocabulary).
+pub fn session(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<Report> {
+    use kasoku::engine::{
+        device_speculator, DeviceSession, Flow, GenerateOptions, Generation, SpecKind,
+    };
+    use kasoku::sampler::SamplingParams;
+    use kasoku::spec::PolicyConfig;
+
+    let engine = |e: kasoku::engine::EngineError| crate::Error::Invalid(e.to_string());
+    let mut rep = Report::default();
+    let m = Arc::new(crate::CudaModel::load(gpu, model)?);
+    let ctx = prompt.len() + n + 80;
+    let mut st = m.new_state(ctx)?;
+    let plain = crate::generate_plain(&m, &mut st, prompt, n)?;
+    drop(st);
+    let device = crate::CudaDevice::new(m.clone());
+    let session = |spec: bool| -> R<DeviceSession> {
+        let mut s = DeviceSession::on(&device, ctx).map_err(engine)?;
+        if spec {
+            s.set_speculator(
+                device_speculator(SpecKind::Ngram, false, PolicyConfig::default())
+                    .map_err(engine)?,
+            );
+        }
+        Ok(s)
+    };
+    let options = |sampling: SamplingParams| GenerateOptions {
+        sampling,
+        max_tokens: n,
+        ..Default::default()
+    };
+    let generate = |s: &mut DeviceSession, o: &GenerateOptions| -> R<Generation> {
+        s.generate(prompt, o, &|| false, &mut |_| Flow::Continue)
+            .map_err(engine)
+    };
+    let greedy = options(SamplingParams::default());
+    let g = generate(&mut session(false)?, &greedy)?;
+    rep.check(
+        g.tokens == plain,
+        format!("DeviceSession greedy == generate_plain ({} tokens)", n),
+    );
+    let hot = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        repetition_penalty: 1.05,
+        seed: 3,
+        ..Default::default()
+    };
+    for (what, o) in [
+        ("greedy", greedy.clone()),
+        ("sampled", options(hot.clone())),
+    ] {
+        let a = generate(&mut session(false)?, &o)?;
+        let b = generate(&mut session(true)?, &o)?;
+        let spec = b.stats.spec.clone().unwrap_or_default();
+        rep.check(
+            a.tokens == b.tokens,
+            format!(
+                "DeviceSession {what}: prompt lookup == plain ({} passes for {} tokens, {} drafts accepted)",
+                b.stats.decode_passes,
+                b.tokens.len(),
+                spec.accepted_tokens()
+            ),
+        );
+    }
+    // Costs: the same session (graphs captured), the median of three answers each.
+    let mut s = session(false)?;
+    let vocab = m.config.vocab;
+    for (what, sampling) in [
+        ("ids only (greedy)", SamplingParams::default()),
+        ("host-sampled, top-k 40", hot.clone()),
+        (
+            "host-sampled, top-k off, top-p 0.9",
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: 3,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let o = options(sampling);
+        let mut rates = Vec::new();
+        for _ in 0..3 {
+            s.reset();
+            rates.push(generate(&mut s, &o)?.stats.decode_tokens_per_second());
+        }
+        rates.sort_by(f64::total_cmp);
+        rep.lines.push(format!(
+            "session decode {what}: {:.0} tokens/s ({} bytes of logits per host-sampled token)",
+            rates[1],
+            vocab * 4
+        ));
+    }
+    Ok(rep)
+}

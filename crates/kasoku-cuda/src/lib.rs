@@ -18,15 +18,18 @@
 //!
 //! Layers: [`runtime`] (device, memory, NVRTC, graphs, timing), [`kernels`] (sources and
 //! typed launchers), [`model`] (a dense decoder on the GPU: weights, KV cache, passes,
-//! verification and commit, greedy plain and speculative decoding). `checks` holds the
+//! verification and commit, greedy plain and speculative decoding), [`device`] (that model
+//! behind the engine's `DeviceModel`, so `kasoku::engine::DeviceSession` serves requests on it). `checks` holds the
 //! GPU-against-CPU checks that the test suite and `kasoku-cuda-check` run.
 
 pub mod checks;
+pub mod device;
 pub mod kernels;
 pub mod model;
 pub mod runtime;
 pub mod synth;
 
+pub use device::CudaDevice;
 pub use model::{
     generate_greedy, generate_plain, generate_speculative, CudaModel, CudaState, Drafting, SpecRun,
 };

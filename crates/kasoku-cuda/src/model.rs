@@ -448,6 +448,13 @@ impl CudaState {
         self.pending = None;
     }
 
+    /// Keeps the first `len` committed positions (attention-only: later slots are simply
+    /// overwritten by the next passes); a pending tree is dropped.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.pending = None;
+    }
+
     fn check_tokens(&self, m: &CudaModel, tokens: &[u32], extra: usize) -> Result<()> {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= m.config.vocab) {
             return Err(Error::Invalid(format!(
@@ -680,6 +687,16 @@ impl CudaState {
     /// that pass), copied to the host: for sampling on the host.
     pub fn last_logits(&self, m: &CudaModel) -> Result<Vec<f32>> {
         self.logits.read_f32(m.config.vocab)
+    }
+
+    /// Row `row` of the last pass's head, copied into `out` (`vocab` values): row 0 after a
+    /// `prefill` or `step`, node `row` after a `verify`. For sampling on the host.
+    pub fn row_logits(&self, m: &CudaModel, row: usize, out: &mut Vec<f32>) -> Result<()> {
+        if row >= MAX_TREE {
+            return Err(Error::Invalid(format!("logits row {row} of {MAX_TREE}")));
+        }
+        let vocab = m.config.vocab;
+        self.logits.read_f32_into(row * vocab, vocab, out)
     }
 
     /// Appends `tokens` (any number; passes of [`PREFILL_ROWS`]) and returns the greedy next

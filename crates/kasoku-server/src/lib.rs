@@ -23,8 +23,10 @@
 //! header deadline, graceful stop), `access` (Host, Origin and body-type checks before any
 //! route), `routes` (HTTP handlers, body limits), `request` (request bodies checked field by
 //! field against one allow-list), `prompt` (prompts bounded in bytes; control-token spellings
-//! in client text kept as text), `pool` (the queue and its session threads), `output` (tokens
-//! to answer text), `metrics` and `error` (OpenAI-shaped errors).
+//! in client text kept as text), `pool` (the queue and its session threads), `target` (where
+//! the sessions run: CPU sessions over a shared `Model`, or one session on a device through
+//! `kasoku::engine::DeviceModel`, see [`Server::on_device`]), `output` (tokens to answer text),
+//! `metrics` and `error` (OpenAI-shaped errors).
 
 #![warn(missing_docs)]
 
@@ -44,6 +46,7 @@ mod request;
 mod responses;
 mod routes;
 mod sse;
+mod target;
 mod tool_calls;
 mod tools;
 
@@ -54,9 +57,11 @@ use kasoku::model::footprint;
 use tokio::sync::watch;
 
 pub use config::{PrefixCacheConfig, ServerConfig, Speculation};
+pub use target::DeviceServed;
 
 use pool::{Engine, Pool};
 use routes::App;
+use target::{Target, TextSide};
 
 /// Why a server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -133,7 +138,90 @@ impl Server {
         }
         .plan()
         .map_err(|e| ServerError::Config(e.0))?;
-        let ctx = plan.tokens;
+        // Build one speculator now so that bad speculation settings fail at startup.
+        config.speculation.speculator(&model.model, plan.tokens)?;
+        let text = TextSide {
+            vocab: model.model.config.vocab,
+            path: model.path,
+            tokenizer: model.tokenizer,
+            template: model.template,
+            defaults: model.defaults,
+        };
+        let cache = config
+            .prefix_cache
+            .map(|c| PrefixCache::new(c.budget_bytes, c.block_tokens.max(1)));
+        Server::build(
+            text,
+            Target::Cpu(model.model),
+            config,
+            plan.tokens,
+            plan.note,
+            cache,
+        )
+    }
+
+    /// A server whose passes run on a device (a GPU): one session, so requests queue and run
+    /// one at a time. The context is [`ServerConfig::context`], else the model's own up to
+    /// `default_context`; its cache is allocated now, so one that does not fit fails here.
+    /// With a prefix cache configured, each request reuses the prefix the device's state
+    /// already holds (the shared cache of CPU states is not kept). Speculation must be prompt
+    /// lookup (`ngram`, or `auto` without a draft) or none; it drafts greedy requests.
+    pub fn on_device(
+        model: DeviceServed,
+        config: ServerConfig,
+        default_context: usize,
+    ) -> Result<Server, ServerError> {
+        let spec = &config.speculation;
+        kasoku::engine::device_speculator(
+            spec.kind,
+            spec.draft.is_some() || spec.dflash.is_some(),
+            spec.policy,
+        )?;
+        if let Some(n) = config.sessions.filter(|&n| n > 1) {
+            return Err(ServerError::Config(format!(
+                "{} serves one request at a time ({n} sessions asked for); the others wait in the queue",
+                model.model.device()
+            )));
+        }
+        let config = ServerConfig {
+            sessions: Some(1),
+            ..config
+        };
+        let ctx = config
+            .context
+            .unwrap_or_else(|| model.model.max_context().clamp(1, default_context.max(2)));
+        if ctx >= 2 {
+            // The state is made again in the session thread; this one only proves it fits.
+            model.model.new_state(ctx).map_err(|e| {
+                ServerError::Config(format!(
+                    "a context of {ctx} tokens on {}: {e}",
+                    model.model.device()
+                ))
+            })?;
+        }
+        let text = TextSide {
+            vocab: model.model.vocab(),
+            path: model.path,
+            tokenizer: model.tokenizer,
+            template: model.template,
+            defaults: model.defaults,
+        };
+        // Present (empty) when prefixes may be reused: the device session keeps its own.
+        let cache = config
+            .prefix_cache
+            .map(|c| PrefixCache::new(0, c.block_tokens.max(1)));
+        Server::build(text, Target::Device(model.model), config, ctx, None, cache)
+    }
+
+    /// The checks and the engine every target shares.
+    fn build(
+        model: TextSide,
+        target: Target,
+        config: ServerConfig,
+        ctx: usize,
+        context_note: Option<String>,
+        cache: Option<PrefixCache>,
+    ) -> Result<Server, ServerError> {
         if ctx < 2 {
             return Err(ServerError::Config(format!(
                 "the context must hold at least 2 tokens (got {ctx})"
@@ -157,31 +245,32 @@ impl Server {
             names.push(f.to_string_lossy().into_owned());
         }
         names.push(model.path.display().to_string());
-        let cache = config
-            .prefix_cache
-            .map(|c| Mutex::new(PrefixCache::new(c.budget_bytes, c.block_tokens.max(1))));
-        // Build one speculator now so that bad speculation settings fail at startup.
-        config.speculation.speculator(&model.model, ctx)?;
         let engine = Arc::new(Engine {
             speculation: config.speculation.clone(),
-            stop_tokens: engine::stop_tokens(&model),
+            stop_tokens: engine::end_tokens(&model.tokenizer, model.defaults.as_ref()),
             think: output::ThinkTokens::of(&model.tokenizer),
             control: prompt::ControlText::of(&model.tokenizer),
             names,
             prompt_bytes_per_token: config.prompt_bytes_per_token.max(1),
             id,
             ctx,
-            cache,
+            cache: cache.map(Mutex::new),
             metrics: Default::default(),
             grammars: Default::default(),
             model,
+            target,
         });
         Ok(Server {
             engine,
             config,
-            context_note: plan.note,
+            context_note,
             shutdown: ShutdownHandle::new(),
         })
+    }
+
+    /// Where the sessions run: `cpu` or the device's name (`cuda:0`).
+    pub fn device(&self) -> String {
+        self.engine.target.device()
     }
 
     /// Why the context is shorter than the model's own, when memory made it so (to tell the

@@ -67,6 +67,8 @@ pub struct Metrics {
 
 /// Gauges read at render time.
 pub struct Gauges {
+    /// Where the sessions run (`cpu`, `cuda:0`).
+    pub device: String,
     pub queue_depth: usize,
     pub running: usize,
     pub sessions: usize,
@@ -85,6 +87,12 @@ impl Metrics {
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        // A device name is ours (cpu, cuda:N): nothing in it needs escaping.
+        let _ = writeln!(
+            out,
+            "# HELP kasoku_device_info Where the sessions run.\n# TYPE kasoku_device_info gauge\nkasoku_device_info{{device=\"{}\"}} 1",
+            g.device
+        );
         let _ = writeln!(
             out,
             "# HELP kasoku_requests_total Generation requests by outcome.\n# TYPE kasoku_requests_total counter"
@@ -223,6 +231,7 @@ mod tests {
         m.request_duration.observe(Duration::from_millis(30));
         m.request_duration.observe(Duration::from_secs(3));
         let text = m.render(&Gauges {
+            device: "cuda:1".into(),
             queue_depth: 1,
             running: 0,
             sessions: 2,
@@ -232,6 +241,7 @@ mod tests {
             cache_hits: 0,
             cache_lookups: 0,
         });
+        assert!(text.contains("kasoku_device_info{device=\"cuda:1\"} 1\n"));
         assert!(text.contains("kasoku_requests_total{outcome=\"ok\"} 2"));
         assert!(text.contains("kasoku_tokens_per_pass 2\n"));
         assert!(text.contains("kasoku_queue_depth 1\n"));

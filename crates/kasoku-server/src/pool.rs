@@ -1,8 +1,8 @@
 //! The generation side of the server: the shared engine (model, prefix cache, metrics), a
 //! FIFO queue of jobs bounded in length, and `--parallel` worker threads that each own a
-//! `Session` and run jobs to completion, streaming events back to the request's handler. A
-//! job whose handler has gone (client disconnected) stops at its next token, or is skipped
-//! if it has not started.
+//! session (a `Generator`: on the CPU or on a device, see `target`) and run jobs to
+//! completion, streaming events back to the request's handler. A job whose handler has gone
+//! (client disconnected) stops at its next token, or is skipped if it has not started.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kasoku::engine::{
-    EngineError, Flow, GenerateOptions, GenerationStats, LoadedModel, PrefixCache, Session,
-};
+use kasoku::engine::{EngineError, Flow, GenerateOptions, GenerationStats, Generator, PrefixCache};
 use kasoku_grammar::{GrammarError, Grammars};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -22,11 +20,15 @@ use crate::logprobs::Entry;
 use crate::metrics::{add, Metrics};
 use crate::output::{Delta, Output, ThinkTokens};
 use crate::prompt::ControlText;
+use crate::target::{new_session, Target, TextSide};
 use crate::tool_calls::ToolSyntax;
 
 /// Everything the requests share: weights, tokenizer, cache, counters.
 pub struct Engine {
-    pub model: LoadedModel,
+    /// Tokenizer, template, defaults: the text side.
+    pub model: TextSide,
+    /// Where the passes run.
+    pub target: Target,
     /// The name /v1/models reports.
     pub id: String,
     /// Context per session.
@@ -52,26 +54,11 @@ impl Engine {
     pub fn grammars(&self) -> Result<&Grammars, ApiError> {
         self.grammars
             .get_or_init(|| {
-                Grammars::new(
-                    &self.model.tokenizer,
-                    self.model.model.config.vocab,
-                    &self.stop_tokens,
-                )
+                Grammars::new(&self.model.tokenizer, self.model.vocab, &self.stop_tokens)
             })
             .as_ref()
             .map_err(|e| ApiError::bad_request("grammar_unavailable", e.to_string()))
     }
-}
-
-/// The one place sessions are made: each gets its own speculator (drafter state and budget
-/// policy) over the shared weights. The options were checked at startup.
-pub fn new_session(engine: &Engine) -> Session {
-    let mut session = Session::new(Arc::clone(&engine.model.model), engine.ctx);
-    let spec = engine
-        .speculation
-        .speculator(&engine.model.model, engine.ctx);
-    session.set_speculator(spec.ok().flatten());
-    session
 }
 
 /// One request's generation work.
@@ -223,7 +210,9 @@ impl Shared {
 }
 
 fn worker(shared: &Shared, engine: &Engine) {
-    let mut session = new_session(engine);
+    // Made in this thread (a device binds its context to it) before any job; made again for
+    // the next job after a failure, which that job is told of.
+    let mut session: Option<Box<dyn Generator>> = new_session(engine).ok();
     loop {
         let job = {
             let mut queue = shared.lock();
@@ -242,14 +231,27 @@ fn worker(shared: &Shared, engine: &Engine) {
             add(&engine.metrics.requests_cancelled, 1);
         } else {
             engine.metrics.queue_wait.observe(job.arrived.elapsed());
-            let cut = || shared.cut.load(Ordering::Relaxed);
-            let ran = catch_unwind(AssertUnwindSafe(|| run(engine, &mut session, &job, &cut)));
-            if ran.is_err() {
-                add(&engine.metrics.requests_error, 1);
-                let _ = job.events.send(Event::Error(ApiError::internal(
-                    "generation failed unexpectedly (the engine panicked); the session was reset",
-                )));
-                session = new_session(engine);
+            if session.is_none() {
+                match new_session(engine) {
+                    Ok(s) => session = Some(s),
+                    Err(e) => {
+                        add(&engine.metrics.requests_error, 1);
+                        let _ = job.events.send(Event::Error(ApiError::internal(format!(
+                            "cannot start a session: {e}"
+                        ))));
+                    }
+                }
+            }
+            if let Some(s) = session.as_mut() {
+                let cut = || shared.cut.load(Ordering::Relaxed);
+                let ran = catch_unwind(AssertUnwindSafe(|| run(engine, s.as_mut(), &job, &cut)));
+                if ran.is_err() {
+                    add(&engine.metrics.requests_error, 1);
+                    let _ = job.events.send(Event::Error(ApiError::internal(
+                        "generation failed unexpectedly (the engine panicked); the session was reset",
+                    )));
+                    session = None;
+                }
             }
         }
         shared.running.fetch_sub(1, Ordering::Relaxed);
@@ -265,7 +267,7 @@ fn shutting_down() -> ApiError {
 }
 
 /// Runs one job; `cut()` true ends it early (the server is stopping).
-fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool) {
+fn run(engine: &Engine, session: &mut dyn Generator, job: &Job, cut: &dyn Fn() -> bool) {
     let started = Instant::now();
     let queue_time = started - job.arrived;
     let tx = &job.events;
@@ -284,7 +286,7 @@ fn run(engine: &Engine, session: &mut Session, job: &Job, cut: &dyn Fn() -> bool
         now
     };
     let cache = engine.cache.as_ref().filter(|_| job.use_cache);
-    let result = session.generate_cached_until(
+    let result = session.generate_until(
         cache,
         &job.prompt,
         &job.options,

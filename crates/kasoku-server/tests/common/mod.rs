@@ -49,7 +49,11 @@ impl Running {
     /// [`Running::start`] on a model anywhere (a real one from the cache).
     pub fn start_path(model: &std::path::Path, config: ServerConfig) -> Running {
         let model = LoadedModel::load(model).expect("load the model");
-        let server = Server::new(model, config).expect("build the server");
+        Running::serve(Server::new(model, config).expect("build the server"))
+    }
+
+    /// Serves `server` on an ephemeral loopback port.
+    pub fn serve(server: Server) -> Running {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let id = server.model_id().to_string();

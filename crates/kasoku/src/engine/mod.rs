@@ -2,6 +2,9 @@
 //! (chat templates, streaming, stop strings).
 
 pub mod context;
+pub mod device;
+pub mod generator;
+pub mod host_device;
 pub mod loader;
 pub mod logprobs;
 pub mod prefix_cache;
@@ -15,6 +18,9 @@ pub mod text;
 pub use crate::sampler;
 pub use crate::sampler::SamplingParams;
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
+pub use device::{device_speculator, DeviceModel, DeviceSession, DeviceState};
+pub use generator::Generator;
+pub use host_device::HostDevice;
 pub use loader::{check_memory, LoadError, LoadedModel};
 pub use logprobs::{token_logprobs, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use prefix_cache::PrefixCache;
@@ -22,6 +28,6 @@ pub use session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Gen
 pub use speculative::{build_speculator, build_speculator_from, DraftSource, SpecKind, Speculator};
 pub use stats::GenerationStats;
 pub use text::{
-    generate_text, prompt_tokens, render_prompt, stop_tokens, PromptOptions, TextError, TextStream,
-    PROMPT_BYTES_PER_TOKEN,
+    end_tokens, generate_text, generate_text_on, prompt_tokens, render_prompt, stop_tokens,
+    PromptOptions, TextError, TextStream, PROMPT_BYTES_PER_TOKEN,
 };

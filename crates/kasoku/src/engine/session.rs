@@ -108,6 +108,9 @@ pub enum EngineError {
     /// The constraint of constrained decoding failed.
     #[error(transparent)]
     Constraint(#[from] ConstraintError),
+    /// The device running the passes failed (a GPU error, with the driver's words).
+    #[error("the device failed: {0}")]
+    Device(String),
     /// More log-probability alternatives asked for than [`MAX_TOP_LOGPROBS`].
     #[error("logprobs: at most {MAX_TOP_LOGPROBS} alternatives per token, asked for {0}")]
     TooManyLogprobs(usize),

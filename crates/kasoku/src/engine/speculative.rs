@@ -54,6 +54,55 @@ impl Speculator {
         std::mem::replace(&mut self.stats, fresh)
     }
 
+    /// The drafter's tree rooted at `token` (the last of `history`) within `budget` nodes
+    /// below the root, and the time drafting took (`None`: budget 0, nothing drafted). A tree
+    /// not rooted at `token` or over budget is replaced by the root alone.
+    pub(super) fn draft_tree(
+        &mut self,
+        history: &[u32],
+        token: u32,
+        budget: usize,
+    ) -> Result<(TokenTree, Option<std::time::Duration>), EngineError> {
+        if budget == 0 {
+            return Ok((TokenTree::chain(&[token]), None));
+        }
+        let t = Instant::now();
+        self.drafter.catch_up(history)?;
+        self.stats.draft_time += t.elapsed();
+        let t = Instant::now();
+        let tree = self.drafter.draft(&DraftRequest {
+            tokens: history,
+            budget,
+            max_depth: self.policy.config.max_depth,
+        })?;
+        let elapsed = t.elapsed();
+        self.stats.draft_time += elapsed;
+        // A drafter must root its tree at the token; anything else is ignored.
+        if tree.is_empty() || tree.token(0) != token || tree.len() > budget + 1 {
+            Ok((TokenTree::chain(&[token]), Some(elapsed)))
+        } else {
+            Ok((tree, Some(elapsed)))
+        }
+    }
+
+    /// Records a verification of `tree` that accepted `accepted` drafts (see [`record_pass`]).
+    pub(super) fn record_pass(
+        &mut self,
+        tree: &TokenTree,
+        accepted: usize,
+        draft_time: Option<std::time::Duration>,
+        verify_time: std::time::Duration,
+    ) {
+        record_pass(
+            &mut self.stats,
+            &mut self.policy,
+            tree,
+            accepted,
+            draft_time,
+            verify_time,
+        );
+    }
+
     /// Decodes from the first sampled token `first` until the answer ends. `prompt` is in
     /// the session's state; `session.out` holds the target's hidden states and layer
     /// outputs of its newly computed part when the drafter wants them.
@@ -87,27 +136,7 @@ impl Speculator {
             let room = (ctx - len - 2).min(run.options.max_tokens - run.generated.len());
             let budget = self.policy.budget().min(room);
 
-            let (tree, draft_time) = if budget == 0 {
-                (TokenTree::chain(&[token]), None)
-            } else {
-                let t = Instant::now();
-                self.drafter.catch_up(&run.history)?;
-                self.stats.draft_time += t.elapsed();
-                let t = Instant::now();
-                let tree = self.drafter.draft(&DraftRequest {
-                    tokens: &run.history,
-                    budget,
-                    max_depth: self.policy.config.max_depth,
-                })?;
-                let elapsed = t.elapsed();
-                self.stats.draft_time += elapsed;
-                // A drafter must root its tree at the token; anything else is ignored.
-                if tree.is_empty() || tree.token(0) != token || tree.len() > budget + 1 {
-                    (TokenTree::chain(&[token]), Some(elapsed))
-                } else {
-                    (tree, Some(elapsed))
-                }
-            };
+            let (tree, draft_time) = self.draft_tree(&run.history, token, budget)?;
 
             let t = Instant::now();
             let batch = Batch::tree(&tree).hidden(want_hidden).taps(&taps);
@@ -123,13 +152,10 @@ impl Speculator {
             )?;
             let verify_time = t.elapsed();
             run.stats.decode_passes += 1;
-            if tree.len() > 1 {
-                self.stats.verify_time += verify_time;
-                self.stats.record(tree.len(), acceptance.accepted_drafts());
-            }
-            self.policy.record(
-                tree.len(),
-                tree.max_depth(),
+            record_pass(
+                &mut self.stats,
+                &mut self.policy,
+                &tree,
                 acceptance.accepted_drafts(),
                 draft_time,
                 verify_time,
@@ -181,6 +207,29 @@ impl Speculator {
                 .expect("a pass samples at least one token");
         }
     }
+}
+
+/// Records a verification of `tree` that accepted `accepted` drafts: the statistics (for
+/// trees with drafts) and the policy's measurements.
+fn record_pass(
+    stats: &mut SpecStats,
+    policy: &mut Policy,
+    tree: &TokenTree,
+    accepted: usize,
+    draft_time: Option<std::time::Duration>,
+    verify_time: std::time::Duration,
+) {
+    if tree.len() > 1 {
+        stats.verify_time += verify_time;
+        stats.record(tree.len(), accepted);
+    }
+    policy.record(
+        tree.len(),
+        tree.max_depth(),
+        accepted,
+        draft_time,
+        verify_time,
+    );
 }
 
 /// Which drafter a session uses.

@@ -5,9 +5,11 @@
 
 use serde_json::Map;
 
+use super::generator::Generator;
 use super::loader::LoadedModel;
 use super::session::{EngineError, Flow, GenerateOptions, Generation, Session};
 use super::stop::StopMatcher;
+use crate::format::hf_config::GenerationDefaults;
 use crate::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError};
 
 /// A prompt's bytes are bounded before it is tokenized: at most this many per token of the
@@ -103,8 +105,14 @@ pub fn render_prompt(
 
 /// The end-of-generation tokens of a model: the tokenizer's, plus generation_config.json's.
 pub fn stop_tokens(model: &LoadedModel) -> Vec<u32> {
-    let mut ids = model.tokenizer.eos_ids().to_vec();
-    if let Some(d) = &model.defaults {
+    end_tokens(&model.tokenizer, model.defaults.as_ref())
+}
+
+/// [`stop_tokens`] from a tokenizer and generation defaults alone (for a model whose weights
+/// live elsewhere, e.g. on a GPU).
+pub fn end_tokens(tokenizer: &Tokenizer, defaults: Option<&GenerationDefaults>) -> Vec<u32> {
+    let mut ids = tokenizer.eos_ids().to_vec();
+    if let Some(d) = defaults {
         ids.extend(&d.eos_token_ids);
     }
     ids.sort_unstable();
@@ -122,7 +130,27 @@ pub fn generate_text(
     stop_strings: &[String],
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generation, String), TextError> {
-    let mut text = TextStream::new(&model.tokenizer, stop_strings);
+    generate_text_on(
+        session,
+        &model.tokenizer,
+        prompt,
+        options,
+        stop_strings,
+        on_text,
+    )
+}
+
+/// [`generate_text`] on any [`Generator`] (a CPU session, or a session on a device), its
+/// tokens decoded by `tokenizer`.
+pub fn generate_text_on(
+    generator: &mut dyn Generator,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    stop_strings: &[String],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<(Generation, String), TextError> {
+    let mut text = TextStream::new(tokenizer, stop_strings);
     let mut answer = String::new();
     let mut emit = |piece: &str, answer: &mut String| {
         if !piece.is_empty() {
@@ -130,7 +158,7 @@ pub fn generate_text(
             on_text(piece);
         }
     };
-    let generation = session.generate(prompt, options, &mut |emitted| {
+    let generation = generator.generate(prompt, options, &mut |emitted| {
         let released = text.push(emitted.token);
         emit(&released, &mut answer);
         if text.stopped() {

@@ -1,0 +1,124 @@
+//! The GPU model behind the engine's device interface (`kasoku::engine::DeviceModel` and
+//! `DeviceState`), so that `kasoku::engine::DeviceSession` runs requests on it with the CPU
+//! session's semantics: a server or the command line sees a `Generator` and nothing of CUDA.
+//!
+//! What crosses per pass: the argmax id of each head row (8 bytes of key each), and, only
+//! when the session asks (sampling, penalties, constraints, log-probabilities), the rows it
+//! samples from, `vocab × 4` bytes each. Every error is the engine's `Device` error with the
+//! driver's words.
+
+use std::sync::Arc;
+
+use kasoku::engine::{DeviceModel, DeviceState, EngineError};
+use kasoku::model::TokenTree;
+
+use crate::model::MAX_TREE;
+use crate::{CudaModel, CudaState, Error};
+
+fn device_error(e: Error) -> EngineError {
+    EngineError::Device(e.to_string())
+}
+
+/// A model on one GPU, making a state per session.
+pub struct CudaDevice {
+    model: Arc<CudaModel>,
+}
+
+impl CudaDevice {
+    pub fn new(model: Arc<CudaModel>) -> CudaDevice {
+        CudaDevice { model }
+    }
+
+    pub fn model(&self) -> &Arc<CudaModel> {
+        &self.model
+    }
+}
+
+impl DeviceModel for CudaDevice {
+    fn device(&self) -> String {
+        format!("cuda:{}", self.model.gpu().ordinal)
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config.vocab
+    }
+
+    fn max_context(&self) -> usize {
+        self.model.config.max_context
+    }
+
+    fn new_state(&self, max_len: usize) -> Result<Box<dyn DeviceState>, EngineError> {
+        // The caller's thread may not have the context current yet.
+        self.model.gpu().bind().map_err(device_error)?;
+        let state = self.model.new_state(max_len).map_err(device_error)?;
+        Ok(Box::new(CudaSequence {
+            model: Arc::clone(&self.model),
+            state,
+        }))
+    }
+}
+
+/// One sequence's state with the model it runs on.
+struct CudaSequence {
+    model: Arc<CudaModel>,
+    state: CudaState,
+}
+
+impl DeviceState for CudaSequence {
+    fn len(&self) -> usize {
+        self.state.len
+    }
+
+    fn max_len(&self) -> usize {
+        self.state.max_len
+    }
+
+    fn max_tree(&self) -> usize {
+        MAX_TREE
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.state.truncate(len);
+    }
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<u32, EngineError> {
+        let m = &self.model;
+        match tokens {
+            // A decode step: its own captured graph.
+            [t] => self.state.step(m, *t),
+            _ => self.state.prefill(m, tokens),
+        }
+        .map_err(device_error)
+    }
+
+    fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.state
+            .row_logits(&self.model, 0, out)
+            .map_err(device_error)
+    }
+
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.state
+            .row_logits(&self.model, node, out)
+            .map_err(device_error)
+    }
+
+    fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {
+        self.state.verify(&self.model, tree).map_err(device_error)
+    }
+
+    fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {
+        self.state.commit(&self.model, path).map_err(device_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_model_can_be_shared_by_server_threads() {
+        fn shared<T: DeviceModel + Send + Sync + 'static>() {}
+        shared::<CudaDevice>();
+    }
+}

@@ -1,0 +1,500 @@
+//! Generation on a device that holds the weights and the KV cache itself (a GPU): the host
+//! sees token ids, and a row of logits only when it asks for one.
+//!
+//! A device implements [`DeviceModel`] (makes states) and [`DeviceState`] (passes over one
+//! sequence: append tokens, verify a tree, commit a path, the last row's logits on request).
+//! [`DeviceSession`] is the [`Generator`] over such a state, with the CPU
+//! [`Session`](super::Session)'s
+//! semantics: the same option checks, the same `Run` that applies stop tokens, `max_tokens`,
+//! constraints, log-probabilities and the (seed, position)-keyed sampler to host logits, so the
+//! same logits give the same tokens on either. What crosses from the device per token:
+//!
+//! - greedy requests without penalties, constraint or log-probabilities: the device's argmax
+//!   (4 bytes), and with a speculator (prompt lookup) one id per node of each verified tree;
+//! - every other request: a row of logits (`vocab × 4` bytes, 608 KB for Qwen2.5's 151,936
+//!   tokens) per token sampled on the host; with a speculator, the rows of the nodes the
+//!   sampler walks through (the accepted path and the node after it), fetched one by one.
+//!
+//! With a speculator the output is plain decoding's token for token (the walk samples each
+//! node as plain decoding would sample there, under the constraint's fork), provided the
+//! device computes each row the same way whatever the batch, as the CPU does.
+//!
+//! The session keeps what its state holds and reuses the longest common prefix of the next
+//! prompt (attention states truncate); a server's shared prefix cache holds CPU states and is
+//! not used. A device error fails the request and resets the state, never falls back.
+
+#![warn(missing_docs)]
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::generator::Generator;
+use super::prefix_cache::PrefixCache;
+use super::session::{Emitted, EngineError, FinishReason, Flow, GenerateOptions, Generation, Run};
+use super::speculative::{SpecKind, Speculator};
+use super::stats::GenerationStats;
+use crate::constraint::Constraint;
+use crate::model::TokenTree;
+use crate::sampler;
+use crate::spec::{Accepted, Features, NgramDrafter, PolicyConfig};
+
+/// Prompt tokens per pass between cancellation checks.
+const PREFILL_BLOCK: usize = 512;
+
+/// One sequence's state on a device and the passes over it.
+pub trait DeviceState {
+    /// Committed positions.
+    fn len(&self) -> usize;
+    /// Whether no position is committed.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Positions it can hold.
+    fn max_len(&self) -> usize;
+    /// Most nodes of a tree [`DeviceState::verify`] takes.
+    fn max_tree(&self) -> usize;
+    /// Forgets every position from `len` on (`len` ≤ [`DeviceState::len`]).
+    fn truncate(&mut self, len: usize);
+    /// Appends `tokens` and returns the greedy token after the last one (its row's argmax,
+    /// the lowest id on ties, as [`crate::sampler::argmax`]).
+    fn feed(&mut self, tokens: &[u32]) -> Result<u32, EngineError>;
+    /// The logits of the last row of the last [`DeviceState::feed`], copied into `out`
+    /// (`vocab` values; `out` is overwritten).
+    fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError>;
+    /// The logits of node `node` of the last [`DeviceState::verify`], copied into `out`.
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError>;
+    /// Runs every node of `tree` (its root the last sampled token, not yet in the state) and
+    /// returns each node's greedy next token; the tree stays pending until a commit.
+    fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError>;
+    /// Keeps the root-to-node `path` of the pending tree; the state grows by its length.
+    fn commit(&mut self, path: &[usize]) -> Result<(), EngineError>;
+}
+
+/// A model loaded on a device: shared by the sessions it makes states for.
+pub trait DeviceModel: Send + Sync {
+    /// Where it runs, in words (`cuda:0`).
+    fn device(&self) -> String;
+    /// Rows of its embedding (token ids below this are valid).
+    fn vocab(&self) -> usize;
+    /// The context it was trained for.
+    fn max_context(&self) -> usize;
+    /// A new empty state for `max_len` positions (memory on the device, allocated now).
+    fn new_state(&self, max_len: usize) -> Result<Box<dyn DeviceState>, EngineError>;
+}
+
+/// Whether only token ids need cross from the device for `options`: greedy, and nothing
+/// that reads or changes the logits on the host.
+pub fn ids_only(options: &GenerateOptions) -> bool {
+    options.sampling.is_greedy()
+        && !options.sampling.has_penalties()
+        && options.constraint.is_none()
+        && options.logprobs.is_none()
+}
+
+/// The speculator a device session drafts with for speculation `kind` (`draft_given`: a
+/// draft model or DFlash checkpoint was named): prompt lookup for `ngram`, and for `auto`
+/// without a draft; `None` for `none`. Other drafters run on the CPU only: an error saying so.
+/// The budget is fixed at `policy`'s largest: the first pass of each tree size on a GPU
+/// captures its graph, which a measuring policy would charge to that size.
+pub fn device_speculator(
+    kind: SpecKind,
+    draft_given: bool,
+    policy: PolicyConfig,
+) -> Result<Option<Speculator>, EngineError> {
+    match kind {
+        SpecKind::None => return Ok(None),
+        SpecKind::Ngram => {}
+        SpecKind::Auto if !draft_given => {}
+        _ => {
+            return Err(EngineError::Draft(
+                "the GPU drafts with prompt lookup only (speculation ngram, auto without a draft, or none)"
+                    .into(),
+            ))
+        }
+    }
+    let policy = PolicyConfig {
+        adaptive: false,
+        ..policy
+    };
+    Ok(Some(Speculator::new(
+        Box::new(NgramDrafter::default()),
+        policy,
+    )))
+}
+
+/// A conversation on a device: its state and the tokens in it, and an optional speculator
+/// that drafts greedy, ids-only requests.
+pub struct DeviceSession {
+    state: Box<dyn DeviceState>,
+    device: String,
+    /// The tokens whose effects are in `state`, in order.
+    tokens: Vec<u32>,
+    spec: Option<Speculator>,
+    /// The last row's logits, when a request needed them on the host.
+    logits: Vec<f32>,
+    /// The rows of a verified tree's walk, when a request needs them on the host (buffers
+    /// kept from pass to pass).
+    rows: Vec<Vec<f32>>,
+}
+
+impl DeviceSession {
+    /// A session over an empty `state` on `device` (named for statistics).
+    pub fn new(state: Box<dyn DeviceState>, device: impl Into<String>) -> DeviceSession {
+        DeviceSession {
+            state,
+            device: device.into(),
+            tokens: Vec::new(),
+            spec: None,
+            logits: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// A session of `model` holding `ctx` tokens.
+    pub fn on(model: &dyn DeviceModel, ctx: usize) -> Result<DeviceSession, EngineError> {
+        Ok(DeviceSession::new(model.new_state(ctx)?, model.device()))
+    }
+
+    /// Turns speculative decoding on (this drafter and budget policy) or off.
+    pub fn set_speculator(&mut self, spec: Option<Speculator>) {
+        self.spec = spec;
+    }
+
+    /// Tokens currently in the state.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Context capacity in tokens.
+    pub fn ctx_size(&self) -> usize {
+        self.state.max_len()
+    }
+
+    /// Prefills `prompt` (after the longest prefix already in the state) and generates, as
+    /// [`Session::generate_cached_until`](super::Session::generate_cached_until) does. On an error the state is reset, so the next
+    /// request starts clean.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        cancelled: &dyn Fn() -> bool,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        let result = self.generate_inner(prompt, options, cancelled, on_token);
+        if result.is_err() {
+            self.reset();
+        }
+        result
+    }
+
+    /// Forgets everything in the state.
+    pub fn reset(&mut self) {
+        self.state.truncate(0);
+        self.tokens.clear();
+    }
+
+    fn generate_inner(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        cancelled: &dyn Fn() -> bool,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        options.validate()?;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() >= self.ctx_size() {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                ctx: self.ctx_size(),
+            });
+        }
+        let start = Instant::now();
+        // The last prompt token is always computed: it yields the first logits.
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let reused = common.min(prompt.len() - 1);
+        if reused < self.tokens.len() {
+            self.state.truncate(reused);
+            self.tokens.truncate(reused);
+        }
+        let mut pos = reused;
+        let mut greedy = 0;
+        while pos < prompt.len() {
+            if cancelled() {
+                let elapsed = start.elapsed();
+                return Ok(Generation {
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    finish: FinishReason::Stop,
+                    stats: GenerationStats {
+                        cached_tokens: reused,
+                        prompt_tokens: pos - reused,
+                        prefill_time: elapsed,
+                        total_time: elapsed,
+                        ..Default::default()
+                    },
+                });
+            }
+            let next = (pos + PREFILL_BLOCK).min(prompt.len());
+            greedy = self.state.feed(&prompt[pos..next])?;
+            self.tokens.extend_from_slice(&prompt[pos..next]);
+            pos = next;
+        }
+        let stats = GenerationStats {
+            cached_tokens: reused,
+            prompt_tokens: prompt.len() - reused,
+            prefill_time: start.elapsed(),
+            ..Default::default()
+        };
+        let mut run = Run {
+            options,
+            on_token,
+            start,
+            generated: Vec::new(),
+            logprobs: Vec::new(),
+            history: prompt.to_vec(),
+            first_token_at: None,
+            stats,
+            constraint: options.constraint.as_ref().map(Constraint::start),
+        };
+        let ids_only = ids_only(options);
+        let finish = if options.max_tokens == 0 {
+            FinishReason::Length
+        } else {
+            let first = self.pick(&mut run, ids_only, greedy)?;
+            match self.spec.take() {
+                Some(mut spec) => {
+                    let r = self.decode_drafted(&mut spec, &mut run, first, prompt, ids_only);
+                    run.stats.spec = Some(spec.take_stats());
+                    self.spec = Some(spec);
+                    r?
+                }
+                None => self.decode_plain(&mut run, first, ids_only)?,
+            }
+        };
+        let end = Instant::now();
+        let mut stats = run.stats;
+        stats.generated_tokens = run.generated.len();
+        stats.decode_time = run.first_token_at.map(|t| end - t).unwrap_or_default();
+        stats.total_time = end - start;
+        Ok(Generation {
+            tokens: run.generated,
+            logprobs: run.logprobs,
+            finish,
+            stats,
+        })
+    }
+
+    /// The token after the last pass: the device's argmax when only ids cross, else drawn
+    /// on the host from the last row's logits (copied into `self.logits`).
+    fn pick(&mut self, run: &mut Run, ids_only: bool, greedy: u32) -> Result<u32, EngineError> {
+        if ids_only {
+            return Ok(greedy);
+        }
+        self.state.last_logits(&mut self.logits)?;
+        run.sample(&self.logits)
+    }
+
+    /// One pass per token.
+    fn decode_plain(
+        &mut self,
+        run: &mut Run,
+        first: u32,
+        ids_only: bool,
+    ) -> Result<FinishReason, EngineError> {
+        let mut token = first;
+        loop {
+            if let Some(finish) = run.take(token, &self.logits)? {
+                return Ok(finish);
+            }
+            if self.state.len() + 1 >= self.ctx_size() {
+                return Ok(FinishReason::ContextFull);
+            }
+            let greedy = self.state.feed(&[token])?;
+            self.tokens.push(token);
+            run.stats.decode_passes += 1;
+            token = self.pick(run, ids_only, greedy)?;
+            run.stats.decode_tokens += 1;
+        }
+    }
+
+    /// Speculative decoding: each cycle verifies the drafted tree in one pass and walks it
+    /// as plain decoding would sample: with the device's argmax of every node when only ids
+    /// cross, else with the host sampler on each visited node's row.
+    fn decode_drafted(
+        &mut self,
+        spec: &mut Speculator,
+        run: &mut Run,
+        first: u32,
+        prompt: &[u32],
+        ids_only: bool,
+    ) -> Result<FinishReason, EngineError> {
+        spec.drafter.start(prompt, Features::default())?;
+        let mut token = first;
+        if let Some(finish) = run.take(token, &self.logits)? {
+            return Ok(finish);
+        }
+        loop {
+            let (len, ctx) = (self.state.len(), self.ctx_size());
+            if len + 1 >= ctx {
+                return Ok(FinishReason::ContextFull);
+            }
+            let room = (ctx - len - 2)
+                .min(run.options.max_tokens - run.generated.len())
+                .min(self.state.max_tree().saturating_sub(1));
+            let budget = spec.policy.budget().min(room);
+            let (tree, draft_time) = spec.draft_tree(&run.history, token, budget)?;
+            let t = Instant::now();
+            let ids = self.state.verify(&tree)?;
+            if ids.len() != tree.len() {
+                return Err(EngineError::Device(format!(
+                    "a verification of {} nodes returned {} tokens",
+                    tree.len(),
+                    ids.len()
+                )));
+            }
+            let (path, new) = if ids_only {
+                walk_ids(&tree, &ids)
+            } else {
+                self.walk_sampled(&tree, run)?
+            };
+            run.stats.decode_passes += 1;
+            spec.record_pass(&tree, path.len() - 1, draft_time, t.elapsed());
+            // Emit as plain decoding would; it would have fed every emitted token but the last.
+            let mut finish = None;
+            let mut fed = path.len();
+            for (j, &y) in new.iter().enumerate() {
+                run.stats.decode_tokens += 1;
+                // Token j was drawn from the row of the path's j-th node (none when ids only).
+                let row = self
+                    .rows
+                    .get(j)
+                    .filter(|_| !ids_only)
+                    .map_or(&[][..], |r| r);
+                if let Some(f) = run.take(y, row)? {
+                    finish = Some(f);
+                    fed = j + 1;
+                    break;
+                }
+            }
+            let path = &path[..fed.min(path.len())];
+            self.state.commit(path)?;
+            let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
+            self.tokens.extend_from_slice(&committed);
+            spec.drafter.accept(&Accepted {
+                tokens: &committed,
+                committed_len: self.state.len(),
+                features: Features::default(),
+            })?;
+            if let Some(f) = finish {
+                return Ok(f);
+            }
+            token = *new.last().expect("a pass yields at least one token");
+        }
+    }
+
+    /// The walk down a verified `tree` with the host sampler (`spec::accept_path_constrained`'s
+    /// rule), fetching each visited node's row into `self.rows`: the accepted path and the
+    /// tokens sampled along it.
+    fn walk_sampled(
+        &mut self,
+        tree: &TokenTree,
+        run: &Run,
+    ) -> Result<(Vec<usize>, Vec<u32>), EngineError> {
+        let mut walker = run.constraint.as_deref().map(|c| c.fork());
+        let mut history = run.history.clone();
+        let (mut node, mut path, mut new) = (0, vec![0], Vec::new());
+        loop {
+            let j = new.len();
+            if self.rows.len() <= j {
+                self.rows.push(Vec::new());
+            }
+            self.state.node_logits(node, &mut self.rows[j])?;
+            let mask = walker.as_mut().map(|w| w.mask()).transpose()?;
+            let y = sampler::sample_masked(
+                &run.options.sampling,
+                &self.rows[j],
+                &history,
+                history.len(),
+                mask.as_ref(),
+            );
+            new.push(y);
+            match tree.child_with(node, y) {
+                Some(child) => {
+                    if let Some(w) = walker.as_mut() {
+                        w.advance(y)?;
+                    }
+                    node = child;
+                    path.push(child);
+                    history.push(y);
+                }
+                None => return Ok((path, new)),
+            }
+        }
+    }
+}
+
+/// The walk down a verified `tree` by the device's argmax of each node (`ids`): the accepted
+/// path and the tokens along it, the last one the first that left the tree.
+fn walk_ids(tree: &TokenTree, ids: &[u32]) -> (Vec<usize>, Vec<u32>) {
+    let (mut node, mut path, mut new) = (0, vec![0], Vec::new());
+    loop {
+        let y = ids[node];
+        new.push(y);
+        match tree.child_with(node, y) {
+            Some(child) => {
+                node = child;
+                path.push(child);
+            }
+            None => return (path, new),
+        }
+    }
+}
+
+impl Generator for DeviceSession {
+    fn device(&self) -> String {
+        self.device.clone()
+    }
+
+    fn ctx_size(&self) -> usize {
+        DeviceSession::ctx_size(self)
+    }
+
+    fn reset(&mut self) {
+        DeviceSession::reset(self)
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        DeviceSession::generate(self, prompt, options, &|| false, on_token)
+    }
+
+    /// `cache` holds CPU states and is not used: with one, the session reuses its own
+    /// state's prefix; without, it computes the whole prompt (as a CPU session does).
+    fn generate_until(
+        &mut self,
+        cache: Option<&Mutex<PrefixCache>>,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        cancelled: &dyn Fn() -> bool,
+        on_token: &mut dyn FnMut(Emitted) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        if cache.is_none() {
+            DeviceSession::reset(self);
+        }
+        DeviceSession::generate(self, prompt, options, cancelled, on_token)
+    }
+}
+
+#[cfg(test)]
+mod tests;

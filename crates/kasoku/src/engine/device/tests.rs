@@ -1,0 +1,453 @@
+//! The device session's logic on a stand-in device: a CPU model behind [`DeviceState`] that
+//! hands back only what a GPU would (argmax ids, and logits when asked), checked against the
+//! CPU [`Session`] on the same weights: the same tokens, log-probabilities and finish reasons,
+//! greedy, sampled, constrained and speculative.
+
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::*;
+use crate::constraint::{ConstraintError, TokenConstraint, TokenMask};
+use crate::engine::{Session, SpecKind};
+use crate::model::{Batch, Model, ModelState, Output};
+use crate::sampler::{argmax, SamplingParams};
+use crate::spec::PolicyConfig;
+
+/// What the stand-in device was asked for.
+#[derive(Default)]
+struct Counts {
+    /// Rows of logits copied to the host.
+    logits: Cell<usize>,
+    verifies: Cell<usize>,
+    /// Fail the pass after this many more (None: never).
+    fail_in: Cell<Option<usize>>,
+}
+
+struct CpuDevice {
+    model: Arc<Model>,
+    state: ModelState,
+    out: Output,
+    counts: Rc<Counts>,
+}
+
+impl CpuDevice {
+    fn pass(&self) -> Result<(), EngineError> {
+        match self.counts.fail_in.get() {
+            Some(0) => Err(EngineError::Device("injected failure".into())),
+            Some(n) => {
+                self.counts.fail_in.set(Some(n - 1));
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl DeviceState for CpuDevice {
+    fn len(&self) -> usize {
+        self.state.len()
+    }
+    fn max_len(&self) -> usize {
+        self.state.max_len()
+    }
+    fn max_tree(&self) -> usize {
+        16
+    }
+    fn truncate(&mut self, len: usize) {
+        if !self.state.truncate(len) {
+            self.state = self.model.new_state(self.state.max_len());
+        }
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<u32, EngineError> {
+        self.pass()?;
+        self.model
+            .run(&mut self.state, &Batch::chain(tokens), &mut self.out)?;
+        Ok(argmax(&self.out.logits))
+    }
+    fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.counts.logits.set(self.counts.logits.get() + 1);
+        out.clear();
+        out.extend_from_slice(&self.out.logits);
+        Ok(())
+    }
+    fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.counts.logits.set(self.counts.logits.get() + 1);
+        let vocab = self.model.config.vocab;
+        out.clear();
+        out.extend_from_slice(&self.out.logits[node * vocab..(node + 1) * vocab]);
+        Ok(())
+    }
+    fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {
+        self.pass()?;
+        self.counts.verifies.set(self.counts.verifies.get() + 1);
+        self.model
+            .run(&mut self.state, &Batch::tree(tree), &mut self.out)?;
+        let vocab = self.model.config.vocab;
+        Ok(self.out.logits.chunks(vocab).map(argmax).collect())
+    }
+    fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {
+        Ok(self.model.commit(&mut self.state, path)?)
+    }
+}
+
+fn fixture(rel: &str) -> Arc<Model> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel);
+    Arc::new(Model::load(path).unwrap())
+}
+
+const CTX: usize = 96;
+
+fn device(model: &Arc<Model>) -> (DeviceSession, Rc<Counts>) {
+    let counts = Rc::new(Counts::default());
+    let state = CpuDevice {
+        model: model.clone(),
+        state: model.new_state(CTX),
+        out: Output::default(),
+        counts: counts.clone(),
+    };
+    (DeviceSession::new(Box::new(state), "test:0"), counts)
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| 3 + (i * 7 + salt) % 40).collect()
+}
+
+fn options(sampling: SamplingParams, max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        sampling,
+        max_tokens,
+        ..Default::default()
+    }
+}
+
+fn sampled() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.02,
+        repetition_penalty: 1.1,
+        seed: 7,
+        ..Default::default()
+    }
+}
+
+fn generate(g: &mut dyn Generator, prompt: &[u32], options: &GenerateOptions) -> Generation {
+    g.generate(prompt, options, &mut |_| Flow::Continue)
+        .unwrap()
+}
+
+#[test]
+fn greedy_on_the_device_equals_the_cpu_session_and_copies_no_logits() {
+    for rel in ["llama/tiny/model-f32.gguf", "qwen3/tiny/model-f32.gguf"] {
+        let model = fixture(rel);
+        let o = options(SamplingParams::default(), 24);
+        let cpu = generate(&mut Session::new(model.clone(), CTX), &prompt(20, 1), &o);
+        let (mut dev, counts) = device(&model);
+        let got = generate(&mut dev, &prompt(20, 1), &o);
+        assert_eq!(got.tokens, cpu.tokens, "{rel}");
+        assert_eq!(got.finish, cpu.finish);
+        assert_eq!(got.stats.decode_passes, cpu.stats.decode_passes);
+        assert_eq!(counts.logits.get(), 0, "greedy: only ids cross");
+        assert_eq!(dev.device(), "test:0");
+    }
+}
+
+#[test]
+fn sampling_from_host_logits_equals_the_cpu_sampler() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    for seed in [1, 7, 99] {
+        let o = options(SamplingParams { seed, ..sampled() }, 30);
+        let cpu = generate(&mut Session::new(model.clone(), CTX), &prompt(12, 2), &o);
+        let (mut dev, counts) = device(&model);
+        let got = generate(&mut dev, &prompt(12, 2), &o);
+        assert_eq!(got.tokens, cpu.tokens, "seed {seed}");
+        // One row of logits per sampled token.
+        assert_eq!(counts.logits.get(), got.tokens.len());
+    }
+    // Greedy with a penalty reads the history: the logits come to the host.
+    let o = options(
+        SamplingParams {
+            repetition_penalty: 1.3,
+            ..Default::default()
+        },
+        16,
+    );
+    let cpu = generate(&mut Session::new(model.clone(), CTX), &prompt(12, 2), &o);
+    let (mut dev, counts) = device(&model);
+    assert_eq!(generate(&mut dev, &prompt(12, 2), &o).tokens, cpu.tokens);
+    assert!(counts.logits.get() > 0);
+}
+
+#[test]
+fn logprobs_and_stop_tokens_match_the_cpu_session() {
+    let model = fixture("qwen2/tiny/model-f32.gguf");
+    let first = generate(
+        &mut Session::new(model.clone(), CTX),
+        &prompt(10, 3),
+        &options(SamplingParams::default(), 12),
+    );
+    let o = GenerateOptions {
+        logprobs: Some(3),
+        // A token the answer reaches ends it unemitted.
+        stop_tokens: vec![first.tokens[5]],
+        ..options(sampled(), 12)
+    };
+    let cpu = generate(&mut Session::new(model.clone(), CTX), &prompt(10, 3), &o);
+    let (mut dev, _) = device(&model);
+    let got = generate(&mut dev, &prompt(10, 3), &o);
+    assert_eq!(got.tokens, cpu.tokens);
+    assert_eq!(got.logprobs, cpu.logprobs);
+    assert_eq!(got.logprobs.len(), got.tokens.len());
+    assert_eq!(got.finish, cpu.finish);
+}
+
+/// Allows the tokens whose id is congruent to the answer's length modulo 3.
+#[derive(Clone)]
+struct Stride {
+    vocab: usize,
+    at: u32,
+}
+
+impl TokenConstraint for Stride {
+    fn mask(&mut self) -> Result<TokenMask, ConstraintError> {
+        let mut m = TokenMask::none(self.vocab);
+        for id in (0..self.vocab as u32).filter(|id| id % 3 == self.at % 3) {
+            m.allow(id);
+        }
+        Ok(m)
+    }
+    fn advance(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if token % 3 != self.at % 3 {
+            return Err(ConstraintError(format!("{token} was not allowed")));
+        }
+        self.at += 1;
+        Ok(())
+    }
+    fn fork(&self) -> Box<dyn TokenConstraint> {
+        Box::new(self.clone())
+    }
+}
+
+#[test]
+fn constraints_apply_to_host_logits_as_on_the_cpu() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    let vocab = model.config.vocab;
+    for sampling in [SamplingParams::default(), sampled()] {
+        let o = GenerateOptions {
+            constraint: Some(Constraint::new(Stride { vocab, at: 0 })),
+            ..options(sampling, 15)
+        };
+        let cpu = generate(&mut Session::new(model.clone(), CTX), &prompt(9, 4), &o);
+        let (mut dev, counts) = device(&model);
+        let got = generate(&mut dev, &prompt(9, 4), &o);
+        assert_eq!(got.tokens, cpu.tokens);
+        assert!(got
+            .tokens
+            .iter()
+            .enumerate()
+            .all(|(i, t)| t % 3 == i as u32 % 3));
+        assert_eq!(counts.logits.get(), got.tokens.len());
+    }
+}
+
+#[test]
+fn prompt_lookup_on_the_device_equals_plain_decoding_greedy_or_sampled() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    // A repetitive prompt gives prompt lookup something to find.
+    let p: Vec<u32> = (0..40).map(|i| 5 + (i % 6)).collect();
+    let o = options(SamplingParams::default(), 40);
+    let plain = generate(&mut Session::new(model.clone(), CTX), &p, &o);
+    let policy = PolicyConfig {
+        adaptive: false,
+        ..PolicyConfig::default()
+    };
+    let (mut dev, counts) = device(&model);
+    dev.set_speculator(device_speculator(SpecKind::Ngram, false, policy).unwrap());
+    let got = generate(&mut dev, &p, &o);
+    assert_eq!(got.tokens, plain.tokens);
+    assert_eq!(counts.logits.get(), 0);
+    let spec = got.stats.spec.clone().expect("spec statistics");
+    assert!(spec.verify_passes > 0, "trees were verified");
+    assert_eq!(counts.verifies.get(), got.stats.decode_passes);
+    assert!(got.stats.decode_passes < got.tokens.len(), "{spec:?}");
+    // Sampled, penalised, constrained and with log-probabilities: drafted too, walked with
+    // the host sampler on the visited nodes' rows, and the answer is plain decoding's.
+    let vocab = model.config.vocab;
+    let cases = [
+        options(sampled(), 30),
+        GenerateOptions {
+            logprobs: Some(2),
+            ..options(SamplingParams::default(), 30)
+        },
+        GenerateOptions {
+            constraint: Some(Constraint::new(Stride { vocab, at: 0 })),
+            ..options(sampled(), 20)
+        },
+        options(
+            SamplingParams {
+                temperature: 0.3,
+                seed: 3,
+                ..Default::default()
+            },
+            30,
+        ),
+    ];
+    let mut accepted = 0;
+    for o in cases {
+        let plain = generate(&mut Session::new(model.clone(), CTX), &p, &o);
+        let before = counts.logits.get();
+        let got = generate(&mut dev, &p, &o);
+        assert_eq!(got.tokens, plain.tokens);
+        assert_eq!(got.logprobs, plain.logprobs);
+        assert_eq!(got.finish, plain.finish);
+        let spec = got.stats.spec.clone().expect("drafted");
+        accepted += spec.accepted_tokens();
+        // A row per sampled token (the first, then the walk's rows), never a whole tree's.
+        assert!(counts.logits.get() - before <= got.tokens.len() + got.stats.decode_passes + 1);
+    }
+    assert!(accepted > 0, "sampled drafts were accepted somewhere");
+}
+
+#[test]
+fn the_device_drafts_with_prompt_lookup_only() {
+    let p = PolicyConfig::default();
+    assert!(device_speculator(SpecKind::None, false, p)
+        .unwrap()
+        .is_none());
+    let auto = device_speculator(SpecKind::Auto, false, p)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        auto.drafter.name(),
+        device_speculator(SpecKind::Ngram, true, p)
+            .unwrap()
+            .unwrap()
+            .drafter
+            .name()
+    );
+    assert!(!auto.policy.config.adaptive);
+    for (kind, draft) in [
+        (SpecKind::Auto, true),
+        (SpecKind::Draft, true),
+        (SpecKind::Mtp, false),
+        (SpecKind::DFlash, true),
+    ] {
+        let err = device_speculator(kind, draft, p).err().expect("refused");
+        assert!(err.to_string().contains("prompt lookup only"), "{err}");
+    }
+}
+
+#[test]
+fn a_shared_prefix_is_reused_and_the_answer_is_unchanged() {
+    let model = fixture("qwen3/tiny/model-f32.gguf");
+    let (mut dev, _) = device(&model);
+    let o = options(SamplingParams::default(), 8);
+    let a = prompt(30, 5);
+    let mut b = a[..24].to_vec();
+    b.extend(prompt(6, 9));
+    generate(&mut dev, &a, &o);
+    let again = generate(&mut dev, &b, &o);
+    assert_eq!(again.stats.cached_tokens, 24);
+    assert_eq!(again.stats.prompt_tokens, 6);
+    let fresh = generate(&mut Session::new(model.clone(), CTX), &b, &o);
+    assert_eq!(again.tokens, fresh.tokens);
+    // The same prompt again recomputes only its last token.
+    let same = generate(&mut dev, &b, &o);
+    assert_eq!(same.stats.cached_tokens, b.len() - 1);
+    assert_eq!(same.tokens, fresh.tokens);
+    // The server's call without a prefix cache computes the whole prompt, as on the CPU;
+    // with one, the session's own prefix serves.
+    let cache = Mutex::new(PrefixCache::new(1 << 20, 16));
+    let until = |dev: &mut DeviceSession, cache| {
+        dev.generate_until(cache, &b, &o, &|| false, &mut |_| Flow::Continue)
+            .unwrap()
+    };
+    let none = until(&mut dev, None);
+    assert_eq!(
+        (none.stats.cached_tokens, none.tokens),
+        (0, fresh.tokens.clone())
+    );
+    let some = until(&mut dev, Some(&cache));
+    assert_eq!(
+        (some.stats.cached_tokens, some.tokens),
+        (b.len() - 1, fresh.tokens)
+    );
+}
+
+#[test]
+fn errors_are_reported_and_the_state_starts_over() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    let (mut dev, counts) = device(&model);
+    let o = options(SamplingParams::default(), 10);
+    let g = |dev: &mut DeviceSession, p: &[u32], o: &GenerateOptions| {
+        dev.generate(p, o, &|| false, &mut |_| Flow::Continue)
+    };
+    assert!(matches!(
+        g(&mut dev, &[], &o),
+        Err(EngineError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        g(&mut dev, &prompt(CTX, 1), &o),
+        Err(EngineError::PromptTooLong { .. })
+    ));
+    let bad = options(
+        SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        },
+        4,
+    );
+    assert!(matches!(
+        g(&mut dev, &prompt(5, 1), &bad),
+        Err(EngineError::Param(_))
+    ));
+    // A device failure in the middle of the answer fails the request, never panics...
+    counts.fail_in.set(Some(3));
+    let err = g(&mut dev, &prompt(20, 1), &o).unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    assert!(dev.cached_tokens().is_empty(), "the state was reset");
+    // ...and the next request runs from scratch with the right answer.
+    counts.fail_in.set(None);
+    let fresh = generate(&mut Session::new(model.clone(), CTX), &prompt(20, 1), &o);
+    let again = g(&mut dev, &prompt(20, 1), &o).unwrap();
+    assert_eq!(again.tokens, fresh.tokens);
+    assert_eq!(again.stats.cached_tokens, 0);
+}
+
+#[test]
+fn cancelling_before_the_prefill_returns_no_tokens() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    let (mut dev, _) = device(&model);
+    let o = options(SamplingParams::default(), 10);
+    let g = dev
+        .generate(&prompt(20, 1), &o, &|| true, &mut |_| Flow::Continue)
+        .unwrap();
+    assert!(g.tokens.is_empty());
+    assert_eq!(g.finish, FinishReason::Stop);
+    // max_tokens 0: the prompt only.
+    let g = generate(
+        &mut dev,
+        &prompt(20, 1),
+        &options(SamplingParams::default(), 0),
+    );
+    assert!(g.tokens.is_empty());
+    assert_eq!(g.finish, FinishReason::Length);
+}
+
+#[test]
+fn a_full_context_ends_the_answer_as_on_the_cpu() {
+    let model = fixture("llama/tiny/model-f32.gguf");
+    let o = options(SamplingParams::default(), 1000);
+    let p = prompt(CTX - 5, 1);
+    let cpu = generate(&mut Session::new(model.clone(), CTX), &p, &o);
+    let (mut dev, _) = device(&model);
+    let got = generate(&mut dev, &p, &o);
+    assert_eq!(got.tokens, cpu.tokens);
+    assert_eq!(got.finish, FinishReason::ContextFull);
+    assert_eq!(cpu.finish, FinishReason::ContextFull);
+}
