@@ -293,11 +293,21 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
     Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
-/// Warps per 16-row tile of the tensor-core kernel: one per 4 of the row's 32-value blocks,
-/// 1 to [`MMA_MAX_SPLIT`]. Depends only on the width, never on the number of activation rows,
-/// so a row's arithmetic is the same at every batch size.
-pub fn mma_split(cols: usize) -> usize {
-    (cols / 32 / 4).clamp(1, MMA_MAX_SPLIT)
+/// Warps per 16-row tile of the tensor-core kernel: one per `subs` of the row's 32-value
+/// blocks (4 unless `KASOKU_CUDA_MMA_SUBS` says otherwise, for measuring), 1 to
+/// [`MMA_MAX_SPLIT`]. Depends only on the width, never on the number of activation rows, so a
+/// row's arithmetic is the same at every batch size.
+pub fn mma_split(cols: usize, subs: usize) -> usize {
+    (cols / 32 / subs.max(1)).clamp(1, MMA_MAX_SPLIT)
+}
+
+/// Sub-blocks per warp of the tensor-core kernel in this process ([`mma_split`]).
+fn mma_subs() -> usize {
+    std::env::var("KASOKU_CUDA_MMA_SUBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| (1..=64).contains(&v))
+        .unwrap_or(4)
 }
 
 /// Builds the tensor-core kernel's parameters for block-format `segs` (at most 3, each the
@@ -311,7 +321,7 @@ pub fn mma_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatA
             s.fmt
         )));
     }
-    a.split = mma_split(cols) as i32;
+    a.split = mma_split(cols, mma_subs()) as i32;
     let tiles: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(16)).sum();
     Ok((a, tiles as u32))
 }

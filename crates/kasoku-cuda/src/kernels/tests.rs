@@ -160,10 +160,11 @@ fn tensor_core_products_take_block_formats_in_16_row_tiles_split_by_width() {
         assert!(NAMES.contains(&name));
     }
     // One warp per 4 blocks of 32 values, 1..=16: the 1.5B model's 1536 and 8960 widths.
-    assert_eq!(mma_split(64), 1);
-    assert_eq!(mma_split(512), 4);
-    assert_eq!(mma_split(1536), 12);
-    assert_eq!(mma_split(8960), 16);
+    assert_eq!(mma_split(64, 4), 1);
+    assert_eq!(mma_split(512, 4), 4);
+    assert_eq!(mma_split(1536, 4), 12);
+    assert_eq!(mma_split(8960, 4), 16);
+    assert_eq!(mma_split(1536, 16), 3);
     // q/k/v of 1536 + 256 + 256 rows: 96 + 16 + 16 tiles; a partial tile counts whole.
     let segs = [
         seg(DType::Q4K, 1536),
