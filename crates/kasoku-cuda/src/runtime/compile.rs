@@ -146,6 +146,8 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 ///
 /// `KASOKU_CUDA_EARLY_LAUNCH=0` compiles the kernels without their early launch of the next
 /// kernel (see `wait_for_predecessor` in common.cuh), for measuring what it gains.
+/// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
+/// printed to standard error.
 pub fn options(arch: &str) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={arch}"),
@@ -156,7 +158,14 @@ pub fn options(arch: &str) -> Vec<String> {
     if std::env::var("KASOKU_CUDA_EARLY_LAUNCH").is_ok_and(|v| v == "0") {
         o.push("-DKASOKU_NO_EARLY_LAUNCH".into());
     }
+    if verbose_ptxas() {
+        o.push("--ptxas-options=-v".into());
+    }
     o
+}
+
+fn verbose_ptxas() -> bool {
+    std::env::var("KASOKU_CUDA_PTXAS_VERBOSE").is_ok_and(|v| v == "1")
 }
 
 /// Compiles `source` to machine code (CUBIN) for `arch`; the error carries NVRTC's log.
@@ -193,6 +202,9 @@ pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>> {
         let log = String::from_utf8_lossy(&log)
             .trim_end_matches('\0')
             .to_string();
+        if verbose_ptxas() {
+            eprintln!("{log}");
+        }
         let out = (|| {
             nvrtc_check("nvrtcCompileProgram", r, &log)?;
             let mut size = 0usize;
