@@ -37,10 +37,18 @@ typedef signed char i8;
 // and stop at their own wait while this kernel runs, so the launch latency between two
 // kernels of a pass is hidden instead of paid ~300 times a step. Each kernel still reads
 // nothing before its predecessor completes, so results do not change.
+//
+// With KASOKU_TRIGGER_FIRST the next kernel may launch before this one has even passed its
+// own wait: a chain of kernels then becomes resident ahead of the one running, as far as the
+// SMs have room. Still safe: a kernel's wait is for its predecessor's completion, not for its
+// trigger.
 __device__ __forceinline__ void wait_for_predecessor() {
 #if __CUDA_ARCH__ >= 900
+#if defined(KASOKU_TRIGGER_FIRST) && !defined(KASOKU_NO_EARLY_LAUNCH)
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifndef KASOKU_NO_EARLY_LAUNCH
+#if !defined(KASOKU_TRIGGER_FIRST) && !defined(KASOKU_NO_EARLY_LAUNCH)
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 #endif

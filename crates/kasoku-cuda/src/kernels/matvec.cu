@@ -406,6 +406,27 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, boo
 // row in the unused slots. A row's arithmetic is the same source code at every NR, in either
 // slot of a pair and at every batch size, so its bits do not depend on the kernel, the tile or
 // the pair it lands in.
+// With KASOKU_OWN_PREFETCH, each warp asks L2 for its own pair of weight rows before waiting
+// for its predecessor: with early launch, the rows stream in from DRAM while the kernels
+// before this one finish, and the loads after the wait find them in L2.
+__device__ __forceinline__ void prefetch_own_rows(const MatArgs& a) {
+#ifdef KASOKU_OWN_PREFETCH
+    const int split = a.split;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = warp % split;
+    int g = blockIdx.x * (4 / split) + warp / split;
+    int si = 0;
+    while (si < a.nseg && g >= (a.seg[si].rows + 1) / 2) { g -= (a.seg[si].rows + 1) / 2; si++; }
+    if (si >= a.nseg) return;
+    const MatSeg& s = a.seg[si];
+    int j0 = 2 * g;
+    long long len = (long long)(j0 + 1 < s.rows ? 2 : 1) * s.row_bytes;
+    const u8* p = s.w + (size_t)j0 * s.row_bytes;
+    for (long long o = (long long)(lane + 32 * part) * 128; o < len; o += 32LL * split * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+#endif
+}
+
 template <int NR>
 __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     // A fused argmax (the head: one segment) first takes the maximum over the block in shared
@@ -439,21 +460,25 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
 
 extern "C" __global__ void __launch_bounds__(128) matvec_1(MatArgs a) {
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
+    prefetch_own_rows(a);
     wait_for_predecessor();
     matvec_body<1>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) {
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
+    prefetch_own_rows(a);
     wait_for_predecessor();
     matvec_body<2>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) {
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
+    prefetch_own_rows(a);
     wait_for_predecessor();
     matvec_body<4>(a);
 }
 extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) {
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
+    prefetch_own_rows(a);
     wait_for_predecessor();
     matvec_body<8>(a);
 }

@@ -146,6 +146,10 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 ///
 /// `KASOKU_CUDA_EARLY_LAUNCH=0` compiles the kernels without their early launch of the next
 /// kernel (see `wait_for_predecessor` in common.cuh), for measuring what it gains.
+/// `KASOKU_CUDA_TRIGGER_FIRST=1` lets the next kernel launch before this one's wait (see
+/// `wait_for_predecessor`).
+/// `KASOKU_CUDA_OWN_PREFETCH=1` has each product warp ask L2 for its own weight rows before
+/// that wait.
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
 /// printed to standard error.
 pub fn options(arch: &str) -> Vec<String> {
@@ -157,6 +161,12 @@ pub fn options(arch: &str) -> Vec<String> {
     ];
     if std::env::var("KASOKU_CUDA_EARLY_LAUNCH").is_ok_and(|v| v == "0") {
         o.push("-DKASOKU_NO_EARLY_LAUNCH".into());
+    }
+    if std::env::var("KASOKU_CUDA_TRIGGER_FIRST").is_ok_and(|v| v == "1") {
+        o.push("-DKASOKU_TRIGGER_FIRST".into());
+    }
+    if std::env::var("KASOKU_CUDA_OWN_PREFETCH").is_ok_and(|v| v == "1") {
+        o.push("-DKASOKU_OWN_PREFETCH".into());
     }
     if verbose_ptxas() {
         o.push("--ptxas-options=-v".into());
