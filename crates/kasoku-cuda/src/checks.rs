@@ -14,7 +14,8 @@ use kasoku::model::{TokenTree, TreeBuilder};
 use kasoku::quant::{dequantize, DType};
 
 use crate::kernels::{
-    argmax_id, attention_chunks, Acts, AttnCall, DeviceMatrix, Kernels, NormTail, PostArgs, QkvPost,
+    argmax_id, attention_chunks, Acts, AttnCall, DeviceMatrix, GluTail, Kernels, NormTail,
+    PostArgs, QkvPost,
 };
 use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
@@ -689,7 +690,7 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             let mut words = vec![0u32; layout_m.words];
             fill_meta(&layout_m, past, &[0], None, &mut words);
             let meta1 = gpu.upload(as_bytes(&words))?;
-            let run = |fused: bool| -> R<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+            let run = |fused: bool| -> R<Snapshot> {
                 let (kc1, vc1) = (upload_cache(&kc)?, upload_cache(&vc)?);
                 let (q1, k1, v1) = (
                     gpu.upload_f32(&q[..q_dim])?,
@@ -774,6 +775,9 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
     Ok(rep)
 }
 
+/// Four device buffers' bytes, for comparing two runs bit for bit.
+type Snapshot = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
 /// The gate|up product with SwiGLU fused in gives the bits of the product and the swiglu
 /// kernel one after the other: the result and its int8 blocks, at several batch sizes, twice
 /// in a row (the counts reset themselves).
@@ -827,8 +831,10 @@ fn fused_swiglu(k: &Kernels, rng: &mut Rng) -> R<Report> {
                 acts,
                 n,
                 cols,
-                counts.ptr(),
-                out.acts(&g, rows),
+                GluTail {
+                    counts: counts.ptr(),
+                    out: out.acts(&g, rows),
+                },
             )?;
             let got = (
                 g.read_f32(n * rows)?,
@@ -880,7 +886,7 @@ fn fused_norm(k: &Kernels, rng: &mut Rng) -> R<Report> {
         let out = QuantBufs::new(gpu, nmax * rows)?;
         let mut same = true;
         for n in [1usize, 2, 3, 4, 1] {
-            let read = || -> R<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+            let read = || -> R<Snapshot> {
                 Ok((
                     y.read_bytes(n * rows * 4)?,
                     normed.read_bytes(n * rows * 4)?,

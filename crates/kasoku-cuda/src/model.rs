@@ -24,8 +24,8 @@ use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
 use kasoku::quant::dequantize;
 
 use crate::kernels::{
-    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, Kernels, KvCommit,
-    NormTail, PostArgs, QkvPost,
+    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, GluTail, Kernels,
+    KvCommit, NormTail, PostArgs, QkvPost,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
@@ -651,7 +651,17 @@ impl CudaState {
                 l.up.seg(self.u.ptr(), c.ffn, None, false),
             );
             if fuse_glu {
-                k.matvec_swiglu(gate, up, normed, n, h, self.glu_count.ptr(), g)?;
+                k.matvec_swiglu(
+                    gate,
+                    up,
+                    normed,
+                    n,
+                    h,
+                    GluTail {
+                        counts: self.glu_count.ptr(),
+                        out: g,
+                    },
+                )?;
             } else {
                 if !skip(Skip::PRODUCTS) {
                     k.matvec_prefetch(&[gate, up], normed, n, h, &next(prefetch, &[&l.down]))?;

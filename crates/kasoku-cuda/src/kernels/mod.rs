@@ -136,6 +136,16 @@ pub struct MatArgs {
     pub norm_pad: i32,
 }
 
+/// Where a gate|up product with SwiGLU fused in ([`Kernels::matvec_swiglu`]) keeps its
+/// counts and writes the int8 blocks of its result.
+#[derive(Clone, Copy, Debug)]
+pub struct GluTail {
+    /// A zeroed u32 per 32 rows of the gate (the product leaves them zero).
+    pub counts: u64,
+    /// The result's int8 blocks (`out.xq`/`out.xs`; row stride: the gate's rows).
+    pub out: Acts,
+}
+
 /// The RMSNorm a residual product applies to its result before it returns
 /// ([`Kernels::matvec_norm`]).
 #[derive(Clone, Copy, Debug)]
@@ -471,8 +481,7 @@ impl Kernels {
     /// `g = silu(x·Gateᵀ) · (x·Upᵀ)` in one kernel: the gate|up product of [`Kernels::matvec`]
     /// whose warps, as each group of 32 rows completes, apply SwiGLU to it in place in
     /// `gate.y` and write its int8 blocks to `out` (what [`Kernels::swiglu`] computes, the
-    /// same bits). `counts`: a zeroed u32 per 32 rows of the gate. Not with the tensor-core
-    /// kernel (an error).
+    /// same bits). Not with the tensor-core kernel (an error).
     pub fn matvec_swiglu(
         &self,
         gate: MatSeg,
@@ -480,9 +489,9 @@ impl Kernels {
         x: Acts,
         n: usize,
         cols: usize,
-        counts: u64,
-        out: Acts,
+        glu: GluTail,
     ) -> Result<()> {
+        let GluTail { counts, out } = glu;
         if self.mma {
             return Err(Error::Invalid(
                 "SwiGLU is not fused into tensor-core products".into(),
