@@ -134,69 +134,194 @@ pub fn sample_masked(
     if params.is_greedy() {
         return argmax(&logits);
     }
-    let mut candidates: Vec<(u32, f32)> = logits
+    let allowed: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
         .filter(|&(i, _)| mask.is_none_or(|m| m.is_allowed(i as u32)))
         .map(|(i, &l)| (i as u32, l))
         .collect();
-    // Sort by logit, descending; ties broken by id for determinism.
-    let keep = if params.top_k > 0 {
-        params.top_k.min(candidates.len())
+    let candidates = if params.top_k > 0 && params.top_k < allowed.len() {
+        Candidates::TopK(top_k_of(allowed, params.top_k))
     } else {
-        candidates.len()
+        Candidates::All(allowed)
     };
-    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    // Still in ascending id order unless top-k selected.
-    let id_ordered = keep == candidates.len();
-    if keep < candidates.len() {
-        candidates.select_nth_unstable_by(keep - 1, by_logit);
-        candidates.truncate(keep);
-    }
-    sort_by_logit(&mut candidates, id_ordered);
+    draw(params, candidates, position).unwrap_or_else(|| argmax(&logits))
+}
 
-    // top-p and min-p act on the softmax at temperature 1, as llama.cpp does.
-    let probs = softmax(&candidates.iter().map(|c| c.1).collect::<Vec<_>>());
-    if params.top_p < 1.0 {
-        let mut cum = 0.0f64;
-        let mut cut = candidates.len();
-        for (i, p) in probs.iter().enumerate() {
-            cum += *p as f64;
-            if cum >= params.top_p as f64 {
-                cut = i + 1;
-                break;
-            }
-        }
-        candidates.truncate(cut);
-    }
-    if params.min_p > 0.0 && !candidates.is_empty() {
-        let threshold = probs[0] * params.min_p;
-        let cut = probs
-            .iter()
-            .take(candidates.len())
-            .take_while(|&&p| p >= threshold)
-            .count()
-            .max(1);
-        candidates.truncate(cut);
-    }
+/// What a draw chooses among: tokens with their logits (penalties and mask applied).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Candidates {
+    /// Every token the draw may take, in ascending id order (top-k off, or not narrower
+    /// than what is allowed).
+    All(Vec<(u32, f32)>),
+    /// Exactly the `top_k` first tokens in the sampler's order ([`by_logit`]), in any order.
+    TopK(Vec<(u32, f32)>),
+}
 
-    let scaled: Vec<f32> = candidates
-        .iter()
-        .map(|c| c.1 / params.temperature)
-        .collect();
-    let probs = softmax(&scaled);
-    let u = uniform(params.seed, position as u64);
-    let mut cum = 0.0f64;
-    for (c, p) in candidates.iter().zip(&probs) {
-        cum += *p as f64;
-        if u < cum {
-            return c.0;
-        }
+/// The sampler's order: logit descending by `total_cmp`, ties by the smaller id. Total, so
+/// every correct sort or selection by it gives the same sequence.
+pub fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The first `k` of `candidates` in the sampler's order ([`by_logit`]), in no particular
+/// order (all of them when `k` is not smaller).
+pub fn top_k_of(mut candidates: Vec<(u32, f32)>, k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < candidates.len() {
+        candidates.select_nth_unstable_by(k - 1, by_logit);
+        candidates.truncate(k);
     }
     candidates
-        .last()
-        .map(|c| c.0)
-        .unwrap_or_else(|| argmax(&logits))
+}
+
+/// The draw of the chain after penalties, mask and top-k: top-p and min-p (on the softmax at
+/// temperature 1, as llama.cpp does), temperature, then the (seed, position)-keyed uniform.
+/// The one piece of sampling arithmetic, whether the candidates come from a whole row on the
+/// host or from a device's top-k selection. `None` when there is no candidate.
+///
+/// Exact sums in a fixed order that needs no sort: the softmax denominators run over the
+/// candidates as given (a top-k list sorted first, a whole row in id order), except the
+/// final one after a top-p or min-p cut, which runs over the kept prefix in the sampler's
+/// order. The sampler's order itself is only established as far as the cuts and the draw
+/// walk need it ([`Ranked`]), so a whole vocabulary is rarely sorted.
+pub fn draw(params: &SamplingParams, candidates: Candidates, position: usize) -> Option<u32> {
+    let mut ranked = match candidates {
+        Candidates::All(all) => Ranked::new(all, true),
+        Candidates::TopK(mut top) => {
+            top.sort_unstable_by(by_logit);
+            Ranked::new(top, false)
+        }
+    };
+    let n = ranked.len();
+    if n == 0 {
+        return None;
+    }
+    let cuts = params.top_p < 1.0 || params.min_p > 0.0;
+    let mut keep = n;
+    if cuts {
+        // Probabilities at temperature 1 over every candidate, in the list's order.
+        let given = ranked.given();
+        let max = given.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        let sum: f64 = given.iter().map(|c| ((c.1 - max) as f64).exp()).sum();
+        let prob = |l: f32| (((l - max) as f64).exp() / sum) as f32;
+        if params.top_p < 1.0 {
+            let mut cum = 0.0f64;
+            for i in 0..n {
+                cum += prob(ranked.get(i).1) as f64;
+                if cum >= params.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if params.min_p > 0.0 {
+            let threshold = prob(ranked.get(0).1) * params.min_p;
+            let mut count = 0;
+            while count < keep && prob(ranked.get(count).1) >= threshold {
+                count += 1;
+            }
+            keep = count.max(1);
+        }
+    }
+    // The final softmax at the temperature: over the kept prefix in the sampler's order
+    // after a cut, else over the candidates as given.
+    let scaled_sum = |list: &[(u32, f32)]| {
+        let max = list
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, c| m.max(c.1 / params.temperature));
+        let sum: f64 = list
+            .iter()
+            .map(|c| ((c.1 / params.temperature - max) as f64).exp())
+            .sum();
+        (max, sum)
+    };
+    let (max, sum) = if cuts {
+        scaled_sum(ranked.prefix(keep))
+    } else {
+        scaled_sum(ranked.given())
+    };
+    let u = uniform(params.seed, position as u64);
+    let mut cum = 0.0f64;
+    for i in 0..keep {
+        let c = ranked.get(i);
+        cum += (((c.1 / params.temperature - max) as f64).exp() / sum) as f32 as f64;
+        if u < cum {
+            return Some(c.0);
+        }
+    }
+    Some(ranked.get(keep - 1).0)
+}
+
+/// Candidates put in the sampler's order ([`by_logit`]) lazily: a prefix is sorted only as
+/// far as it is read, in growing steps (a selection, then a sort of what it selected), and
+/// the whole rest at once (radix sort) when the prefix asked for is a large part of it.
+struct Ranked {
+    items: Vec<(u32, f32)>,
+    /// The first `sorted` items are the first in the sampler's order, sorted.
+    sorted: usize,
+    /// Whether the unsorted rest is still in ascending id order (as given).
+    rest_id_ordered: bool,
+    /// Whether sorting has moved items from the order given.
+    reordered: bool,
+}
+
+impl Ranked {
+    /// `items` in ascending id order (`id_ordered`), or already sorted.
+    fn new(items: Vec<(u32, f32)>, id_ordered: bool) -> Ranked {
+        let sorted = if id_ordered { 0 } else { items.len() };
+        Ranked {
+            items,
+            sorted,
+            rest_id_ordered: id_ordered,
+            reordered: false,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// The candidates in the order they were given: valid only before the first
+    /// [`Ranked::get`] or [`Ranked::prefix`] of an id-ordered list (which reorder it).
+    fn given(&self) -> &[(u32, f32)] {
+        debug_assert!(!self.reordered, "the given order was read after sorting");
+        &self.items
+    }
+
+    /// Candidate `i` in the sampler's order (`i < len`).
+    fn get(&mut self, i: usize) -> (u32, f32) {
+        self.sort_through(i + 1);
+        self.items[i]
+    }
+
+    /// The first `n` candidates in the sampler's order.
+    fn prefix(&mut self, n: usize) -> &[(u32, f32)] {
+        self.sort_through(n);
+        &self.items[..n]
+    }
+
+    fn sort_through(&mut self, n: usize) {
+        let len = self.items.len();
+        if n <= self.sorted {
+            return;
+        }
+        let start = self.sorted;
+        let rest = &mut self.items[start..];
+        let want = n.max(2 * start).max(64).min(len) - start;
+        if want * 8 >= rest.len() {
+            sort_by_logit(rest, self.rest_id_ordered);
+            self.sorted = len;
+        } else {
+            rest.select_nth_unstable_by(want - 1, by_logit);
+            rest[..want].sort_unstable_by(by_logit);
+            self.sorted = start + want;
+        }
+        self.rest_id_ordered = false;
+        self.reordered = true;
+    }
 }
 
 /// Index of the largest logit (the first one on ties).
@@ -267,32 +392,93 @@ fn sort_by_logit(candidates: &mut [(u32, f32)], id_ordered: bool) {
 }
 
 fn apply_penalties(params: &SamplingParams, logits: &mut [f32], history: &[u32]) {
+    for (token, count) in penalty_counts(params, history) {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l = penalize(params, *l, count);
+        }
+    }
+}
+
+/// The tokens the penalties change, with their occurrences in the penalty window (distinct
+/// tokens, in no particular order; none when no penalty is set).
+pub fn penalty_counts(params: &SamplingParams, history: &[u32]) -> Vec<(u32, u32)> {
     if !params.has_penalties() {
-        return;
+        return Vec::new();
     }
     let window = &history[history.len().saturating_sub(params.penalty_last_n)..];
     let mut counts: HashMap<u32, u32> = HashMap::new();
     for &t in window {
         *counts.entry(t).or_default() += 1;
     }
-    for (&token, &count) in &counts {
-        let Some(l) = logits.get_mut(token as usize) else {
-            continue;
-        };
-        if *l > 0.0 {
-            *l /= params.repetition_penalty;
-        } else {
-            *l *= params.repetition_penalty;
+    counts.into_iter().collect()
+}
+
+/// `logit` after the penalties for a token seen `count` times in the window (repetition:
+/// positive logits divided, negative multiplied; then presence and frequency subtracted).
+pub fn penalize(params: &SamplingParams, logit: f32, count: u32) -> f32 {
+    let l = if logit > 0.0 {
+        logit / params.repetition_penalty
+    } else {
+        logit * params.repetition_penalty
+    };
+    l - (params.presence_penalty + params.frequency_penalty * count as f32)
+}
+
+/// What a device selects for a top-k draw ([`TopKPlan::for_request`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopKPlan {
+    /// How many of the row's largest raw logits to select: `top_k` and one per penalized token.
+    pub count: usize,
+    /// The penalized tokens within the vocabulary and their counts ([`penalty_counts`]):
+    /// their raw logits are gathered too.
+    pub penalized: Vec<(u32, u32)>,
+}
+
+impl TopKPlan {
+    /// The selection a sampled top-k draw at `history` needs from a row of `vocab` logits, when
+    /// a device selecting at most `max` can make it and it is smaller than the row; `None`
+    /// when the row itself is needed (greedy, top-k off, or a selection as large as the row).
+    pub fn for_request(
+        params: &SamplingParams,
+        history: &[u32],
+        vocab: usize,
+        max: usize,
+    ) -> Option<TopKPlan> {
+        if params.is_greedy() || params.top_k == 0 {
+            return None;
         }
-        *l -= params.presence_penalty + params.frequency_penalty * count as f32;
+        let mut penalized = penalty_counts(params, history);
+        penalized.retain(|p| (p.0 as usize) < vocab);
+        let count = params.top_k.checked_add(penalized.len())?;
+        (count <= max && count < vocab).then_some(TopKPlan { count, penalized })
     }
 }
 
-fn softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f64> = logits.iter().map(|&l| ((l - max) as f64).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.iter().map(|&e| (e / sum) as f32).collect()
+/// The candidates of a top-k draw from a device's selection, without the row: `top` holds the
+/// row's `top_k + penalized.len()` largest raw logits (any order) and `raw` the raw logits
+/// of the `penalized` tokens ([`penalty_counts`], ids within the vocabulary), in that order.
+/// Returns the penalized row's top-k, exactly as [`sample`] selects it: every token outside
+/// the top-k of the unpenalized tokens is below `top`'s last, and the penalized tokens
+/// (whose logits the penalties may raise or lower) are all given.
+pub fn penalized_top_k(
+    params: &SamplingParams,
+    top: &[(u32, f32)],
+    penalized: &[(u32, u32)],
+    raw: &[f32],
+) -> Candidates {
+    let is_penalized: std::collections::HashSet<u32> = penalized.iter().map(|p| p.0).collect();
+    let mut merged: Vec<(u32, f32)> = top
+        .iter()
+        .filter(|c| !is_penalized.contains(&c.0))
+        .copied()
+        .collect();
+    merged.extend(
+        penalized
+            .iter()
+            .zip(raw)
+            .map(|(&(id, count), &l)| (id, penalize(params, l, count))),
+    );
+    Candidates::TopK(top_k_of(merged, params.top_k))
 }
 
 /// A uniform number in [0, 1) that depends only on (seed, position): SplitMix64 finalisation
@@ -481,6 +667,168 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(sample(&windowed, &logits, &[0, 0, 2], 3), 0);
+    }
+
+    /// A small xorshift generator for the tests' random rows.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// A row with many ties (coarse values), a few very large or very small logits.
+    fn random_row(rng: &mut Rng, vocab: usize) -> Vec<f32> {
+        (0..vocab)
+            .map(|_| match rng.below(50) {
+                0 => f32::NEG_INFINITY,
+                1 => 12.0 + rng.below(4) as f32,
+                2 => -0.0,
+                3 => 0.0,
+                _ => (rng.below(96) as f32) * 0.125 - 6.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_device_top_k_selection_draws_as_the_whole_row() {
+        let mut rng = Rng(0x5DEE_CE66);
+        let mut compared = 0;
+        for case in 0..600 {
+            let vocab = [40, 300, 3000][case % 3];
+            let row = random_row(&mut rng, vocab);
+            let params = SamplingParams {
+                temperature: [0.3, 0.8, 1.0, 1.7][rng.below(4)],
+                top_k: [1, 2, 5, 40, 100, 290][rng.below(6)],
+                top_p: [1.0, 0.95, 0.7, 0.3][rng.below(4)],
+                min_p: [0.0, 0.0, 0.05, 0.3][rng.below(4)],
+                repetition_penalty: [1.0, 1.3, 0.8][rng.below(3)],
+                presence_penalty: [0.0, 0.7, -1.5][rng.below(3)],
+                frequency_penalty: [0.0, 0.4, -0.6][rng.below(3)],
+                penalty_last_n: [64, 8][rng.below(2)],
+                seed: rng.next(),
+            };
+            // Histories with repeats, and ids past the vocabulary (which no penalty reaches).
+            let history: Vec<u32> = (0..rng.below(80))
+                .map(|_| rng.below(vocab + 5) as u32)
+                .collect();
+            let Some(plan) = TopKPlan::for_request(&params, &history, vocab, 256) else {
+                continue;
+            };
+            // The device: the `count` largest raw logits in some order, and the gathered ones.
+            let all: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            let mut top = top_k_of(all, plan.count);
+            top.reverse();
+            let raw: Vec<f32> = plan.penalized.iter().map(|p| row[p.0 as usize]).collect();
+            for position in [history.len(), history.len() + 17] {
+                let want = sample(&params, &row, &history, position);
+                let got = draw(
+                    &params,
+                    penalized_top_k(&params, &top, &plan.penalized, &raw),
+                    position,
+                );
+                assert_eq!(got, Some(want), "case {case}: {params:?}");
+                compared += 1;
+            }
+        }
+        assert!(compared > 600, "{compared} draws compared");
+    }
+
+    #[test]
+    fn plans_leave_the_row_to_the_host_when_a_selection_cannot_help() {
+        let hot = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            presence_penalty: 0.5,
+            ..Default::default()
+        };
+        let plan = TopKPlan::for_request(&hot, &[3, 3, 9, 70_000], 1000, 256).unwrap();
+        assert_eq!(plan.count, 42);
+        let mut ids: Vec<(u32, u32)> = plan.penalized.clone();
+        ids.sort();
+        assert_eq!(ids, [(3, 2), (9, 1)]);
+        assert!(TopKPlan::for_request(&hot, &[], 41, 256).is_some());
+        assert!(
+            TopKPlan::for_request(&hot, &[], 40, 256).is_none(),
+            "not smaller"
+        );
+        assert!(
+            TopKPlan::for_request(&hot, &[], 1000, 39).is_none(),
+            "over the device's max"
+        );
+        let off = SamplingParams {
+            top_k: 0,
+            ..hot.clone()
+        };
+        assert!(TopKPlan::for_request(&off, &[], 1000, 256).is_none());
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..hot
+        };
+        assert!(TopKPlan::for_request(&greedy, &[], 1000, 256).is_none());
+    }
+
+    #[test]
+    fn the_lazy_order_gives_the_sorted_prefixes() {
+        let mut rng = Rng(77);
+        for vocab in [10, 500, 20_000] {
+            let row = random_row(&mut rng, vocab);
+            let all: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            let mut want = all.clone();
+            want.sort_unstable_by(by_logit);
+            let bits = |v: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                v.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+            };
+            for steps in [
+                vec![1, 2, 70, 71, vocab],
+                vec![vocab / 3, vocab],
+                vec![vocab],
+            ] {
+                let mut ranked = Ranked::new(all.clone(), true);
+                for n in steps.into_iter().map(|n| n.clamp(1, vocab)) {
+                    assert_eq!(
+                        bits(ranked.prefix(n)),
+                        bits(&want[..n]),
+                        "vocab {vocab} n {n}"
+                    );
+                    assert_eq!(ranked.get(n - 1).0, want[n - 1].0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn whole_rows_draw_from_the_nucleus_without_a_full_sort_of_the_answer() {
+        // The nucleus of a peaked row is its few largest tokens: every draw lands there.
+        let mut rng = Rng(5);
+        let mut row = random_row(&mut rng, 10_000);
+        for (i, l) in row.iter_mut().enumerate().take(10) {
+            *l = 40.0 - i as f32;
+        }
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: 9,
+            ..Default::default()
+        };
+        for pos in 0..200 {
+            assert!(sample(&p, &row, &[], pos) < 3);
+        }
     }
 
     #[test]
