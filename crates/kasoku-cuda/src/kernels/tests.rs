@@ -179,3 +179,15 @@ fn tensor_core_products_take_block_formats_in_16_row_tiles_split_by_width() {
     let e = mma_args(&[seg(DType::BF16, 16)], acts(256), 1, 256).unwrap_err();
     assert!(e.to_string().contains("block formats only"), "{e}");
 }
+
+#[test]
+fn top_k_keys_take_the_bits_of_the_largest_id() {
+    assert_eq!(id_bits(1), 1);
+    assert_eq!(id_bits(2), 1);
+    assert_eq!(id_bits(3), 2);
+    assert_eq!(id_bits(256), 8);
+    assert_eq!(id_bits(257), 9);
+    assert_eq!(id_bits(151_936), 18);
+    assert!(NAMES.contains(&"top_k_select"));
+    assert!(source().contains("top_k_select"));
+}
