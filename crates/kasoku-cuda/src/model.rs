@@ -307,8 +307,8 @@ pub fn fill_meta(
     }
 }
 
-/// Words of a top-k selection's buffers: the (id, logit bits) pairs, then the gathered
-/// logits, then the ids to gather.
+/// Words of a top-k selection's device buffer: the (id, logit bits) pairs, then the gathered
+/// logits, then the ids to gather (the pinned buffer stages the ids and receives the rest).
 struct TopLayout;
 
 impl TopLayout {
@@ -751,8 +751,10 @@ impl CudaState {
             )));
         }
         self.gpu.bind()?;
+        // The ids go up from the start of the pinned buffer (a queued copy reads from there),
+        // which the results overwrite only after that copy, in stream order.
         if !ids.is_empty() {
-            self.top_host.put_u32s(TopLayout::IDS, ids);
+            self.top_host.put_u32s(0, ids);
             self.top_dev
                 .write_async(TopLayout::IDS * 4, &self.top_host, ids.len() * 4)?;
         }
