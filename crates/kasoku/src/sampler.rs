@@ -126,26 +126,39 @@ pub fn sample_masked(
     position: usize,
     mask: Option<&TokenMask>,
 ) -> u32 {
-    let mut logits = logits.to_vec();
-    apply_penalties(params, &mut logits, history);
-    if let Some(mask) = mask {
-        mask.apply(&mut logits);
-    }
+    // A copy only when penalties or a mask change the row.
+    let changed;
+    let logits = if params.has_penalties() || mask.is_some() {
+        let mut copy = logits.to_vec();
+        apply_penalties(params, &mut copy, history);
+        if let Some(mask) = mask {
+            mask.apply(&mut copy);
+        }
+        changed = copy;
+        &changed[..]
+    } else {
+        logits
+    };
     if params.is_greedy() {
-        return argmax(&logits);
+        return argmax(logits);
     }
-    let allowed: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| mask.is_none_or(|m| m.is_allowed(i as u32)))
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
+    let allowed: Vec<(u32, f32)> = match mask {
+        None => (0..logits.len() as u32)
+            .zip(logits.iter().copied())
+            .collect(),
+        Some(m) => logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| m.is_allowed(i as u32))
+            .map(|(i, &l)| (i as u32, l))
+            .collect(),
+    };
     let candidates = if params.top_k > 0 && params.top_k < allowed.len() {
         Candidates::TopK(top_k_of(allowed, params.top_k))
     } else {
         Candidates::All(allowed)
     };
-    draw(params, candidates, position).unwrap_or_else(|| argmax(&logits))
+    draw(params, candidates, position).unwrap_or_else(|| argmax(logits))
 }
 
 /// What a draw chooses among: tokens with their logits (penalties and mask applied).
@@ -171,8 +184,16 @@ pub fn top_k_of(mut candidates: Vec<(u32, f32)>, k: usize) -> Vec<(u32, f32)> {
         return Vec::new();
     }
     if k < candidates.len() {
-        candidates.select_nth_unstable_by(k - 1, by_logit);
-        candidates.truncate(k);
+        // A threshold first narrows a long list cheaply (to a superset of the first k).
+        if k * 8 < candidates.len() {
+            if let Some(front) = partition_above(&mut candidates, k) {
+                candidates.truncate(front);
+            }
+        }
+        if k < candidates.len() {
+            candidates.select_nth_unstable_by(k - 1, by_logit);
+            candidates.truncate(k);
+        }
     }
     candidates
 }
@@ -205,8 +226,8 @@ pub fn draw(params: &SamplingParams, candidates: Candidates, position: usize) ->
         // Probabilities at temperature 1 over every candidate, in the list's order.
         let given = ranked.given();
         let max = given.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
-        let sum: f64 = given.iter().map(|c| ((c.1 - max) as f64).exp()).sum();
-        let prob = |l: f32| (((l - max) as f64).exp() / sum) as f32;
+        let sum = sum_exp(given, |l| l - max);
+        let prob = |l: f32| (exp_nonpositive((l - max) as f64) / sum) as f32;
         if params.top_p < 1.0 {
             let mut cum = 0.0f64;
             for i in 0..n {
@@ -232,11 +253,7 @@ pub fn draw(params: &SamplingParams, candidates: Candidates, position: usize) ->
         let max = list
             .iter()
             .fold(f32::NEG_INFINITY, |m, c| m.max(c.1 / params.temperature));
-        let sum: f64 = list
-            .iter()
-            .map(|c| ((c.1 / params.temperature - max) as f64).exp())
-            .sum();
-        (max, sum)
+        (max, sum_exp(list, |l| l / params.temperature - max))
     };
     let (max, sum) = if cuts {
         scaled_sum(ranked.prefix(keep))
@@ -247,12 +264,154 @@ pub fn draw(params: &SamplingParams, candidates: Candidates, position: usize) ->
     let mut cum = 0.0f64;
     for i in 0..keep {
         let c = ranked.get(i);
-        cum += (((c.1 / params.temperature - max) as f64).exp() / sum) as f32 as f64;
+        let e = exp_nonpositive((c.1 / params.temperature - max) as f64);
+        cum += (e / sum) as f32 as f64;
         if u < cum {
             return Some(c.0);
         }
     }
     Some(ranked.get(keep - 1).0)
+}
+
+/// Partial sums of [`sum_exp`]: candidate `i` goes to partial `i % SUM_LANES`.
+const SUM_LANES: usize = 1024;
+
+/// `Σ exp(arg(logit))` over `list` (each `arg` ≤ 0: a logit less the largest), in f64, in one
+/// fixed order that needs no sort: partial `j` adds candidates `j, j + 1024, …` in turn, then
+/// the partials are added pairwise, halving (`p[j] += p[j + 512]`, then `+ 256`, … down to
+/// one): the order a 1024-thread GPU block reduces in. The exponentials are
+/// [`exp_nonpositive`]'s, a block of 1024 at a time ([`exp_block`]: vector instructions
+/// where the processor has them, the same bits).
+fn sum_exp(list: &[(u32, f32)], arg: impl Fn(f32) -> f32) -> f64 {
+    let mut partial = [0f64; SUM_LANES];
+    let mut block = [0f64; SUM_LANES];
+    for chunk in list.chunks(SUM_LANES) {
+        let block = &mut block[..chunk.len()];
+        for (b, c) in block.iter_mut().zip(chunk) {
+            *b = arg(c.1) as f64;
+        }
+        exp_block(block);
+        for (p, e) in partial.iter_mut().zip(block.iter()) {
+            *p += *e;
+        }
+    }
+    let mut half = SUM_LANES;
+    while half > 1 {
+        half /= 2;
+        let (low, high) = partial.split_at_mut(half);
+        for (a, b) in low.iter_mut().zip(&high[..half]) {
+            *a += *b;
+        }
+    }
+    partial[0]
+}
+
+/// `e^x` for `x ≤ 0` from IEEE additions and multiplications alone (no library call, no
+/// fused multiply-add), so that a vector version ([`exp_block`]) gives the same bits: `x =
+/// k·ln 2 + r` with `|r| ≤ ln 2 / 2` (Cody and Waite's two-part ln 2), `e^r` by its Taylor
+/// series to degree 13 (truncation below 1e-17) in Horner's order, times `2^k`. Within 2 ulp
+/// of the library's `exp`; 0 below -708 (where `e^x` is subnormal: nothing beside the largest
+/// candidate's 1) and for NaN; positive `x` count as 0.
+#[inline]
+fn exp_nonpositive(x: f64) -> f64 {
+    // `!(x >= -708)` catches NaN too.
+    if !(x >= EXP_MIN) {
+        return 0.0;
+    }
+    let x = if x > 0.0 { 0.0 } else { x };
+    let t = x * std::f64::consts::LOG2_E + EXP_SHIFT;
+    let k = t - EXP_SHIFT;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let mut p = EXP_TAYLOR[0];
+    for c in &EXP_TAYLOR[1..] {
+        p = p * r + c;
+    }
+    // 2^k from k's bits in t's mantissa (k in -1022..=0: a normal number).
+    let k_bits = t.to_bits().wrapping_sub(EXP_SHIFT.to_bits());
+    p * f64::from_bits(k_bits.wrapping_add(1023) << 52)
+}
+
+const EXP_MIN: f64 = -708.0;
+/// 1.5 · 2^52: adding it rounds to an integer (kept in the low mantissa bits).
+const EXP_SHIFT: f64 = 6_755_399_441_055_744.0;
+/// ln 2's leading 32 bits (k · LN2_HI is exact) and the rest.
+const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+/// 1/13!, 1/12!, …, 1/1!, 1/0!: Horner's coefficients of e^r.
+const EXP_TAYLOR: [f64; 14] = [
+    1.0 / 6_227_020_800.0,
+    1.0 / 479_001_600.0,
+    1.0 / 39_916_800.0,
+    1.0 / 3_628_800.0,
+    1.0 / 362_880.0,
+    1.0 / 40_320.0,
+    1.0 / 5_040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// [`exp_nonpositive`] of every value of `v`, in place: four at a time with AVX2 where the
+/// processor has it (the same operations in the same order, so the same bits), else one by
+/// one.
+fn exp_block(v: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked just above).
+        unsafe { exp_block_avx2(v) };
+        return;
+    }
+    for x in v.iter_mut() {
+        *x = exp_nonpositive(*x);
+    }
+}
+
+/// [`exp_block`] with AVX2: [`exp_nonpositive`] on four lanes, operation for operation.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_block_avx2(v: &mut [f64]) {
+    use std::arch::x86_64::*;
+    let quads = v.len() / 4;
+    let (min, zero) = (_mm256_set1_pd(EXP_MIN), _mm256_setzero_pd());
+    let shift = _mm256_set1_pd(EXP_SHIFT);
+    for q in 0..quads {
+        let at = v.as_mut_ptr().add(4 * q);
+        let x = _mm256_loadu_pd(at);
+        // All ones where x >= -708 (false for NaN); those lanes keep their value.
+        let kept = _mm256_cmp_pd::<_CMP_GE_OQ>(x, min);
+        // min(x, 0): 0 for positive x (and -0.0 to 0.0, which gives the same 1 below).
+        let x = _mm256_blendv_pd(min, _mm256_min_pd(x, zero), kept);
+        let t = _mm256_add_pd(
+            _mm256_mul_pd(x, _mm256_set1_pd(std::f64::consts::LOG2_E)),
+            shift,
+        );
+        let k = _mm256_sub_pd(t, shift);
+        let r = _mm256_sub_pd(
+            _mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(LN2_HI))),
+            _mm256_mul_pd(k, _mm256_set1_pd(LN2_LO)),
+        );
+        let mut p = _mm256_set1_pd(EXP_TAYLOR[0]);
+        for &c in &EXP_TAYLOR[1..] {
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c));
+        }
+        let k_bits = _mm256_sub_epi64(
+            _mm256_castpd_si256(t),
+            _mm256_set1_epi64x(EXP_SHIFT.to_bits() as i64),
+        );
+        let scale = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(
+            k_bits,
+            _mm256_set1_epi64x(1023),
+        )));
+        let e = _mm256_and_pd(_mm256_mul_pd(p, scale), kept);
+        _mm256_storeu_pd(at, e);
+    }
+    for x in v[4 * quads..].iter_mut() {
+        *x = exp_nonpositive(*x);
+    }
 }
 
 /// Candidates put in the sampler's order ([`by_logit`]) lazily: a prefix is sorted only as
@@ -314,6 +473,9 @@ impl Ranked {
         if want * 8 >= rest.len() {
             sort_by_logit(rest, self.rest_id_ordered);
             self.sorted = len;
+        } else if let Some(front) = partition_above(rest, want) {
+            sort_by_logit(&mut rest[..front], false);
+            self.sorted = start + front;
         } else {
             rest.select_nth_unstable_by(want - 1, by_logit);
             rest[..want].sort_unstable_by(by_logit);
@@ -322,6 +484,49 @@ impl Ranked {
         self.rest_id_ordered = false;
         self.reordered = true;
     }
+}
+
+/// A logit's bits as an unsigned key that orders as `total_cmp`.
+fn monotone(l: f32) -> u32 {
+    let b = l.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// Moves to the front of `items` every candidate whose logit is at or above a threshold
+/// (by `total_cmp`) that at least `want` of them reach, and returns how many: those are the
+/// first of `items` in the sampler's order, in some order. The threshold starts 4 below the
+/// largest logit and moves down, doubling the distance, until enough pass (a count is one
+/// comparison per candidate, cheaper than a selection); `None` when none of a few does (or
+/// the largest logit is not finite).
+fn partition_above(items: &mut [(u32, f32)], want: usize) -> Option<usize> {
+    let top = items.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+    if !top.is_finite() {
+        return None;
+    }
+    let mut delta = 4.0f32;
+    let threshold = loop {
+        let key = monotone(top - delta);
+        let count = items.iter().filter(|c| monotone(c.1) >= key).count();
+        if count >= want {
+            break key;
+        }
+        if delta >= 256.0 {
+            return None;
+        }
+        delta *= 2.0;
+    };
+    let mut front = 0;
+    for i in 0..items.len() {
+        if monotone(items[i].1) >= threshold {
+            items.swap(front, i);
+            front += 1;
+        }
+    }
+    Some(front)
 }
 
 /// Index of the largest logit (the first one on ties).
@@ -828,6 +1033,84 @@ mod tests {
         };
         for pos in 0..200 {
             assert!(sample(&p, &row, &[], pos) < 3);
+        }
+    }
+
+    #[test]
+    fn the_sum_adds_in_partials_then_halving() {
+        let mut rng = Rng(17);
+        let row = random_row(&mut rng, 70_777);
+        let all: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        // The same order by hand: partial j over j, j + 1024, …, then halving.
+        let mut partial = [0f64; SUM_LANES];
+        for (i, c) in all.iter().enumerate() {
+            partial[i % SUM_LANES] += exp_nonpositive((c.1 - max) as f64);
+        }
+        let mut half = SUM_LANES;
+        while half > 1 {
+            half /= 2;
+            for j in 0..half {
+                partial[j] += partial[j + half];
+            }
+        }
+        assert_eq!(sum_exp(&all, |l| l - max).to_bits(), partial[0].to_bits());
+        let short = &all[..3000];
+        let mut partial = [0f64; SUM_LANES];
+        for (i, c) in short.iter().enumerate() {
+            partial[i % SUM_LANES] += exp_nonpositive((c.1 - max) as f64);
+        }
+        let plain = sum_exp(short, |l| l - max);
+        assert!((plain - partial.iter().sum::<f64>()).abs() < 1e-9 * plain);
+    }
+
+    #[test]
+    fn the_sampler_exponential_is_the_library_one_within_two_ulp_and_the_same_in_blocks() {
+        let mut rng = Rng(3);
+        let mut worst = 0u64;
+        let mut xs = Vec::new();
+        for i in 0..200_000 {
+            let x = match i % 4 {
+                0 => -(rng.below(1 << 20) as f64) / (1 << 20) as f64,
+                1 => -(rng.below(708 << 20) as f64) / (1 << 20) as f64,
+                2 => -((rng.next() >> 11) as f64) / (1u64 << 53) as f64 * 708.0,
+                _ => -(rng.below(100) as f64) * 0.125,
+            };
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            worst = worst.max(got.to_bits().abs_diff(want.to_bits()));
+            xs.push(x);
+        }
+        assert!(worst <= 2, "{worst} ulp");
+        let specials = [
+            0.0,
+            -0.0,
+            1.5,
+            -708.0,
+            -708.5,
+            -800.0,
+            f64::NAN,
+            f64::NEG_INFINITY,
+        ];
+        for (&x, want) in specials
+            .iter()
+            .zip([1.0, 1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+        {
+            if want >= 0.0 {
+                assert_eq!(exp_nonpositive(x), want, "{x}");
+            }
+        }
+        // Blocks (vector instructions where present) give the scalar bits, tails included.
+        xs.extend(specials);
+        for len in [xs.len(), 1027, 3] {
+            let mut block = xs[..len].to_vec();
+            exp_block(&mut block);
+            for (x, e) in xs.iter().zip(&block) {
+                assert_eq!(e.to_bits(), exp_nonpositive(*x).to_bits(), "{x}");
+            }
         }
     }
 
