@@ -704,8 +704,8 @@ pub fn random_logits(rng: &mut Rng, vocab: usize, kind: usize) -> Vec<f32> {
             match kind {
                 0 => rng.sym() * 20.0,
                 1 => ((r >> 20) % 200) as f32 * 0.125 - 12.0,
-                _ if r % 97 == 0 => special[(r >> 8) as usize % special.len()],
-                _ if r % 5 == 0 => ((r >> 20) % 4) as f32,
+                _ if r.is_multiple_of(97) => special[(r >> 8) as usize % special.len()],
+                _ if r.is_multiple_of(5) => ((r >> 20) % 4) as f32,
                 _ => 1.5,
             }
         })

@@ -314,8 +314,8 @@ fn sum_exp(list: &[(u32, f32)], arg: impl Fn(f32) -> f32) -> f64 {
 /// candidate's 1) and for NaN; positive `x` count as 0.
 #[inline]
 fn exp_nonpositive(x: f64) -> f64 {
-    // `!(x >= -708)` catches NaN too.
-    if !(x >= EXP_MIN) {
+    // NaN too.
+    if x.is_nan() || x < EXP_MIN {
         return 0.0;
     }
     let x = if x > 0.0 { 0.0 } else { x };
@@ -334,9 +334,9 @@ fn exp_nonpositive(x: f64) -> f64 {
 const EXP_MIN: f64 = -708.0;
 /// 1.5 · 2^52: adding it rounds to an integer (kept in the low mantissa bits).
 const EXP_SHIFT: f64 = 6_755_399_441_055_744.0;
-/// ln 2's leading 32 bits (k · LN2_HI is exact) and the rest.
-const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+/// ln 2's leading 32 bits (k · LN2_HI is exact) and the rest (fdlibm's `ln2_hi`, `ln2_lo`).
+const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76);
 /// 1/13!, 1/12!, …, 1/1!, 1/0!: Horner's coefficients of e^r.
 const EXP_TAYLOR: [f64; 14] = [
     1.0 / 6_227_020_800.0,
