@@ -945,11 +945,6 @@ pub fn speculative(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<
     Ok(rep)
 }
 
-/// The engine's `DeviceSession` on the GPU (what `run` and `serve` use): greedy with only ids
-/// crossing equals [`crate::generate_plain`]; with prompt lookup it equals plain decoding,
-/// greedy and sampled; and what each kind of request costs per token (decode tokens per
-/// second: ids only, a host-sampled row with top-k 40, and with top-k off, where the host
-/// sampler sorts the whole vocabulary).
 /// A device state that hands back whole rows only (no top-k selection): the path every
 /// host-sampled token took before the selection, to compare against.
 struct RowsOnly(Box<dyn kasoku::engine::DeviceState>);
@@ -991,6 +986,11 @@ impl kasoku::engine::DeviceState for RowsOnly {
     }
 }
 
+/// The engine's `DeviceSession` on the GPU (what `run` and `serve` use): greedy with only ids
+/// crossing equals [`crate::generate_plain`]; with prompt lookup it equals plain decoding,
+/// greedy and sampled; sampled top-k draws from the device's selection equal draws from whole
+/// rows, plain and with prompt lookup; and what each kind of request costs per token (decode
+/// tokens per second: ids only, top-k 40 from the selection and from whole rows, top-k off).
 pub fn session(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<Report> {
     use kasoku::engine::{
         device_speculator, DeviceModel, DeviceSession, Flow, GenerateOptions, Generation, SpecKind,
