@@ -63,7 +63,11 @@ fn main() {
         ),
         ("top-k off, temperature only", base.clone()),
     ];
+    let only = std::env::args().nth(1);
     for (what, params) in sets {
+        if only.as_deref().is_some_and(|o| !what.contains(o)) {
+            continue;
+        }
         let draws = 200;
         let t = Instant::now();
         let mut check = 0u64;
