@@ -8,6 +8,8 @@
 //! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
 //!   SwiGLU, argmax, KV-cache commit.
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility.
+//! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
+//!   pass ([`Kernels::gemm`], launchers in `gemm.rs`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -17,6 +19,12 @@ use kasoku::quant::DType;
 use crate::runtime::compile::{arch_of, compile_cached, Module};
 use crate::runtime::{Error, Gpu, Result};
 
+mod gemm;
+pub use gemm::{
+    gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit, product_args, DequantSeg, GemmArgs,
+    GemmOut, GemmScratch, GemmTile, PrepArgs,
+};
+
 /// The whole kernel source, in compilation order.
 pub fn source() -> String {
     [
@@ -25,12 +33,13 @@ pub fn source() -> String {
         include_str!("mma.cu"),
         include_str!("ops.cu"),
         include_str!("attention.cu"),
+        include_str!("gemm.cu"),
     ]
     .join("\n")
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 16] = [
+pub const NAMES: [&str; 19] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -47,6 +56,9 @@ pub const NAMES: [&str; 16] = [
     "argmax",
     "kv_commit",
     "attn_partial",
+    "gemm_prepare",
+    "gemm_128x128",
+    "gemm_64x64",
 ];
 
 /// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
