@@ -24,13 +24,15 @@ use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
 use kasoku::quant::dequantize;
 
 use crate::kernels::{
-    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, Kernels, KvCommit,
-    QkvPost,
+    argmax_id, attention_chunks, gemm_scratch_bytes, Acts, AttnCall, BatchDesc, DeviceMatrix,
+    GemmScratch, GemmTile, Kernels, KvCommit, MatSeg, QkvPost,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
-/// Rows of one prefill pass (longer prompts run in passes of this many).
-pub const PREFILL_ROWS: usize = 256;
+/// Rows of one prefill pass (longer prompts run in passes of this many). 512: the prefill
+/// GEMM expands each weight matrix to f16 once per pass, so longer passes pay it less often
+/// (the attention partials, sized rows × heads × chunks, grow with it).
+pub const PREFILL_ROWS: usize = 512;
 /// Nodes of a verified tree at most (and rows of a graph-captured pass).
 pub const MAX_TREE: usize = 64;
 
@@ -363,6 +365,60 @@ pub struct CudaState {
     /// benchmark can tell what each class costs inside a captured graph. Results are wrong
     /// while any bit is set.
     pub skip: u32,
+    /// Passes of at least this many rows run the layers' products on f16 tensor cores
+    /// (`Kernels::gemm`, kernels/gemm.cu) instead of matvec: prefill passes, above
+    /// [`MAX_TREE`] by default, so decode and verification keep their batch-invariant bits.
+    /// `None` (or `KASOKU_CUDA_GEMM=0`, or a GPU before compute capability 8.0): never.
+    pub gemm_rows: Option<usize>,
+    /// The prefill products' f16 scratch (compute capability 8.0 or later).
+    gemm_bufs: Option<GemmBufs>,
+}
+
+/// The f16 scratch of the prefill products: the largest layer product's weights (q|k|v,
+/// o, gate|up or down), and the activations of a pass.
+struct GemmBufs {
+    w16: DeviceBuffer,
+    x16: DeviceBuffer,
+}
+
+impl GemmBufs {
+    fn scratch(&self) -> GemmScratch {
+        GemmScratch {
+            w16: self.w16.ptr(),
+            w16_bytes: self.w16.len(),
+            x16: self.x16.ptr(),
+            x16_bytes: self.x16.len(),
+        }
+    }
+}
+
+/// The passes that run on the prefill GEMM by default: more rows than any verified tree, unless
+/// `gemm_env` (the value of `KASOKU_CUDA_GEMM`) is "0".
+pub fn default_gemm_rows(gemm_env: Option<&str>) -> Option<usize> {
+    match gemm_env {
+        Some("0") => None,
+        _ => Some(MAX_TREE + 1),
+    }
+}
+
+/// Bytes of f16 scratch the prefill products of a model of `hidden` width, attention widths
+/// `q_dim` and `kv_dim` and FFN `ffn` need for passes of `rows` rows: (weights of the largest
+/// product: q|k|v, o, gate|up or down; activations).
+pub fn gemm_scratch_size(
+    h: usize,
+    q_dim: usize,
+    kv_dim: usize,
+    ffn: usize,
+    rows: usize,
+) -> (usize, usize) {
+    let products = [(q_dim + 2 * kv_dim, h), (h, q_dim), (2 * ffn, h), (h, ffn)];
+    let w = products
+        .iter()
+        .map(|&(r, cols)| gemm_scratch_bytes(r, 0, cols).0)
+        .max()
+        .unwrap_or(0);
+    let max_width = h.max(q_dim).max(ffn);
+    (w, gemm_scratch_bytes(0, rows, max_width).1)
 }
 
 /// Kernel classes [`CudaState::skip`] can leave out of a pass (for measuring only).
@@ -395,6 +451,15 @@ impl CudaState {
         let kv = gpu.alloc(c.n_layers * 2 * kv_dim * max_slots * 2)?;
         kv.fill(0)?;
         let layout = MetaLayout::new(rows);
+        let gemm_bufs = if m.kernels.has_gemm() {
+            let (w, x) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
+            Some(GemmBufs {
+                w16: gpu.alloc(w)?,
+                x16: gpu.alloc(x)?,
+            })
+        } else {
+            None
+        };
         let st = CudaState {
             len: 0,
             max_len,
@@ -432,6 +497,8 @@ impl CudaState {
             use_graphs: true,
             prefetch: std::env::var("KASOKU_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
             skip: 0,
+            gemm_rows: default_gemm_rows(std::env::var("KASOKU_CUDA_GEMM").ok().as_deref()),
+            gemm_bufs,
             gpu,
         };
         Ok(st)
@@ -471,6 +538,29 @@ impl CudaState {
         Ok(())
     }
 
+    /// Whether a pass of `n` rows runs its layer products on the prefill GEMM.
+    pub fn uses_gemm(&self, n: usize) -> bool {
+        self.gemm_bufs.is_some() && self.gemm_rows.is_some_and(|r| n >= r)
+    }
+
+    /// One of a layer's products in [`CudaState::record`]: on the prefill GEMM for passes of
+    /// [`CudaState::gemm_rows`] or more, else matvec (which prefetches `next` into L2 as it
+    /// runs).
+    fn product(
+        &self,
+        m: &CudaModel,
+        segs: &[MatSeg],
+        x: Acts,
+        n: usize,
+        cols: usize,
+        next: &[&DeviceMatrix],
+    ) -> Result<()> {
+        match &self.gemm_bufs {
+            Some(b) if self.uses_gemm(n) => m.kernels.gemm(segs, x, n, cols, &b.scratch()),
+            _ => m.kernels.matvec_prefetch(segs, x, n, cols, next),
+        }
+    }
+
     /// Queues one pass over the rows described in `meta` (n rows, copied from pinned memory
     /// first), ending with the ids of `head`'s rows copied to pinned memory.
     fn record(&self, m: &CudaModel, n: usize, head: Head) -> Result<()> {
@@ -508,7 +598,8 @@ impl CudaState {
                 k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
             }
             if !skip(Skip::PRODUCTS) {
-                k.matvec_prefetch(
+                self.product(
+                    m,
                     &[
                         l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
                         l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
@@ -572,7 +663,8 @@ impl CudaState {
                 }
             }
             if !skip(Skip::PRODUCTS) {
-                k.matvec_prefetch(
+                self.product(
+                    m,
                     &[l.wo.seg(self.x.ptr(), h, None, true)],
                     att,
                     n,
@@ -584,7 +676,8 @@ impl CudaState {
                 k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
             }
             if !skip(Skip::PRODUCTS) {
-                k.matvec_prefetch(
+                self.product(
+                    m,
                     &[
                         l.gate.seg(self.g.ptr(), c.ffn, None, false),
                         l.up.seg(self.u.ptr(), c.ffn, None, false),
@@ -604,7 +697,8 @@ impl CudaState {
                     Some(nl) => next(prefetch, &[&nl.wq, &nl.wk, &nl.wv]),
                     None => Vec::new(),
                 };
-                k.matvec_prefetch(
+                self.product(
+                    m,
                     &[l.down.seg(self.x.ptr(), h, None, true)],
                     g,
                     n,
@@ -945,6 +1039,68 @@ impl CudaModel {
     }
 }
 
+impl CudaModel {
+    /// Times layer 0's gate|up product on the prefill GEMM at `n` activation rows (at most a
+    /// prefill pass's), `reps` launches each: the expansion to f16 (`gemm_prepare`), the
+    /// product with each tile shape, and the whole as a pass runs it. Returns (what,
+    /// microseconds per launch, flops of the product; 0 for the expansion); empty where the
+    /// state has no prefill GEMM.
+    pub fn profile_gemm(
+        &self,
+        st: &CudaState,
+        n: usize,
+        reps: usize,
+    ) -> Result<Vec<(String, f64, f64)>> {
+        let Some(bufs) = &st.gemm_bufs else {
+            return Ok(Vec::new());
+        };
+        if n == 0 || n > st.rows {
+            return Err(Error::Invalid(format!(
+                "profile_gemm at {n} rows (1..={})",
+                st.rows
+            )));
+        }
+        let (k, c, l) = (&self.kernels, &self.config, &self.layers[0]);
+        let segs = [
+            l.gate.seg(st.g.ptr(), c.ffn, None, false),
+            l.up.seg(st.u.ptr(), c.ffn, None, false),
+        ];
+        let x = Acts {
+            x: st.normed.ptr(),
+            ld: c.hidden,
+            ..Acts::default()
+        };
+        let scratch = bufs.scratch();
+        let flops = 2.0 * n as f64 * (2 * c.ffn) as f64 * c.hidden as f64;
+        let timer = crate::runtime::Timer::new(self.gpu())?;
+        let mut out = Vec::new();
+        let mut time = |what: String, flops: f64, f: &dyn Fn() -> Result<()>| -> Result<()> {
+            f()?;
+            timer.start()?;
+            for _ in 0..reps {
+                f()?;
+            }
+            let us = timer.stop_ms()? as f64 * 1e3 / reps as f64;
+            out.push((what, us, flops));
+            Ok(())
+        };
+        time("expand weights and activations to f16".into(), 0.0, &|| {
+            k.gemm_prepare(&segs, x, n, c.hidden, &scratch)
+        })?;
+        for tile in GemmTile::ALL {
+            time(format!("product {}", tile.kernel()), flops, &|| {
+                k.gemm_product(&segs, x, n, c.hidden, &scratch, tile)
+            })?;
+        }
+        time(
+            "whole (expansion + the tile it picks)".into(),
+            flops,
+            &|| k.gemm(&segs, x, n, c.hidden, &scratch),
+        )?;
+        Ok(out)
+    }
+}
+
 /// Greedy plain decoding on the GPU: the prompt, then `n` tokens one step at a time.
 pub fn generate_plain(
     m: &CudaModel,
@@ -1107,4 +1263,31 @@ pub fn generate_greedy(
         }
     }
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_passes_take_the_gemm_unless_switched_off() {
+        assert_eq!(default_gemm_rows(None), Some(MAX_TREE + 1));
+        assert_eq!(default_gemm_rows(Some("1")), Some(MAX_TREE + 1));
+        assert_eq!(default_gemm_rows(Some("0")), None);
+        // Verification and decode passes never reach it: their bits stay batch-invariant.
+        assert!(default_gemm_rows(None).unwrap() > MAX_TREE);
+        const { assert!(PREFILL_ROWS > MAX_TREE) };
+    }
+
+    #[test]
+    fn the_gemm_scratch_holds_the_largest_product() {
+        // Qwen2.5 1.5B: gate|up (2 × 8960 rows of 1536) is the largest; activations up to
+        // the FFN's width.
+        let (w, x) = gemm_scratch_size(1536, 1536, 256, 8960, 512);
+        assert_eq!(w, 2 * 8960 * 1536 * 2);
+        assert_eq!(x, 512 * 8960 * 2);
+        // A wide attention (q|k|v larger than gate|up).
+        let (w, _) = gemm_scratch_size(64, 4096, 4096, 32, 1);
+        assert_eq!(w, (4096 + 2 * 4096) * 64 * 2);
+    }
 }
