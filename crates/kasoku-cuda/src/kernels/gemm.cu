@@ -125,8 +125,9 @@ __device__ __forceinline__ void dequant_unit32(const u8* row, int fmt, int u, u1
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             int q = b[6 + i];
-            v[i] = d * (float)(((q & 15) | (((qh >> i) & 1) << 4)) - 16);
-            v[i + 16] = d * (float)(((q >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16);
+            // (int): the high bit comes from an unsigned word, and q − 16 must not wrap.
+            v[i] = d * (float)((int)((q & 15) | (((qh >> i) & 1) << 4)) - 16);
+            v[i + 16] = d * (float)((int)((q >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16);
         }
         store_halves32(out, v);
         break;
@@ -137,8 +138,8 @@ __device__ __forceinline__ void dequant_unit32(const u8* row, int fmt, int u, u1
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             int q = b[8 + i];
-            v[i] = fmaf(d, (float)((q & 15) | (((qh >> i) & 1) << 4)), m);
-            v[i + 16] = fmaf(d, (float)((q >> 4) | (((qh >> (i + 16)) & 1) << 4)), m);
+            v[i] = fmaf(d, (float)(int)((q & 15) | (((qh >> i) & 1) << 4)), m);
+            v[i + 16] = fmaf(d, (float)(int)((q >> 4) | (((qh >> (i + 16)) & 1) << 4)), m);
         }
         store_halves32(out, v);
         break;
