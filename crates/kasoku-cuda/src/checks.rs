@@ -14,8 +14,8 @@ use kasoku::model::{TokenTree, TreeBuilder};
 use kasoku::quant::{dequantize, DType};
 
 use crate::kernels::{
-    argmax_id, attention_chunks, gemm_scratch_bytes, Acts, AttnCall, DeviceMatrix, GemmScratch,
-    GemmTile, Kernels, MatSeg, QkvPost,
+    argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, DeviceMatrix,
+    GemmScratch, GemmTile, Kernels, MatSeg, QkvPost, GEMM_MAX_SPLITS,
 };
 use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
@@ -294,6 +294,7 @@ pub fn matvec(k: &Kernels) -> R<Report> {
 struct GemmBufs {
     w16: DeviceBuffer,
     x16: DeviceBuffer,
+    part: DeviceBuffer,
 }
 
 impl GemmBufs {
@@ -302,6 +303,7 @@ impl GemmBufs {
         Ok(GemmBufs {
             w16: gpu.alloc(w)?,
             x16: gpu.alloc(x)?,
+            part: gpu.alloc(gemm_part_bytes(rows, n, GEMM_MAX_SPLITS))?,
         })
     }
 
@@ -311,6 +313,8 @@ impl GemmBufs {
             w16_bytes: self.w16.len(),
             x16: self.x16.ptr(),
             x16_bytes: self.x16.len(),
+            part: self.part.ptr(),
+            part_bytes: self.part.len(),
         }
     }
 
@@ -324,6 +328,15 @@ impl GemmBufs {
             .collect())
     }
 }
+
+/// The ways the gemm checks run each product: both tiles, unsplit and K split 4 ways (3 where
+/// the slices divide so: the last split shorter).
+const GEMM_WAYS: [(GemmTile, usize); 4] = [
+    (GemmTile::Large, 1),
+    (GemmTile::Small, 1),
+    (GemmTile::Large, 4),
+    (GemmTile::Small, 4),
+];
 
 /// `y[r][j] = Σ_c x[r][c] · w[j][c]` in f64 for rows `0..n` of `x`.
 fn product_f64(x: &[f32], w: &[f32], n: usize, rows: usize, cols: usize) -> Vec<f64> {
@@ -384,11 +397,11 @@ pub fn gemm(k: &Kernels) -> R<Report> {
             let want_h = product_f64(&f16_round(&x), &wh, nmax, rows, cols);
             let want = product_f64(&x[..65 * cols], &wf, 65, rows, cols);
             let (mut worst, mut vs_f32) = (0f64, 0f64);
-            for tile in GemmTile::ALL {
+            for (tile, splits) in GEMM_WAYS {
                 for n in ns {
                     yd.fill(0xff)?;
                     k.gemm_prepare(&[seg], acts, n, cols, &bufs.scratch())?;
-                    k.gemm_product(&[seg], acts, n, cols, &bufs.scratch(), tile)?;
+                    k.gemm_product(&[seg], acts, n, cols, &bufs.scratch(), tile, splits)?;
                     let y = yd.read_f32(nmax * rows)?;
                     worst = worst.max(rel_err(&y[..n * rows], &want_h[..n * rows]));
                     // Rows past n stay untouched (NaN).
@@ -401,7 +414,7 @@ pub fn gemm(k: &Kernels) -> R<Report> {
             rep.check(
                 worst < 1e-4 && deq_err < 1e-3,
                 format!(
-                    "gemm {dtype} {rows}x{cols} n=65..512, both tiles: rel err vs f64 of the f16 \
+                    "gemm {dtype} {rows}x{cols} n=65..512, both tiles, K whole and split: rel err vs f64 of the f16 \
                      operands {worst:.1e}, vs f64 of the f32 ones {vs_f32:.1e}; f16 weights vs \
                      dequantize {deq_err:.1e}"
                 ),
@@ -441,12 +454,12 @@ pub fn gemm(k: &Kernels) -> R<Report> {
     let all_rows = 98;
     let want_h = product_f64(&f16_round(&x), &f16_round(&wall), n, all_rows, cols);
     let mut e = 0f64;
-    for tile in GemmTile::ALL {
+    for (tile, splits) in GEMM_WAYS {
         for (_, _, yd, _, _, _, init, _) in &keep {
             yd.write(0, as_bytes(init))?;
         }
         k.gemm_prepare(&segs, acts, n, cols, &bufs.scratch())?;
-        k.gemm_product(&segs, acts, n, cols, &bufs.scratch(), tile)?;
+        k.gemm_product(&segs, acts, n, cols, &bufs.scratch(), tile, splits)?;
         let mut j0 = 0;
         for (_, _, yd, rows, ldy, bias, init, acc) in &keep {
             let got = yd.read_f32(n * ldy)?;
@@ -472,7 +485,7 @@ pub fn gemm(k: &Kernels) -> R<Report> {
     rep.check(
         e < 1e-4,
         format!(
-            "gemm of Q4_K+Q6_K+F16 in one product at {n} rows, both tiles, bias, residual, \
+            "gemm of Q4_K+Q6_K+F16 in one product at {n} rows, both tiles, split or not, bias, residual, \
              output strides: rel err {e:.1e}"
         ),
     );

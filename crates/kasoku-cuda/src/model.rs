@@ -24,8 +24,8 @@ use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
 use kasoku::quant::dequantize;
 
 use crate::kernels::{
-    argmax_id, attention_chunks, gemm_scratch_bytes, Acts, AttnCall, BatchDesc, DeviceMatrix,
-    GemmScratch, GemmTile, Kernels, KvCommit, MatSeg, QkvPost,
+    argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, BatchDesc,
+    DeviceMatrix, GemmScratch, GemmTile, Kernels, KvCommit, MatSeg, QkvPost, GEMM_MAX_SPLITS,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
@@ -379,6 +379,7 @@ pub struct CudaState {
 struct GemmBufs {
     w16: DeviceBuffer,
     x16: DeviceBuffer,
+    part: DeviceBuffer,
 }
 
 impl GemmBufs {
@@ -388,6 +389,8 @@ impl GemmBufs {
             w16_bytes: self.w16.len(),
             x16: self.x16.ptr(),
             x16_bytes: self.x16.len(),
+            part: self.part.ptr(),
+            part_bytes: self.part.len(),
         }
     }
 }
@@ -401,16 +404,18 @@ pub fn default_gemm_rows(gemm_env: Option<&str>) -> Option<usize> {
     }
 }
 
-/// Bytes of f16 scratch the prefill products of a model of `hidden` width, attention widths
-/// `q_dim` and `kv_dim` and FFN `ffn` need for passes of `rows` rows: (weights of the largest
-/// product: q|k|v, o, gate|up or down; activations).
+/// Bytes of scratch the prefill products of a model of `hidden` width, attention widths
+/// `q_dim` and `kv_dim` and FFN `ffn` need for passes of `rows` rows: (f16 weights of the
+/// largest product: q|k|v, o, gate|up or down; f16 activations; the f32 partial sums of the
+/// products that split K, sized for the narrow ones — q|k|v, o, down — at
+/// [`crate::kernels::GEMM_MAX_SPLITS`]: wider ones split less or not at all).
 pub fn gemm_scratch_size(
     h: usize,
     q_dim: usize,
     kv_dim: usize,
     ffn: usize,
     rows: usize,
-) -> (usize, usize) {
+) -> (usize, usize, usize) {
     let products = [(q_dim + 2 * kv_dim, h), (h, q_dim), (2 * ffn, h), (h, ffn)];
     let w = products
         .iter()
@@ -418,7 +423,8 @@ pub fn gemm_scratch_size(
         .max()
         .unwrap_or(0);
     let max_width = h.max(q_dim).max(ffn);
-    (w, gemm_scratch_bytes(0, rows, max_width).1)
+    let part = gemm_part_bytes(h.max(q_dim + 2 * kv_dim), rows, GEMM_MAX_SPLITS);
+    (w, gemm_scratch_bytes(0, rows, max_width).1, part)
 }
 
 /// Kernel classes [`CudaState::skip`] can leave out of a pass (for measuring only).
@@ -452,10 +458,11 @@ impl CudaState {
         kv.fill(0)?;
         let layout = MetaLayout::new(rows);
         let gemm_bufs = if m.kernels.has_gemm() {
-            let (w, x) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
+            let (w, x, part) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
             Some(GemmBufs {
                 w16: gpu.alloc(w)?,
                 x16: gpu.alloc(x)?,
+                part: gpu.alloc(part)?,
             })
         } else {
             None
@@ -1040,11 +1047,14 @@ impl CudaModel {
 }
 
 impl CudaModel {
-    /// Times layer 0's gate|up product on the prefill GEMM at `n` activation rows (at most a
-    /// prefill pass's), `reps` launches each: the expansion to f16 (`gemm_prepare`), the
-    /// product with each tile shape, and the whole as a pass runs it. Returns (what,
-    /// microseconds per launch, flops of the product; 0 for the expansion); empty where the
-    /// state has no prefill GEMM.
+    /// Times layer 0's gate|up and down products on the prefill GEMM at `n` activation rows
+    /// (at most a prefill pass's), `reps` launches each: the expansion to f16
+    /// (`gemm_prepare`), the product with each tile shape unsplit and as [`gemm_plan`] splits
+    /// it, and the whole as a pass runs it. Returns (what, microseconds per launch, flops of
+    /// the product; 0 for the expansion); empty where the state has no prefill GEMM. Writes
+    /// the state's activation buffers (a benchmark's business only).
+    ///
+    /// [`gemm_plan`]: crate::kernels::gemm_plan
     pub fn profile_gemm(
         &self,
         st: &CudaState,
@@ -1061,42 +1071,76 @@ impl CudaModel {
             )));
         }
         let (k, c, l) = (&self.kernels, &self.config, &self.layers[0]);
-        let segs = [
-            l.gate.seg(st.g.ptr(), c.ffn, None, false),
-            l.up.seg(st.u.ptr(), c.ffn, None, false),
-        ];
-        let x = Acts {
-            x: st.normed.ptr(),
-            ld: c.hidden,
+        let acts = |b: &DeviceBuffer, ld: usize| Acts {
+            x: b.ptr(),
+            ld,
             ..Acts::default()
         };
+        let products = [
+            (
+                "gate|up",
+                vec![
+                    l.gate.seg(st.g.ptr(), c.ffn, None, false),
+                    l.up.seg(st.u.ptr(), c.ffn, None, false),
+                ],
+                acts(&st.normed, c.hidden),
+                c.hidden,
+            ),
+            (
+                "down (+residual)",
+                vec![l.down.seg(st.x.ptr(), c.hidden, None, true)],
+                acts(&st.g, c.ffn),
+                c.ffn,
+            ),
+        ];
         let scratch = bufs.scratch();
-        let flops = 2.0 * n as f64 * (2 * c.ffn) as f64 * c.hidden as f64;
         let timer = crate::runtime::Timer::new(self.gpu())?;
         let mut out = Vec::new();
-        let mut time = |what: String, flops: f64, f: &dyn Fn() -> Result<()>| -> Result<()> {
-            f()?;
-            timer.start()?;
-            for _ in 0..reps {
+        for (name, segs, x, cols) in &products {
+            let (segs, x, cols) = (&segs[..], *x, *cols);
+            let rows: usize = segs.iter().map(|s| s.rows as usize).sum();
+            let what = format!("{name} ({rows}x{cols}) at {n} rows");
+            let flops = 2.0 * (n * rows * cols) as f64;
+            let mut time = |how: String, flops: f64, f: &dyn Fn() -> Result<()>| -> Result<()> {
                 f()?;
-            }
-            let us = timer.stop_ms()? as f64 * 1e3 / reps as f64;
-            out.push((what, us, flops));
-            Ok(())
-        };
-        time("expand weights and activations to f16".into(), 0.0, &|| {
-            k.gemm_prepare(&segs, x, n, c.hidden, &scratch)
-        })?;
-        for tile in GemmTile::ALL {
-            time(format!("product {}", tile.kernel()), flops, &|| {
-                k.gemm_product(&segs, x, n, c.hidden, &scratch, tile)
+                timer.start()?;
+                for _ in 0..reps {
+                    f()?;
+                }
+                let us = timer.stop_ms()? as f64 * 1e3 / reps as f64;
+                out.push((format!("{what}, {how}"), us, flops));
+                Ok(())
+            };
+            time("expand weights and activations to f16".into(), 0.0, &|| {
+                k.gemm_prepare(segs, x, n, cols, &scratch)
             })?;
+            let (planned, splits) = crate::kernels::gemm_plan(
+                n,
+                rows,
+                cols,
+                self.gpu().multiprocessors,
+                scratch.part_bytes,
+                GEMM_MAX_SPLITS,
+            );
+            for tile in GemmTile::ALL {
+                let mut ways = vec![1];
+                if tile == planned && splits > 1 {
+                    ways.push(splits);
+                }
+                for s in ways {
+                    time(
+                        format!("product {} split {s}", tile.kernel()),
+                        flops,
+                        &|| k.gemm_product(segs, x, n, cols, &scratch, tile, s),
+                    )?;
+                }
+            }
+            time(
+                format!("whole ({} split {splits} + expansion)", planned.kernel()),
+                flops,
+                &|| k.gemm(segs, x, n, cols, &scratch),
+            )?;
         }
-        time(
-            "whole (expansion + the tile it picks)".into(),
-            flops,
-            &|| k.gemm(&segs, x, n, c.hidden, &scratch),
-        )?;
         Ok(out)
     }
 }
@@ -1283,11 +1327,13 @@ mod tests {
     fn the_gemm_scratch_holds_the_largest_product() {
         // Qwen2.5 1.5B: gate|up (2 × 8960 rows of 1536) is the largest; activations up to
         // the FFN's width.
-        let (w, x) = gemm_scratch_size(1536, 1536, 256, 8960, 512);
+        let (w, x, part) = gemm_scratch_size(1536, 1536, 256, 8960, 512);
         assert_eq!(w, 2 * 8960 * 1536 * 2);
         assert_eq!(x, 512 * 8960 * 2);
+        // q|k|v's 2048 rows split 4 ways at most.
+        assert_eq!(part, 4 * 512 * 2048 * 4);
         // A wide attention (q|k|v larger than gate|up).
-        let (w, _) = gemm_scratch_size(64, 4096, 4096, 32, 1);
+        let (w, _, _) = gemm_scratch_size(64, 4096, 4096, 32, 1);
         assert_eq!(w, (4096 + 2 * 4096) * 64 * 2);
     }
 }

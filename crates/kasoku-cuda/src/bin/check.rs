@@ -203,18 +203,13 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         }
     }
     st.gemm_rows = gemm_default;
-    let ffn = m.config.ffn;
     for (what, us, flops) in m.profile_gemm(&st, 512, 20)? {
         let rate = if flops > 0.0 {
             format!(", {:.1} TFLOP/s", flops / us * 1e-6)
         } else {
             String::new()
         };
-        println!(
-            "  gemm gate|up ({}x{}) at 512 rows, {what}: {us:.1} us{rate}",
-            2 * ffn,
-            m.config.hidden
-        );
+        println!("  gemm {what}: {us:.1} us{rate}");
     }
 
     // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps; without

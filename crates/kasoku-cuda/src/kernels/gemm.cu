@@ -15,6 +15,9 @@
 //   ldmatrix (rows padded by 8 halves: conflict-free). Partial tiles load zeros (cp.async
 //   with a source size of 0) and store nothing. The epilogue adds the bias and, for residual
 //   products, the output's old value, per segment.
+// - Products with too few tiles to fill the GPU (o and down: 1536 rows at 512 activation
+//   rows) split K over `splits` blocks per tile (gridDim.z): each writes its partial sums to
+//   a workspace, and `gemm_reduce` adds them in split order and applies the epilogue.
 //
 // Results depend on f16 rounding of both operands and are NOT batch-invariant with
 // matvec.cu's: this path is for prefill only, whose rows no verification compares.
@@ -39,10 +42,13 @@ struct GemmArgs {
     GemmOut out[3];
     const u16* w;  // f16 [rows][cols]: the segments' rows one after another
     const u16* x;  // f16 [n][cols]
+    float* part;   // splits > 1: partial sums [splits][n][rows]
     int nseg;
     int rows;      // Σ segment rows
     int cols;      // a multiple of 8
     int n;
+    int splits;    // blocks per tile along K (gridDim.z)
+    int kper;      // K slices (GEMM_BK) per split
 };
 
 // One matrix to expand into the scratch.
@@ -67,7 +73,7 @@ struct PrepArgs {
 };
 
 // The layouts kernels/gemm.rs builds (its tests assert the same numbers).
-static_assert(sizeof(GemmOut) == 32 && sizeof(GemmArgs) == 128, "GemmArgs layout");
+static_assert(sizeof(GemmOut) == 32 && sizeof(GemmArgs) == 144, "GemmArgs layout");
 static_assert(sizeof(DequantSeg) == 24 && sizeof(PrepArgs) == 128, "PrepArgs layout");
 
 __device__ __forceinline__ bool gemm_is_float(int fmt) {
@@ -343,7 +349,9 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a) {
         for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    const int ktiles = (a.cols + GEMM_BK - 1) / GEMM_BK;
+    // This block's K slices: split blockIdx.z's share.
+    const int kbegin = blockIdx.z * a.kper;
+    const int kend = min((a.cols + GEMM_BK - 1) / GEMM_BK, kbegin + a.kper);
     // Slice kt of the activations' and the weights' tiles into stage `st`: 16-byte chunks
     // (8 halves), GEMM_BK / 8 per row.
     auto load = [&](int st, int kt) {
@@ -363,19 +371,20 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a) {
             cp_async16(&sb[st][r * GEMM_LDS + kc], ok ? a.w + (size_t)gr * a.cols + gk : a.w, ok);
         }
     };
-    load(0, 0);
+    if (kbegin < kend) load(0, kbegin);
     cp_async_commit();
-    for (int kt = 0; kt < ktiles; kt++) {
-        if (kt + 1 < ktiles) {
-            load((kt + 1) & 1, kt + 1);
+    for (int kt = kbegin; kt < kend; kt++) {
+        const int st = (kt - kbegin) & 1;
+        if (kt + 1 < kend) {
+            load(st ^ 1, kt + 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const u16* A = sa[kt & 1];
-        const u16* B = sb[kt & 1];
+        const u16* A = sa[st];
+        const u16* B = sb[st];
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
             u32 af[MI][4], bf[NI][2];
@@ -405,11 +414,32 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a) {
         for (int j = 0; j < NI; j++) {
             int r = m0 + wm * WTM + i * 16 + (lane >> 2);
             int c = n0 + wn * WTN + j * 8 + (lane & 3) * 2;
-            gemm_store(a, r, c, acc[i][j][0]);
-            gemm_store(a, r, c + 1, acc[i][j][1]);
-            gemm_store(a, r + 8, c, acc[i][j][2]);
-            gemm_store(a, r + 8, c + 1, acc[i][j][3]);
+            if (a.splits > 1) {
+                float* part = a.part + (size_t)blockIdx.z * a.n * a.rows;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int rr = r + (e >> 1) * 8, cc = c + (e & 1);
+                    if (rr < a.n && cc < a.rows) part[(size_t)rr * a.rows + cc] = acc[i][j][e];
+                }
+            } else {
+                gemm_store(a, r, c, acc[i][j][0]);
+                gemm_store(a, r, c + 1, acc[i][j][1]);
+                gemm_store(a, r + 8, c, acc[i][j][2]);
+                gemm_store(a, r + 8, c + 1, acc[i][j][3]);
+            }
         }
+}
+
+// The split products' partial sums added in split order (the same bits every run), then the
+// epilogue: one thread per output.
+extern "C" __global__ void __launch_bounds__(256) gemm_reduce(GemmArgs a) {
+    wait_for_predecessor();
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long total = (long long)a.n * a.rows;
+    if (t >= total) return;
+    float v = a.part[t];
+    for (int z = 1; z < a.splits; z++) v += a.part[(size_t)z * total + t];
+    gemm_store(a, (int)(t / a.rows), (int)(t % a.rows), v);
 }
 
 // Large products: 128 activation rows × 128 weight rows per block, 8 warps of 64×32.

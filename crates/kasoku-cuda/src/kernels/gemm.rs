@@ -1,6 +1,7 @@
 //! Launchers of the prefill products on f16 tensor cores (`gemm.cu`): the weights of one to
 //! three matrices of one width are expanded to f16 in a scratch buffer, the f32 activations
-//! converted beside them, and one tiled `mma.sync` product writes every segment's output.
+//! converted beside them, and one tiled `mma.sync` product writes every segment's output
+//! (products too small to fill the GPU split K and add the parts in a second kernel).
 //! For passes of many rows only (prefill): the bits differ from [`Kernels::matvec`]'s.
 
 use kasoku::quant::DType;
@@ -27,10 +28,13 @@ pub struct GemmArgs {
     pub out: [GemmOut; 3],
     pub w: u64,
     pub x: u64,
+    pub part: u64,
     pub nseg: i32,
     pub rows: i32,
     pub cols: i32,
     pub n: i32,
+    pub splits: i32,
+    pub kper: i32,
 }
 
 /// One matrix to expand (`struct DequantSeg`).
@@ -59,17 +63,26 @@ pub struct PrepArgs {
     pub w_blocks: i32,
 }
 
-/// Threads per block of `gemm_prepare`.
+/// Threads per block of `gemm_prepare` and `gemm_reduce`.
 const PREPARE_THREADS: usize = 256;
+/// Values of K per shared-memory slice (GEMM_BK in gemm.cu).
+pub const GEMM_BK: usize = 32;
+/// Most blocks one tile's K is split over.
+pub const GEMM_MAX_SPLITS: usize = 4;
+/// Fewest K slices a split takes (shorter ones pay the pipeline's start for little work).
+const MIN_SLICES_PER_SPLIT: usize = 16;
 
 /// Device room the prefill products work in: f16 weights (`[Σ rows][cols]` of the largest
-/// product) and f16 activations (`[n][cols]`).
+/// product), f16 activations (`[n][cols]`) and the f32 partial sums of split products
+/// (`[splits][n][rows]`; products whose parts do not fit split less).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GemmScratch {
     pub w16: u64,
     pub w16_bytes: usize,
     pub x16: u64,
     pub x16_bytes: usize,
+    pub part: u64,
+    pub part_bytes: usize,
 }
 
 /// The tile shapes of the product kernel.
@@ -127,6 +140,33 @@ pub fn gemm_tile(n: usize, rows: usize, sms: usize) -> GemmTile {
     }
 }
 
+/// How a product of `n` activation rows, `rows` weight rows and `cols` columns runs on a GPU
+/// of `sms` multiprocessors: the tile ([`gemm_tile`]) and the blocks each tile's K is split
+/// over. Splits (at most `max_splits`, each at least 16 K slices, their partial sums within
+/// `part_bytes`) are added while the blocks number fewer than 4 per multiprocessor: at 512
+/// rows, 1.5B's down product (1536 × 8960) takes 192 small tiles × 3 splits, gate|up none.
+pub fn gemm_plan(
+    n: usize,
+    rows: usize,
+    cols: usize,
+    sms: usize,
+    part_bytes: usize,
+    max_splits: usize,
+) -> (GemmTile, usize) {
+    let tile = gemm_tile(n, rows, sms);
+    let (gx, gy) = tile.grid(n, rows);
+    let slices = cols.div_ceil(GEMM_BK);
+    let mut splits = 1;
+    while splits < max_splits.min(GEMM_MAX_SPLITS)
+        && gx * gy * splits < 4 * sms
+        && slices / (splits + 1) >= MIN_SLICES_PER_SPLIT
+        && (splits + 1) * n * rows * 4 <= part_bytes
+    {
+        splits += 1;
+    }
+    (tile, splits)
+}
+
 /// Values per `gemm_prepare` unit of a row of GGML type `fmt`: 8 for float formats, 32 for
 /// block formats (a block, or a sub-block of a K-quant super-block).
 pub fn prepare_unit(fmt: i32) -> usize {
@@ -141,6 +181,16 @@ pub fn prepare_unit(fmt: i32) -> usize {
 /// rows of `cols` columns needs: (weights, activations).
 pub fn gemm_scratch_bytes(rows: usize, n: usize, cols: usize) -> (usize, usize) {
     (rows * cols * 2, n * cols * 2)
+}
+
+/// The f32 workspace bytes of a product of `rows` weight rows at `n` activation rows split
+/// `splits` ways (none unsplit).
+pub fn gemm_part_bytes(rows: usize, n: usize, splits: usize) -> usize {
+    if splits > 1 {
+        splits * n * rows * 4
+    } else {
+        0
+    }
 }
 
 /// Checks a prefill product's segments, activations and scratch; returns Σ rows.
@@ -252,22 +302,43 @@ pub fn prepare_args(
 }
 
 /// The product kernel's parameters for `segs` over `n` activation rows (already in the
-/// scratch, as `gemm_prepare` leaves them).
+/// scratch, as `gemm_prepare` leaves them), K split over `splits` blocks per tile (fewer
+/// where the slices run out: no split is empty).
 pub fn product_args(
     segs: &[MatSeg],
     x: Acts,
     n: usize,
     cols: usize,
     scratch: &GemmScratch,
+    splits: usize,
 ) -> Result<GemmArgs> {
     let rows = check_product(segs, x, n, cols, scratch)?;
+    let slices = cols.div_ceil(GEMM_BK);
+    if splits == 0 || splits > GEMM_MAX_SPLITS {
+        return Err(Error::Invalid(format!(
+            "prefill product split {splits} ways (1 to {GEMM_MAX_SPLITS})"
+        )));
+    }
+    let kper = slices.div_ceil(splits);
+    let splits = slices.div_ceil(kper);
+    let part = gemm_part_bytes(rows, n, splits);
+    if part > scratch.part_bytes {
+        return Err(Error::Invalid(format!(
+            "prefill product {rows}x{cols} at {n} rows split {splits} ways: needs {part} bytes \
+             of partial sums, has {}",
+            scratch.part_bytes
+        )));
+    }
     let mut a = GemmArgs {
         w: scratch.w16,
         x: scratch.x16,
+        part: scratch.part,
         nseg: segs.len() as i32,
         rows: rows as i32,
         cols: cols as i32,
         n: n as i32,
+        splits: splits as i32,
+        kper: kper as i32,
         ..GemmArgs::default()
     };
     for (o, s) in a.out.iter_mut().zip(segs) {
@@ -283,11 +354,22 @@ pub fn product_args(
     Ok(a)
 }
 
+/// Most K splits per tile in this process: `KASOKU_CUDA_GEMM_SPLITS` (1 to 4, for measuring;
+/// 1 turns splitting off), else 4.
+fn gemm_max_splits() -> usize {
+    std::env::var("KASOKU_CUDA_GEMM_SPLITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|v| (1..=GEMM_MAX_SPLITS).contains(v))
+        .unwrap_or(GEMM_MAX_SPLITS)
+}
+
 impl Kernels {
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment, on f16 tensor
     /// cores through `scratch` (compute capability 8.0 or later): [`Kernels::gemm_prepare`]
-    /// then [`Kernels::gemm_product`] with the tile [`gemm_tile`] picks. For prefill passes;
-    /// results are not batch-invariant with [`Kernels::matvec`].
+    /// then [`Kernels::gemm_product`] as [`gemm_plan`] says (at most `KASOKU_CUDA_GEMM_SPLITS`
+    /// splits, for measuring; 4 by default). For prefill passes; results are not
+    /// batch-invariant with [`Kernels::matvec`].
     pub fn gemm(
         &self,
         segs: &[MatSeg],
@@ -301,8 +383,15 @@ impl Kernels {
         }
         self.gemm_prepare(segs, x, n, cols, scratch)?;
         let rows = segs.iter().map(|s| s.rows.max(0) as usize).sum();
-        let tile = gemm_tile(n, rows, self.gpu.multiprocessors);
-        self.gemm_product(segs, x, n, cols, scratch, tile)
+        let (tile, splits) = gemm_plan(
+            n,
+            rows,
+            cols,
+            self.gpu.multiprocessors,
+            scratch.part_bytes,
+            gemm_max_splits(),
+        );
+        self.gemm_product(segs, x, n, cols, scratch, tile, splits)
     }
 
     /// Expands the segments' weights to f16 into `scratch.w16` (one after another) and the
@@ -326,7 +415,9 @@ impl Kernels {
     }
 
     /// The product of what [`Kernels::gemm_prepare`] left in `scratch`, into the segments'
-    /// outputs, with the given tile shape.
+    /// outputs, with the given tile shape and K split `splits` ways (then `gemm_reduce` adds
+    /// the parts).
+    #[allow(clippy::too_many_arguments)]
     pub fn gemm_product(
         &self,
         segs: &[MatSeg],
@@ -335,16 +426,27 @@ impl Kernels {
         cols: usize,
         scratch: &GemmScratch,
         tile: GemmTile,
+        splits: usize,
     ) -> Result<()> {
         self.check_tensor_cores()?;
-        let args = product_args(segs, x, n, cols, scratch)?;
+        let args = product_args(segs, x, n, cols, scratch, splits)?;
         let (gx, gy) = tile.grid(n, args.rows as usize);
         self.launch(
             tile.kernel(),
-            (gx as u32, gy as u32, 1),
+            (gx as u32, gy as u32, args.splits as u32),
             tile.threads(),
             &mut [p(&args)],
-        )
+        )?;
+        if args.splits > 1 {
+            let outputs = n * args.rows as usize;
+            self.launch(
+                "gemm_reduce",
+                (outputs.div_ceil(PREPARE_THREADS) as u32, 1, 1),
+                PREPARE_THREADS as u32,
+                &mut [p(&args)],
+            )?;
+        }
+        Ok(())
     }
 
     /// Whether this device runs the prefill products (f16 `mma.sync`: 8.0 or later).
@@ -370,11 +472,13 @@ mod tests {
 
     #[test]
     fn parameter_blocks_have_the_cuda_layout() {
-        // GemmOut: 2 pointers + 4 ints = 32 bytes; GemmArgs: 3 outs, 2 pointers, 4 ints.
+        // GemmOut: 2 pointers + 4 ints = 32 bytes; GemmArgs: 3 outs, 3 pointers, 6 ints.
         assert_eq!(std::mem::size_of::<GemmOut>(), 32);
-        assert_eq!(std::mem::size_of::<GemmArgs>(), 128);
+        assert_eq!(std::mem::size_of::<GemmArgs>(), 144);
         assert_eq!(std::mem::offset_of!(GemmArgs, w), 96);
-        assert_eq!(std::mem::offset_of!(GemmArgs, n), 124);
+        assert_eq!(std::mem::offset_of!(GemmArgs, part), 112);
+        assert_eq!(std::mem::offset_of!(GemmArgs, n), 132);
+        assert_eq!(std::mem::offset_of!(GemmArgs, kper), 140);
         // DequantSeg: pointer, long long, 2 ints = 24; PrepArgs: 3 segs, 3 pointers,
         // 2 long longs, 4 ints = 128. (gemm.cu asserts the same sizes and offsets.)
         assert_eq!(std::mem::size_of::<DequantSeg>(), 24);
@@ -411,6 +515,8 @@ mod tests {
             w16_bytes: w,
             x16: 0x5000,
             x16_bytes: x,
+            part: 0x6000,
+            part_bytes: 1 << 30,
         }
     }
 
@@ -423,6 +529,68 @@ mod tests {
         assert_eq!(GemmTile::Large.grid(65, 300), (1, 3));
         assert_eq!(GemmTile::Small.grid(65, 300), (2, 5));
         assert_eq!(GemmTile::Small.grid(512, 1536), (8, 24));
+    }
+
+    #[test]
+    fn products_too_small_for_the_gpu_split_k() {
+        let part = 4 * 512 * 2048 * 4;
+        // 1.5B at 512 rows on 132 SMs: gate|up fills the GPU unsplit (560 large tiles); down,
+        // o (192 small tiles) and q|k|v (256) take 3 splits (576 and 768 blocks).
+        assert_eq!(
+            gemm_plan(512, 17920, 1536, 132, part, 4),
+            (GemmTile::Large, 1)
+        );
+        assert_eq!(
+            gemm_plan(512, 1536, 8960, 132, part, 4),
+            (GemmTile::Small, 3)
+        );
+        assert_eq!(
+            gemm_plan(512, 1536, 1536, 132, part, 4),
+            (GemmTile::Small, 3)
+        );
+        assert_eq!(
+            gemm_plan(512, 2048, 1536, 132, part, 4),
+            (GemmTile::Small, 3)
+        );
+        // Off by the process's limit, and where the parts do not fit.
+        assert_eq!(
+            gemm_plan(512, 1536, 8960, 132, part, 1),
+            (GemmTile::Small, 1)
+        );
+        assert_eq!(
+            gemm_plan(512, 1536, 8960, 132, 2 * 512 * 1536 * 4, 4),
+            (GemmTile::Small, 2)
+        );
+        // Short rows: at least 16 slices a split.
+        assert_eq!(gemm_plan(100, 64, 1024, 132, part, 4), (GemmTile::Small, 2));
+        assert_eq!(gemm_plan(100, 64, 512, 132, part, 4), (GemmTile::Small, 1));
+    }
+
+    #[test]
+    fn splits_cover_k_without_empty_ones() {
+        let segs = [seg(DType::Q4K, 1536, 8960)];
+        let s = scratch(1 << 30, 1 << 30);
+        // 280 slices over 4 splits: 70 each.
+        let a = product_args(&segs, acts(8960), 512, 8960, &s, 4).unwrap();
+        assert_eq!((a.splits, a.kper, a.part), (4, 70, 0x6000));
+        // 9 slices (264 columns) over 4: 3 per split, so 3 splits.
+        let f = [seg(DType::F32, 8, 264)];
+        let a = product_args(&f, acts(264), 100, 264, &s, 4).unwrap();
+        assert_eq!((a.splits, a.kper), (3, 3));
+        let a = product_args(&f, acts(264), 100, 264, &s, 1).unwrap();
+        assert_eq!((a.splits, a.kper), (1, 9));
+        assert!(product_args(&f, acts(264), 100, 264, &s, 0).is_err());
+        assert!(product_args(&f, acts(264), 100, 264, &s, 5).is_err());
+        let tight = GemmScratch {
+            part_bytes: 2 * 100 * 8 * 4,
+            ..s
+        };
+        assert!(product_args(&f, acts(264), 100, 264, &tight, 2).is_ok());
+        let e = product_args(&f, acts(264), 100, 264, &tight, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("partial sums"), "{e}");
+        assert_eq!(gemm_part_bytes(8, 100, 1), 0);
     }
 
     #[test]
@@ -448,7 +616,7 @@ mod tests {
         let mut segs = [seg(DType::Q4K, 1536, 1536), seg(DType::Q4K, 256, 1536)];
         segs[1].bias = 0x77;
         segs[1].accumulate = 1;
-        let a = product_args(&segs, acts(1536), 300, 1536, &scratch(1 << 30, 1 << 30)).unwrap();
+        let a = product_args(&segs, acts(1536), 300, 1536, &scratch(1 << 30, 1 << 30), 1).unwrap();
         assert_eq!((a.nseg, a.rows, a.cols, a.n), (2, 1792, 1536, 300));
         assert_eq!((a.w, a.x), (0x4000, 0x5000));
         assert_eq!(a.out[1].bias, 0x77);
@@ -460,7 +628,7 @@ mod tests {
     fn bad_products_are_refused_with_the_reason() {
         let s = scratch(1 << 30, 1 << 30);
         let err = |segs: &[MatSeg], ld: usize, n: usize, cols: usize, sc: &GemmScratch| {
-            product_args(segs, acts(ld), n, cols, sc)
+            product_args(segs, acts(ld), n, cols, sc, 1)
                 .unwrap_err()
                 .to_string()
         };
@@ -473,13 +641,13 @@ mod tests {
         q.best = 1;
         assert!(err(&[q], 512, 100, 512, &s).contains("argmax"));
         let f = seg(DType::F32, 8, 264);
-        assert!(product_args(&[f], acts(264), 100, 264, &s).is_ok());
+        assert!(product_args(&[f], acts(264), 100, 264, &s, 1).is_ok());
         assert!(err(&[f], 260, 100, 264, &s).contains("activation stride"));
         let mut bad = seg(DType::Q8_0, 8, 64);
         bad.fmt = 5;
         assert!(err(&[bad], 64, 100, 64, &s).contains("GGML type 5"));
         let small = scratch(8 * 512 * 2, 100 * 512 * 2);
-        assert!(product_args(&[seg(DType::Q8_0, 8, 512)], acts(512), 100, 512, &small).is_ok());
+        assert!(product_args(&[seg(DType::Q8_0, 8, 512)], acts(512), 100, 512, &small, 1).is_ok());
         assert!(err(&[seg(DType::Q8_0, 9, 512)], 512, 100, 512, &small).contains("scratch"));
         assert!(err(&[seg(DType::Q8_0, 8, 512)], 512, 101, 512, &small).contains("scratch"));
     }

@@ -21,8 +21,8 @@ use crate::runtime::{Error, Gpu, Result};
 
 mod gemm;
 pub use gemm::{
-    gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit, product_args, DequantSeg, GemmArgs,
-    GemmOut, GemmScratch, GemmTile, PrepArgs,
+    gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
+    product_args, DequantSeg, GemmArgs, GemmOut, GemmScratch, GemmTile, PrepArgs, GEMM_MAX_SPLITS,
 };
 
 /// The whole kernel source, in compilation order.
@@ -39,7 +39,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 19] = [
+pub const NAMES: [&str; 20] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -59,6 +59,7 @@ pub const NAMES: [&str; 19] = [
     "gemm_prepare",
     "gemm_128x128",
     "gemm_64x64",
+    "gemm_reduce",
 ];
 
 /// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
