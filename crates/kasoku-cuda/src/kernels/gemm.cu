@@ -85,8 +85,10 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 }
 
 // f32 to f16 for activations: clamped to the largest finite half, so an outlier saturates
-// instead of becoming an infinity (and NaNs downstream).
-__device__ __forceinline__ float clamp_half(float v) { return fminf(fmaxf(v, -65504.0f), 65504.0f); }
+// instead of becoming an infinity (and NaNs downstream); a NaN stays a NaN.
+__device__ __forceinline__ float clamp_half(float v) {
+    return fabsf(v) > 65504.0f ? copysignf(65504.0f, v) : v;
+}
 
 // 32 values as halves at `out` (64 bytes, 16-aligned).
 __device__ __forceinline__ void store_halves32(u16* out, const float* v) {
