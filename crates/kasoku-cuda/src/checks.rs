@@ -15,7 +15,7 @@ use kasoku::quant::{dequantize, DType};
 
 use crate::kernels::{
     argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, DeviceMatrix,
-    GemmScratch, GemmTile, Kernels, MatSeg, QkvPost, GEMM_MAX_SPLITS,
+    GemmScratch, GemmTile, GluTail, Kernels, MatSeg, NormTail, PostArgs, QkvPost, GEMM_MAX_SPLITS,
 };
 use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
@@ -240,6 +240,10 @@ pub fn matvec(k: &Kernels) -> R<Report> {
                 format!("matvec {dtype} {rows}x{cols}: fused argmax of 13 rows"),
             );
         }
+    }
+    if !k.uses_mma() {
+        rep.merge(fused_swiglu(k, &mut rng)?);
+        rep.merge(fused_norm(k, &mut rng)?);
     }
     // Three matrices of different formats in one launch, with bias and a residual epilogue.
     let cols = 256;
@@ -586,7 +590,7 @@ pub fn elementwise(k: &Kernels) -> R<Report> {
         let tokens: Vec<u32> = vec![3, 49, 0, 17];
         let td = gpu.upload(as_bytes(&tokens))?;
         let yd = out_buf(gpu, tokens.len() * dim)?;
-        k.embed(&table, td.ptr(), tokens.len(), yd.ptr())?;
+        k.embed(&table, td.ptr(), tokens.len(), yd.ptr(), 0, 0)?;
         let rb = dtype.bytes_for(dim).unwrap();
         let mut want = vec![0f32; tokens.len() * dim];
         for (i, &t) in tokens.iter().enumerate() {
@@ -828,6 +832,7 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             out: out.ptr(),
             out_q: oq.xq,
             out_s: oq.xs,
+            post: Default::default(),
         })?;
         // CPU on the same f16 values (the GPU's own keys, as its cache holds them): per
         // head, [past + n][hd].
@@ -887,6 +892,255 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
                 "attention ({what}, {past} cached, {n} rows, {} chunks): rel err vs CPU {e:.1e}; int8 blocks equal the reference's: {q_ok}",
                 attention_chunks(past + n)
             ),
+        );
+        // A decode step with the epilogue fused into attention: the bits of the pair.
+        if tree.is_none() {
+            let upload_cache = |c: &[half::f16]| {
+                gpu.upload(as_bytes(
+                    &c.iter().map(|x| x.to_bits()).collect::<Vec<u16>>(),
+                ))
+            };
+            let mut words = vec![0u32; layout_m.words];
+            fill_meta(&layout_m, past, &[0], None, &mut words);
+            let meta1 = gpu.upload(as_bytes(&words))?;
+            let run = |fused: bool| -> R<Snapshot> {
+                let (kc1, vc1) = (upload_cache(&kc)?, upload_cache(&vc)?);
+                let (q1, k1, v1) = (
+                    gpu.upload_f32(&q[..q_dim])?,
+                    gpu.upload_f32(&kk[..kv_dim])?,
+                    gpu.upload_f32(&v[..kv_dim])?,
+                );
+                let post = QkvPost {
+                    q: q1.ptr(),
+                    k: k1.ptr(),
+                    v: v1.ptr(),
+                    n: 1,
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    rot_dim: rot,
+                    interleaved: layout == RopeLayout::Interleaved,
+                    inv_freq: invd.ptr(),
+                    q_norm: if qk_norm { qnd.ptr() } else { 0 },
+                    k_norm: if qk_norm { knd.ptr() } else { 0 },
+                    eps: 1e-6,
+                    batch: meta1.ptr(),
+                    pos: meta1.at(layout_m.pos * 4),
+                    k_cache: kc1.ptr(),
+                    v_cache: vc1.ptr(),
+                    max_slots,
+                };
+                if !fused {
+                    k.qkv_post(&post)?;
+                }
+                let out1 = out_buf(gpu, q_dim)?;
+                let qb1 = QuantBufs::new(gpu, q_dim)?;
+                let o1 = qb1.acts(&out1, q_dim);
+                k.attention(&AttnCall {
+                    q: q1.ptr(),
+                    k_cache: kc1.ptr(),
+                    v_cache: vc1.ptr(),
+                    max_slots,
+                    n: 1,
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    batch: meta1.ptr(),
+                    pos: meta1.at(layout_m.pos * 4),
+                    path: meta1.at(layout_m.path * 4),
+                    part_ml: pml.ptr(),
+                    part_o: po.ptr(),
+                    arrivals: arrivals.ptr(),
+                    chunks,
+                    out: out1.ptr(),
+                    out_q: o1.xq,
+                    out_s: o1.xs,
+                    post: if fused {
+                        PostArgs::fused(&post)
+                    } else {
+                        PostArgs::default()
+                    },
+                })?;
+                let bytes = |b: &DeviceBuffer, len: usize| -> R<Vec<u8>> {
+                    let mut v = vec![0u8; len];
+                    b.read(0, &mut v)?;
+                    Ok(v)
+                };
+                let cache_len = nkv * max_slots * hd * 2;
+                Ok((
+                    bytes(&out1, q_dim * 4)?,
+                    bytes(&qb1.xq, q_dim)?,
+                    bytes(&kc1, cache_len)?,
+                    bytes(&vc1, cache_len)?,
+                ))
+            };
+            let (plain, fused) = (run(false)?, run(true)?);
+            rep.check(
+                plain == fused,
+                format!(
+                    "attention with the fused q/k/v epilogue ({what}, {past} cached, 1 row): output, int8 blocks and cache equal the unfused pair's: {}",
+                    plain == fused
+                ),
+            );
+        }
+    }
+    Ok(rep)
+}
+
+/// Four device buffers' bytes, for comparing two runs bit for bit.
+type Snapshot = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// The gate|up product with SwiGLU fused in gives the bits of the product and the swiglu
+/// kernel one after the other: the result and its int8 blocks, at several batch sizes, twice
+/// in a row (the counts reset themselves).
+fn fused_swiglu(k: &Kernels, rng: &mut Rng) -> R<Report> {
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    for (dtype, rows, cols) in [
+        (DType::Q4K, 256usize, 1536usize),
+        (DType::Q6K, 96, 512),
+        (DType::Q8_0, 160, 2048),
+        (DType::F16, 64, 256),
+    ] {
+        let gate_b = random_tensor(rng, dtype, rows * cols, 0.05);
+        let up_b = random_tensor(rng, dtype, rows * cols, 0.05);
+        let gate = DeviceMatrix::upload(gpu, dtype, rows, cols, &gate_b)?;
+        let up = DeviceMatrix::upload(gpu, dtype, rows, cols, &up_b)?;
+        let nmax = 64;
+        let x = randv(rng, nmax * cols, 1.0);
+        let xd = gpu.upload_f32(&x)?;
+        let qb = QuantBufs::new(gpu, nmax * cols)?;
+        let acts = qb.acts(&xd, cols);
+        k.quantize(acts, nmax * cols)?;
+        let counts = gpu.alloc(rows / 32 * 4)?;
+        counts.fill(0)?;
+        let (g, u) = (out_buf(gpu, nmax * rows)?, out_buf(gpu, nmax * rows)?);
+        let out = QuantBufs::new(gpu, nmax * rows)?;
+        let mut same = true;
+        for n in [1usize, 3, 8, 13, 64, 1] {
+            // The pair of kernels.
+            k.matvec(
+                &[
+                    gate.seg(g.ptr(), rows, None, false),
+                    up.seg(u.ptr(), rows, None, false),
+                ],
+                acts,
+                n,
+                cols,
+            )?;
+            k.swiglu(g.ptr(), u.ptr(), n * rows, out.acts(&g, rows))?;
+            let want = (
+                g.read_f32(n * rows)?,
+                out.xq.read_bytes(n * rows)?,
+                out.xs.read_bytes(n * rows / 2)?,
+            );
+            // The fused kernel.
+            g.fill(0xff)?;
+            out.xq.fill(0)?;
+            k.matvec_swiglu(
+                gate.seg(g.ptr(), rows, None, false),
+                up.seg(u.ptr(), rows, None, false),
+                acts,
+                n,
+                cols,
+                GluTail {
+                    counts: counts.ptr(),
+                    out: out.acts(&g, rows),
+                },
+            )?;
+            let got = (
+                g.read_f32(n * rows)?,
+                out.xq.read_bytes(n * rows)?,
+                out.xs.read_bytes(n * rows / 2)?,
+            );
+            same &= want
+                .0
+                .iter()
+                .zip(&got.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+                && want.1 == got.1
+                && want.2 == got.2;
+        }
+        rep.check(
+            same,
+            format!("matvec {dtype} gate|up {rows}x{cols} with SwiGLU fused: the bits of matvec + swiglu at n = 1..64"),
+        );
+    }
+    Ok(rep)
+}
+
+/// A residual product with RMSNorm fused in gives the bits of the product and the rmsnorm
+/// kernel one after the other: the residual stream, the normalized rows and their int8
+/// blocks, at 1..4 rows, several times in a row (the count resets itself).
+fn fused_norm(k: &Kernels, rng: &mut Rng) -> R<Report> {
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    for (dtype, rows, cols) in [
+        (DType::Q4K, 1536usize, 1536usize),
+        (DType::Q6K, 896, 4864),
+        (DType::Q8_0, 4096, 512),
+        (DType::BF16, 160, 256),
+    ] {
+        let wb = random_tensor(rng, dtype, rows * cols, 0.05);
+        let w = DeviceMatrix::upload(gpu, dtype, rows, cols, &wb)?;
+        let nmax = 4;
+        let x = randv(rng, nmax * cols, 1.0);
+        let xd = gpu.upload_f32(&x)?;
+        let qb = QuantBufs::new(gpu, nmax * cols)?;
+        let acts = qb.acts(&xd, cols);
+        k.quantize(acts, nmax * cols)?;
+        let resid = randv(rng, nmax * rows, 1.0);
+        let norm_w = gpu.upload_f32(&randv(rng, rows, 1.0))?;
+        let count = gpu.alloc(4)?;
+        count.fill(0)?;
+        let y = out_buf(gpu, nmax * rows)?;
+        let normed = out_buf(gpu, nmax * rows)?;
+        let out = QuantBufs::new(gpu, nmax * rows)?;
+        let mut same = true;
+        for n in [1usize, 2, 3, 4, 1] {
+            let read = || -> R<Snapshot> {
+                Ok((
+                    y.read_bytes(n * rows * 4)?,
+                    normed.read_bytes(n * rows * 4)?,
+                    out.xq.read_bytes(n * rows)?,
+                    out.xs.read_bytes(n * rows / 2)?,
+                ))
+            };
+            let seg = w.seg(y.ptr(), rows, None, true);
+            // The pair of kernels.
+            y.write(0, as_bytes(&resid))?;
+            k.matvec(&[seg], acts, n, cols)?;
+            k.rmsnorm(
+                y.ptr(),
+                norm_w.ptr(),
+                1e-6,
+                rows,
+                n,
+                out.acts(&normed, rows),
+            )?;
+            let want = read()?;
+            // The fused kernel.
+            y.write(0, as_bytes(&resid))?;
+            normed.fill(0xff)?;
+            out.xq.fill(0)?;
+            k.matvec_norm(
+                seg,
+                acts,
+                n,
+                cols,
+                NormTail {
+                    count: count.ptr(),
+                    w: norm_w.ptr(),
+                    eps: 1e-6,
+                    out: out.acts(&normed, rows),
+                },
+            )?;
+            same &= read()? == want;
+        }
+        rep.check(
+            same,
+            format!("matvec {dtype} {rows}x{cols} with RMSNorm fused: the bits of matvec + rmsnorm at n = 1..4"),
         );
     }
     Ok(rep)

@@ -25,7 +25,8 @@ use kasoku::quant::dequantize;
 
 use crate::kernels::{
     argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, BatchDesc,
-    DeviceMatrix, GemmScratch, GemmTile, Kernels, KvCommit, MatSeg, QkvPost, GEMM_MAX_SPLITS,
+    DeviceMatrix, GemmScratch, GemmTile, GluTail, Kernels, KvCommit, MatSeg, NormTail, PostArgs,
+    QkvPost, GEMM_MAX_SPLITS,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
@@ -35,6 +36,9 @@ use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 pub const PREFILL_ROWS: usize = 512;
 /// Nodes of a verified tree at most (and rows of a graph-captured pass).
 pub const MAX_TREE: usize = 64;
+/// Rows of a pass up to which each RMSNorm runs in the residual product before it (its last
+/// block normalizes the rows one after another; more rows take the rmsnorm kernel).
+pub const NORM_FUSE_ROWS: usize = 4;
 
 struct Layer {
     attn_norm: DeviceBuffer,
@@ -361,6 +365,19 @@ pub struct CudaState {
     /// on the H200 it measured 680 vs 675 and 695 vs 577 t/s without and with it;
     /// `KASOKU_CUDA_PREFETCH=1` turns it on). Results do not change.
     pub prefetch: bool,
+    /// Whether a one-row pass runs the q/k/v epilogue inside attention (one kernel less per
+    /// layer, the same bits; on unless `KASOKU_CUDA_FUSE_POST=0`).
+    pub fuse_post: bool,
+    /// Whether SwiGLU runs inside the gate|up product (one kernel less per layer, the same
+    /// bits; on unless `KASOKU_CUDA_FUSE_GLU=0`).
+    pub fuse_glu: bool,
+    /// The fused SwiGLU's per-32-row counts (zero between passes).
+    glu_count: DeviceBuffer,
+    /// Whether passes of up to [`NORM_FUSE_ROWS`] rows run each RMSNorm inside the residual
+    /// product before it (the same bits; on unless `KASOKU_CUDA_FUSE_NORM=0`).
+    pub fuse_norm: bool,
+    /// The fused RMSNorm's block count (zero between passes).
+    norm_count: DeviceBuffer,
     /// For measuring only: kernel classes left out of every pass ([`Skip`] bits), so a
     /// benchmark can tell what each class costs inside a captured graph. Results are wrong
     /// while any bit is set.
@@ -503,6 +520,19 @@ impl CudaState {
             pending: None,
             use_graphs: true,
             prefetch: std::env::var("KASOKU_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
+            fuse_post: std::env::var("KASOKU_CUDA_FUSE_POST").map_or(true, |v| v != "0"),
+            fuse_glu: std::env::var("KASOKU_CUDA_FUSE_GLU").map_or(true, |v| v != "0"),
+            fuse_norm: std::env::var("KASOKU_CUDA_FUSE_NORM").map_or(true, |v| v != "0"),
+            norm_count: {
+                let b = gpu.alloc(4)?;
+                b.fill(0)?;
+                b
+            },
+            glu_count: {
+                let b = gpu.alloc(c.ffn.div_ceil(32) * 4)?;
+                b.fill(0)?;
+                b
+            },
             skip: 0,
             gemm_rows: default_gemm_rows(std::env::var("KASOKU_CUDA_GEMM").ok().as_deref()),
             gemm_bufs,
@@ -578,7 +608,15 @@ impl CudaState {
         let word = |w: usize| self.meta.at(w * 4);
         self.meta
             .write_async(0, &self.meta_host, self.layout.words * 4)?;
-        k.embed(&m.embed, word(self.layout.tokens), n, self.x.ptr())?;
+        // The embedding also zeroes the head's argmax keys.
+        k.embed(
+            &m.embed,
+            word(self.layout.tokens),
+            n,
+            self.x.ptr(),
+            self.best.ptr(),
+            MAX_TREE,
+        )?;
         let layer_elems = kv_dim * self.max_slots;
         let opt = |b: &Option<DeviceBuffer>| b.as_ref().map(|b| b.ptr());
         // Activations as the next product reads them: f32 and int8 blocks, one row stride.
@@ -589,6 +627,9 @@ impl CudaState {
             ld,
         };
         let fused_merge = hd.is_multiple_of(32);
+        // SwiGLU inside the gate|up product (not with tensor-core products, not while
+        // measuring kernel classes apart, not on the prefill GEMM).
+        let fuse_glu = self.fuse_glu && !k.uses_mma() && self.skip == 0 && !self.uses_gemm(n);
         let skip = |what: u32| self.skip & what != 0;
         // The weights the next product reads, prefetched by the one before it.
         let prefetch = self.prefetch;
@@ -599,9 +640,24 @@ impl CudaState {
                 Vec::new()
             }
         }
+        // RMSNorm inside the residual products before it (few rows: the product's last block
+        // normalizes them all), not while measuring kernel classes apart.
+        let fuse_norm = self.fuse_norm
+            && !k.uses_mma()
+            && self.skip == 0
+            && n <= NORM_FUSE_ROWS
+            && h <= crate::kernels::NORM_MAX_DIM;
+        let norm_tail = |w: &DeviceBuffer| NormTail {
+            count: self.norm_count.ptr(),
+            w: w.ptr(),
+            eps: c.rms_eps,
+            out: acts(&self.normed, h),
+        };
+        // Whether `normed` already holds the norm the next product reads.
+        let mut normed_ready = false;
         for (li, l) in m.layers.iter().enumerate() {
             let normed = acts(&self.normed, h);
-            if !skip(Skip::ELEMENTWISE) {
+            if !normed_ready && !skip(Skip::ELEMENTWISE) {
                 k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
             }
             if !skip(Skip::PRODUCTS) {
@@ -621,27 +677,30 @@ impl CudaState {
             let k_cache = self.kv.at(li * 2 * layer_elems * 2);
             let v_cache = self.kv.at((li * 2 + 1) * layer_elems * 2);
             let att = acts(&self.att, q_dim);
-            if !skip(Skip::ATTENTION | Skip::QKV_EPILOGUE) {
-                k.qkv_post(&QkvPost {
-                    q: self.q.ptr(),
-                    k: self.k.ptr(),
-                    v: self.v.ptr(),
-                    n,
-                    n_heads: c.n_heads,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                    rot_dim: c.rope_dim,
-                    interleaved: c.rope_layout == kasoku::kernels::rope::RopeLayout::Interleaved,
-                    inv_freq: m.inv_freq.ptr(),
-                    q_norm: opt(&l.q_norm).unwrap_or(0),
-                    k_norm: opt(&l.k_norm).unwrap_or(0),
-                    eps: c.rms_eps,
-                    batch: self.meta.ptr(),
-                    pos: word(self.layout.pos),
-                    k_cache,
-                    v_cache,
-                    max_slots: self.max_slots,
-                })?;
+            let post = QkvPost {
+                q: self.q.ptr(),
+                k: self.k.ptr(),
+                v: self.v.ptr(),
+                n,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                rot_dim: c.rope_dim,
+                interleaved: c.rope_layout == kasoku::kernels::rope::RopeLayout::Interleaved,
+                inv_freq: m.inv_freq.ptr(),
+                q_norm: opt(&l.q_norm).unwrap_or(0),
+                k_norm: opt(&l.k_norm).unwrap_or(0),
+                eps: c.rms_eps,
+                batch: self.meta.ptr(),
+                pos: word(self.layout.pos),
+                k_cache,
+                v_cache,
+                max_slots: self.max_slots,
+            };
+            // A one-row pass rotates q and writes the new key inside attention.
+            let fused = n == 1 && self.fuse_post && !skip(Skip::QKV_EPILOGUE);
+            if !fused && !skip(Skip::ATTENTION | Skip::QKV_EPILOGUE) {
+                k.qkv_post(&post)?;
             }
             if !skip(Skip::ATTENTION) {
                 k.attention(&AttnCall {
@@ -664,54 +723,75 @@ impl CudaState {
                     out: self.att.ptr(),
                     out_q: if fused_merge { att.xq } else { 0 },
                     out_s: if fused_merge { att.xs } else { 0 },
+                    post: if fused {
+                        PostArgs::fused(&post)
+                    } else {
+                        PostArgs::default()
+                    },
                 })?;
                 if !fused_merge {
                     k.quantize(att, n * q_dim)?;
                 }
             }
-            if !skip(Skip::PRODUCTS) {
-                self.product(
-                    m,
-                    &[l.wo.seg(self.x.ptr(), h, None, true)],
-                    att,
-                    n,
-                    q_dim,
-                    &next(prefetch, &[&l.gate, &l.up]),
-                )?;
+            let wo = l.wo.seg(self.x.ptr(), h, None, true);
+            if fuse_norm {
+                k.matvec_norm(wo, att, n, q_dim, norm_tail(&l.ffn_norm))?;
+            } else {
+                if !skip(Skip::PRODUCTS) {
+                    self.product(m, &[wo], att, n, q_dim, &next(prefetch, &[&l.gate, &l.up]))?;
+                }
+                if !skip(Skip::ELEMENTWISE) {
+                    k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
+                }
             }
-            if !skip(Skip::ELEMENTWISE) {
-                k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
-            }
-            if !skip(Skip::PRODUCTS) {
-                self.product(
-                    m,
-                    &[
-                        l.gate.seg(self.g.ptr(), c.ffn, None, false),
-                        l.up.seg(self.u.ptr(), c.ffn, None, false),
-                    ],
+            let g = acts(&self.g, c.ffn);
+            let (gate, up) = (
+                l.gate.seg(self.g.ptr(), c.ffn, None, false),
+                l.up.seg(self.u.ptr(), c.ffn, None, false),
+            );
+            if fuse_glu {
+                k.matvec_swiglu(
+                    gate,
+                    up,
                     normed,
                     n,
                     h,
-                    &next(prefetch, &[&l.down]),
+                    GluTail {
+                        counts: self.glu_count.ptr(),
+                        out: g,
+                    },
                 )?;
+            } else {
+                if !skip(Skip::PRODUCTS) {
+                    self.product(m, &[gate, up], normed, n, h, &next(prefetch, &[&l.down]))?;
+                }
+                if !skip(Skip::ELEMENTWISE) {
+                    k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn, g)?;
+                }
             }
-            let g = acts(&self.g, c.ffn);
-            if !skip(Skip::ELEMENTWISE) {
-                k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn, g)?;
-            }
-            if !skip(Skip::PRODUCTS) {
-                let after: Vec<&DeviceMatrix> = match m.layers.get(li + 1) {
-                    Some(nl) => next(prefetch, &[&nl.wq, &nl.wk, &nl.wv]),
-                    None => Vec::new(),
-                };
-                self.product(
-                    m,
-                    &[l.down.seg(self.x.ptr(), h, None, true)],
-                    g,
-                    n,
-                    c.ffn,
-                    &after,
-                )?;
+            let down = l.down.seg(self.x.ptr(), h, None, true);
+            // The next norm: the next layer's, or the output norm (every row's, so only when
+            // the head reads every row, or there is one).
+            let next_norm = match m.layers.get(li + 1) {
+                Some(nl) => Some(&nl.attn_norm),
+                None if head == Head::All || n == 1 => Some(&m.output_norm),
+                None => None,
+            };
+            match next_norm {
+                Some(w) if fuse_norm => {
+                    k.matvec_norm(down, g, n, c.ffn, norm_tail(w))?;
+                    normed_ready = true;
+                }
+                _ => {
+                    if !skip(Skip::PRODUCTS) {
+                        let after: Vec<&DeviceMatrix> = match m.layers.get(li + 1) {
+                            Some(nl) => next(prefetch, &[&nl.wq, &nl.wk, &nl.wv]),
+                            None => Vec::new(),
+                        };
+                        self.product(m, &[down], g, n, c.ffn, &after)?;
+                    }
+                    normed_ready = false;
+                }
             }
         }
         let (first, rows) = match head {
@@ -722,16 +802,19 @@ impl CudaState {
         if skip(Skip::HEAD) {
             return self.best.read_async(0, &self.best_host, rows * 8);
         }
-        k.rmsnorm(
-            self.x.at(first * h * 4),
-            m.output_norm.ptr(),
-            c.rms_eps,
-            h,
-            rows,
-            normed,
-        )?;
-        // The head's products also leave each row's argmax (as an ordered key) in `best`.
-        self.best.fill(0)?;
+        // After a fused output norm, `normed` holds every row (first = 0 or n = 1).
+        if !normed_ready {
+            k.rmsnorm(
+                self.x.at(first * h * 4),
+                m.output_norm.ptr(),
+                c.rms_eps,
+                h,
+                rows,
+                normed,
+            )?;
+        }
+        // The head's products also leave each row's argmax (as an ordered key) in `best`
+        // (zeroed by the embedding).
         let mut seg = m.head().seg(self.logits.ptr(), c.vocab, None, false);
         seg.best = self.best.ptr();
         k.matvec(&[seg], normed, rows, h)?;
@@ -995,6 +1078,7 @@ impl CudaModel {
                     out: st.att.ptr(),
                     out_q: att.xq,
                     out_s: att.xs,
+                    post: Default::default(),
                 })
             },
         )?;

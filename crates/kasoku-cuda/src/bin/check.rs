@@ -246,8 +246,12 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
             ceiling
         );
     }
-    // What each kernel class costs inside the captured step: the step without it.
+    // What each kernel class costs inside the captured step: the step without it (kernels
+    // apart, as a class cannot be left out of a fused kernel).
+    let fused = (st.fuse_post, st.fuse_glu, st.fuse_norm);
+    (st.fuse_post, st.fuse_glu, st.fuse_norm) = (false, false, false);
     let full = tg(&mut st, 64)?;
+    println!("tg64 with each kernel apart (unfused): {full:.1} tokens/s");
     for (what, bits) in [
         ("attention (+q/k/v epilogue)", Skip::ATTENTION),
         ("the q/k/v epilogue", Skip::QKV_EPILOGUE),
@@ -265,6 +269,7 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         );
     }
     st.skip = 0;
+    (st.fuse_post, st.fuse_glu, st.fuse_norm) = fused;
     gpu.set_dependent_launch(pdl_default);
     st.drop_graphs();
     // The same steps without graphs: what the launches cost.

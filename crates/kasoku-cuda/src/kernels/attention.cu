@@ -16,6 +16,27 @@ __device__ __forceinline__ int att_slot(const Batch* b, const int* path, int i, 
     return b->past + path[i * (b->max_depth + 1) + (v - b->past)];
 }
 
+// The q/k/v epilogue fused into a decode step's attention (one chain row; `on` 0: off, q is
+// already rotated and the new key and value are in the cache). Then each block rotates its
+// own query head from the raw projection, and the block whose chunk holds the new position
+// computes that position's key and value itself (the bits qkv_post would have written: the
+// same head_post, rounded to f16), uses them from shared memory, and, for the first query
+// head of each KV group, writes them to the cache. No block of the pass reads that slot from
+// the cache, so the write races with nothing.
+struct PostArgs {
+    const float* k;
+    const float* v;
+    const float* inv_freq;
+    const float* q_norm;
+    const float* k_norm;
+    int kv_ld;
+    int rot_dim;
+    int interleaved;
+    float eps;
+    int on;
+    int pad;
+};
+
 // out[i][h] = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c over the row's `nc` chunks, in order,
 // by one block of 128 threads (`res`: 256 floats of shared memory). With xq/xs, also the int8
 // activations of the row's head (head_dim a multiple of 32).
@@ -53,13 +74,16 @@ __device__ void attn_merge_row(
 // (its row read as 16-byte vectors, q from shared memory); then thread d sums the values of
 // dim d over the chunk's keys, eight running sums (more loads in flight) added in order.
 extern "C" __global__ void __launch_bounds__(128) attn_partial(
-    const float* q, int q_ld, const u16* k_cache, const u16* v_cache, int max_slots,
+    const float* q, int q_ld, u16* k_cache, u16* v_cache, int max_slots,
     int n_heads, int n_kv_heads, int head_dim, float scale,
     const Batch* batch, const int* pos, const int* path,
     float* part_ml, float* part_o, int chunks,
-    int* arrivals, float* out, int out_ld, i8* xq, float4* xs) {
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, PostArgs post) {
     wait_for_predecessor();
     __shared__ float qs[256];
+    __shared__ float ks[256];
+    __shared__ __align__(16) u16 knew[256];
+    __shared__ u16 vnew[256];
     __shared__ int last;
     __shared__ float sc[ATT_CHUNK];
     __shared__ int slots[ATT_CHUNK];
@@ -72,13 +96,37 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
     const u16* vc = v_cache + (size_t)kh * max_slots * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[(size_t)i * q_ld + h * head_dim + d];
+    // The fused epilogue: the virtual position of the new key (-1: none here).
+    int fresh = -1;
+    if (post.on) {
+        head_post(qs, post.q_norm, post.eps, head_dim, post.rot_dim, post.interleaved, post.inv_freq, pos[i]);
+        if ((int)blockIdx.z == (nc - 1) % (int)gridDim.z) {
+            fresh = seen - 1;
+            const float* kr = post.k + (size_t)i * post.kv_ld + kh * head_dim;
+            const float* vr = post.v + (size_t)i * post.kv_ld + kh * head_dim;
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) ks[d] = kr[d];
+            head_post(ks, post.k_norm, post.eps, head_dim, post.rot_dim, post.interleaved, post.inv_freq, pos[i]);
+            bool writer = h % (n_heads / n_kv_heads) == 0;
+            size_t at = ((size_t)kh * max_slots + batch->past + i) * head_dim;
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+                u16 kq = f2h(ks[d]), vq = f2h(vr[d]);
+                knew[d] = kq;
+                vnew[d] = vq;
+                if (writer) {
+                    k_cache[at + d] = kq;
+                    v_cache[at + d] = vq;
+                }
+            }
+        }
+        __syncthreads();
+    }
     for (int c = blockIdx.z; c < nc; c += gridDim.z) {
         int v0 = c * ATT_CHUNK;
         int v1 = min(v0 + ATT_CHUNK, seen), nk = v1 - v0;
         for (int t = threadIdx.x; t < nk; t += blockDim.x) slots[t] = att_slot(batch, path, i, v0 + t);
         __syncthreads();
         for (int t = threadIdx.x; t < nk; t += blockDim.x) {
-            const uint4* kr = (const uint4*)(kc + (size_t)slots[t] * head_dim);
+            const uint4* kr = v0 + t == fresh ? (const uint4*)knew : (const uint4*)(kc + (size_t)slots[t] * head_dim);
             float s = 0.0f;
             // Eight 16-byte loads in flight, then their products in order.
             for (int e0 = 0; e0 < head_dim / 8; e0 += 8) {
@@ -127,7 +175,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
             // running sums over the keys in order, added in order.
             float vals[ATT_CHUNK];
 #pragma unroll
-            for (int t = 0; t < ATT_CHUNK; t++) vals[t] = t < nk ? h2f(vc[(size_t)slots[t] * head_dim + d]) : 0.0f;
+            for (int t = 0; t < ATT_CHUNK; t++)
+                vals[t] = t < nk ? h2f(v0 + t == fresh ? vnew[d] : vc[(size_t)slots[t] * head_dim + d]) : 0.0f;
             float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int t = 0; t < ATT_CHUNK; t++)

@@ -40,6 +40,16 @@ struct MatArgs {
     int split;               // warps per pair of weight rows: 1, 2 or 4
     const u8* pre[3];        // weights a later kernel reads (or null): prefetched into L2
     long long pre_len[3];    // their lengths in bytes
+    u32* glu_count;          // or null: SwiGLU fused in (glu_group_done), a count per 32 rows
+    i8* glu_q;               // the int8 blocks of its result
+    float4* glu_s;
+    u32* norm_count;         // or null: RMSNorm of segment 0's output fused in (norm_tail)
+    const float* norm_w;
+    float* norm_y;
+    i8* norm_q;
+    float4* norm_s;
+    float norm_eps;
+    int norm_pad;
 };
 
 // Brings `len` bytes at `p` into L2 without waiting for them: the pass's next matrices stream
@@ -67,6 +77,67 @@ __device__ __forceinline__ void quant_block32(float v, i8* q, float4* s) {
     for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     int s0 = __shfl_sync(0xffffffffu, sum, 0), s1 = __shfl_sync(0xffffffffu, sum, 16);
     if (lane == 0) *s = make_float4(d, d * (float)s0, d * (float)s1, 0.0f);
+}
+
+// The RMSNorm of one row of `dim` values (a multiple of 32) by a whole block (every thread
+// calling; `part`: dim / 32 doubles of shared memory): per 32-value block its sum of squares
+// in f64 (a warp's butterfly), then the blocks' sums added in order by one thread, so the bits
+// do not depend on the block's size (the rmsnorm kernel and a product's fused tail agree).
+// y = x · scale · w, and with xq/xs its int8 blocks. x is read from L2 (other blocks of a
+// fused product wrote it). A thread's values are loaded before any is used.
+#define RMS_HELD 16
+__device__ void rms_row(const float* xr, const float* w, float eps, int dim, float* yr, i8* xq, float4* xs,
+                        double* part, float* scale_out) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int nb = dim / 32;
+    bool held = nb <= RMS_HELD * nw;
+    float hv[RMS_HELD];
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < RMS_HELD; i++) {
+            int b = warp + nw * i;
+            hv[i] = b < nb ? __ldcg(xr + 32 * b + lane) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RMS_HELD; i++) {
+        int b = warp + nw * i;
+        if (!held || b >= nb) break;
+        float v = hv[i];
+        double ss = warp_sum_d((double)v * (double)v);
+        if (lane == 0) part[b] = ss;
+    }
+    if (!held)
+        for (int b = warp; b < nb; b += nw) {
+            float v = __ldcg(xr + 32 * b + lane);
+            double ss = warp_sum_d((double)v * (double)v);
+            if (lane == 0) part[b] = ss;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int b = 0; b < nb; b++) t += part[b];
+        *scale_out = 1.0f / sqrtf((float)(t / dim) + eps);
+    }
+    __syncthreads();
+    float scale = *scale_out;
+#pragma unroll
+    for (int i = 0; i < RMS_HELD; i++) {
+        int b = warp + nw * i;
+        if (!held || b >= nb) break;
+        int c = 32 * b + lane;
+        float v = hv[i] * scale * w[c];
+        yr[c] = v;
+        if (xq) quant_block32(v, xq + 32 * b, xs + b);
+    }
+    if (!held)
+        for (int b = warp; b < nb; b += nw) {
+            int c = 32 * b + lane;
+            float v = __ldcg(xr + c) * scale * w[c];
+            yr[c] = v;
+            if (xq) quant_block32(v, xq + 32 * b, xs + b);
+        }
+    __syncthreads();
 }
 
 // Quantizes rows of f32 activations (a multiple of 32 values): one warp per block of 32.
@@ -406,6 +477,60 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, boo
 // row in the unused slots. A row's arithmetic is the same source code at every NR, in either
 // slot of a pair and at every batch size, so its bits do not depend on the kernel, the tile or
 // the pair it lands in.
+// SwiGLU fused into the gate|up product (segment 0 the gate, 1 the up projection, the same
+// rows, ldy = rows): each warp counts its pair of rows in its group of 32 rows; the warp that
+// completes a group (16 gate pairs and 16 up pairs) computes g = silu(g)·u for the group's 32
+// values of every activation row, and their int8 blocks, with the swiglu kernel's arithmetic
+// (the same bits), then resets the count for the next pass. Each warp publishes its rows
+// (fence) before counting, so the completing warp reads every one of them, from L2.
+__device__ __forceinline__ void glu_group_done(const MatArgs& a, int j0, int lane) {
+    int grp = j0 >> 5;
+    u32 prev = 0;
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        prev = atomicAdd(a.glu_count + grp, 1u);
+    }
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != 31) return;
+    __threadfence();
+    float* gy = a.seg[0].y;
+    const float* uy = a.seg[1].y;
+    int ld = a.seg[0].ldy;
+    for (int r = 0; r < a.n; r++) {
+        size_t c = (size_t)r * ld + 32 * grp + lane;
+        float x = __ldcg(gy + c);
+        float v = x / (1.0f + expf(-x)) * __ldcg(uy + c);
+        gy[c] = v;
+        size_t b = ((size_t)r * ld) / 32 + grp;
+        if (a.glu_q) quant_block32(v, a.glu_q + 32 * b, a.glu_s + b);
+    }
+    if (lane == 0) a.glu_count[grp] = 0;
+}
+
+// RMSNorm fused into a residual product (segment 0 writes the residual stream, ldy = its
+// rows): each block counts itself in once its rows are written; the last block normalizes
+// every activation row of the result (rms_row, the rmsnorm kernel's bits) and resets the count.
+#define NORM_MAX_DIM 8192
+__device__ __forceinline__ void norm_tail(const MatArgs& a) {
+    __shared__ int last_block;
+    __shared__ double part[NORM_MAX_DIM / 32];
+    __shared__ float scale;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last_block = atomicAdd(a.norm_count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    int dim = a.seg[0].rows;
+    for (int r = 0; r < a.n; r++)
+        rms_row(a.seg[0].y + (size_t)r * dim, a.norm_w, a.norm_eps, dim, a.norm_y + (size_t)r * dim,
+                a.norm_q ? a.norm_q + (size_t)r * dim : 0, a.norm_q ? a.norm_s + (size_t)r * (dim / 32) : 0, part, &scale);
+    if (threadIdx.x == 0) *a.norm_count = 0;
+}
+
 // With KASOKU_OWN_PREFETCH, each warp asks L2 for its own pair of weight rows before waiting
 // for its predecessor: with early launch, the rows stream in from DRAM while the kernels
 // before this one finish, and the loads after the wait find them in L2.
@@ -451,6 +576,8 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     bool pair = valid && j0 + 1 < s.rows;
     for (int r0 = 0; r0 < a.n; r0 += NR)
         row_tile<NR>(s, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+    if (a.glu_count && valid && part == 0) glu_group_done(a, j0, lane);
+    if (a.norm_count) norm_tail(a);
     if (best) {
         __syncthreads();
         for (int r = threadIdx.x; r < a.n; r += blockDim.x)

@@ -132,7 +132,48 @@ pub struct MatArgs {
     /// Weights of later products, prefetched into L2 while this one runs (null: none).
     pub pre: [u64; 3],
     pub pre_len: [i64; 3],
+    /// SwiGLU fused into a gate|up product ([`Kernels::matvec_swiglu`]): per 32 rows a u32
+    /// count (zero before the first call, left zero by every call), and the int8 blocks of
+    /// the result; 0: none.
+    pub glu_count: u64,
+    pub glu_q: u64,
+    pub glu_s: u64,
+    /// RMSNorm fused into a residual product ([`Kernels::matvec_norm`]): a u32 count (zero
+    /// before the first call, left zero), the norm's weights, its output and int8 blocks.
+    pub norm_count: u64,
+    pub norm_w: u64,
+    pub norm_y: u64,
+    pub norm_q: u64,
+    pub norm_s: u64,
+    pub norm_eps: f32,
+    pub norm_pad: i32,
 }
+
+/// Where a gate|up product with SwiGLU fused in ([`Kernels::matvec_swiglu`]) keeps its
+/// counts and writes the int8 blocks of its result.
+#[derive(Clone, Copy, Debug)]
+pub struct GluTail {
+    /// A zeroed u32 per 32 rows of the gate (the product leaves them zero).
+    pub counts: u64,
+    /// The result's int8 blocks (`out.xq`/`out.xs`; row stride: the gate's rows).
+    pub out: Acts,
+}
+
+/// The RMSNorm a residual product applies to its result before it returns
+/// ([`Kernels::matvec_norm`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NormTail {
+    /// A device u32, zero (the product leaves it zero).
+    pub count: u64,
+    /// The norm's weights (as many as the product's rows).
+    pub w: u64,
+    pub eps: f32,
+    /// The normalized rows (row stride: the product's rows) and their int8 blocks.
+    pub out: Acts,
+}
+
+/// Most rows of a residual stream a fused RMSNorm takes (NORM_MAX_DIM in matvec.cu).
+pub const NORM_MAX_DIM: usize = 8192;
 
 /// Most activation rows of a `matvec` call with a fused argmax (MATVEC_MAX_ROWS in
 /// matvec.cu).
@@ -450,13 +491,107 @@ impl Kernels {
         Ok(())
     }
 
+    /// `g = silu(x·Gateᵀ) · (x·Upᵀ)` in one kernel: the gate|up product of [`Kernels::matvec`]
+    /// whose warps, as each group of 32 rows completes, apply SwiGLU to it in place in
+    /// `gate.y` and write its int8 blocks to `out` (what [`Kernels::swiglu`] computes, the
+    /// same bits). Not with the tensor-core kernel (an error).
+    pub fn matvec_swiglu(
+        &self,
+        gate: MatSeg,
+        up: MatSeg,
+        x: Acts,
+        n: usize,
+        cols: usize,
+        glu: GluTail,
+    ) -> Result<()> {
+        let GluTail { counts, out } = glu;
+        if self.mma {
+            return Err(Error::Invalid(
+                "SwiGLU is not fused into tensor-core products".into(),
+            ));
+        }
+        if gate.rows != up.rows || gate.rows % 32 != 0 || gate.ldy != gate.rows || up.ldy != up.rows
+        {
+            return Err(Error::Invalid(format!(
+                "fused SwiGLU of {} gate and {} up rows (equal, whole groups of 32, packed)",
+                gate.rows, up.rows
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (xq, xs) = quant_targets(out, n * gate.rows as usize)?;
+        let (mut args, grid) = matvec_args(&[gate, up], x, n, cols)?;
+        args.glu_count = counts;
+        args.glu_q = xq;
+        args.glu_s = xs;
+        self.launch(
+            matvec_kernel(n),
+            (grid, 1, 1),
+            (MATVEC_WARPS * 32) as u32,
+            &mut [p(&args)],
+        )
+    }
+
+    /// `seg.y (+)= x·Wᵀ`, then the RMSNorm of every activation row of `seg.y` into
+    /// `norm.out`, in one kernel (the last block to finish normalizes, with the bits of
+    /// [`Kernels::rmsnorm`]). For few rows: that block takes them one after another. Not with
+    /// the tensor-core kernel (an error).
+    pub fn matvec_norm(
+        &self,
+        seg: MatSeg,
+        x: Acts,
+        n: usize,
+        cols: usize,
+        norm: NormTail,
+    ) -> Result<()> {
+        if self.mma {
+            return Err(Error::Invalid(
+                "RMSNorm is not fused into tensor-core products".into(),
+            ));
+        }
+        let dim = seg.rows as usize;
+        if seg.ldy != seg.rows || !dim.is_multiple_of(32) || dim > NORM_MAX_DIM {
+            return Err(Error::Invalid(format!(
+                "fused RMSNorm of {dim} values (packed rows, whole blocks of 32, at most {NORM_MAX_DIM})"
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (xq, xs) = quant_targets(norm.out, dim)?;
+        let (mut args, grid) = matvec_args(&[seg], x, n, cols)?;
+        args.norm_count = norm.count;
+        args.norm_w = norm.w;
+        args.norm_y = norm.out.x;
+        args.norm_q = xq;
+        args.norm_s = xs;
+        args.norm_eps = norm.eps;
+        self.launch(
+            matvec_kernel(n),
+            (grid, 1, 1),
+            (MATVEC_WARPS * 32) as u32,
+            &mut [p(&args)],
+        )
+    }
+
     /// Whether block formats run on the tensor-core kernel in this process.
     pub fn uses_mma(&self) -> bool {
         self.mma
     }
 
-    /// Rows `tokens` of the embedding `table` into `y` (`n × dim` f32).
-    pub fn embed(&self, table: &DeviceMatrix, tokens: u64, n: usize, y: u64) -> Result<()> {
+    /// Rows `tokens` of the embedding `table` into `y` (`n × dim` f32); also zeroes
+    /// `clear_n` u64s at `clear` (0: none).
+    pub fn embed(
+        &self,
+        table: &DeviceMatrix,
+        tokens: u64,
+        n: usize,
+        y: u64,
+        clear: u64,
+        clear_n: usize,
+    ) -> Result<()> {
+        let cn = clear_n as i32;
         let (rb, fmt, dim) = (
             table.row_bytes as i64,
             table.dtype.ggml_id() as i32,
@@ -467,7 +602,16 @@ impl Kernels {
             "embed",
             (n as u32, 1, 1),
             256,
-            &mut [p(&t), p(&rb), p(&fmt), p(&dim), p(&tokens), p(&y)],
+            &mut [
+                p(&t),
+                p(&rb),
+                p(&fmt),
+                p(&dim),
+                p(&tokens),
+                p(&y),
+                p(&clear),
+                p(&cn),
+            ],
         )
     }
 
@@ -583,8 +727,16 @@ impl Kernels {
     }
 
     /// Attention of `n` rows (queries at `q`, `n × n_heads × head_dim`) over one layer's
-    /// cache, into `out` (same shape); `chunks` bounds the key chunks of any row.
+    /// cache, into `out` (same shape); `chunks` bounds the key chunks of any row. With
+    /// `post` on (one chain row only), `q` is the raw projection and the q/k/v epilogue runs
+    /// inside (see [`PostArgs`]).
     pub fn attention(&self, a: &AttnCall) -> Result<()> {
+        if a.post.on != 0 && a.n != 1 {
+            return Err(Error::Invalid(format!(
+                "the fused q/k/v epilogue takes one row, not {}",
+                a.n
+            )));
+        }
         let (ms, nh, nkv, hd, ch) = (
             a.max_slots as i32,
             a.n_heads as i32,
@@ -622,6 +774,7 @@ impl Kernels {
                 p(&q_ld),
                 p(&a.out_q),
                 p(&a.out_s),
+                p(&a.post),
             ],
         )
     }
@@ -690,6 +843,45 @@ pub struct QkvPost {
     pub max_slots: usize,
 }
 
+/// The q/k/v epilogue fused into a decode step's attention (`struct PostArgs` in
+/// attention.cu): one chain row, whose query is rotated by each block and whose new key and
+/// value are computed by the block that attends to them and written to the cache by it, with
+/// the bits [`Kernels::qkv_post`] gives. `on` 0: off.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PostArgs {
+    pub k: u64,
+    pub v: u64,
+    pub inv_freq: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub kv_ld: i32,
+    pub rot_dim: i32,
+    pub interleaved: i32,
+    pub eps: f32,
+    pub on: i32,
+    pub pad: i32,
+}
+
+impl PostArgs {
+    /// The fused form of the epilogue `p` (its `q`, caches and positions are the attention's).
+    pub fn fused(p: &QkvPost) -> PostArgs {
+        PostArgs {
+            k: p.k,
+            v: p.v,
+            inv_freq: p.inv_freq,
+            q_norm: p.q_norm,
+            k_norm: p.k_norm,
+            kv_ld: (p.n_kv_heads * p.head_dim) as i32,
+            rot_dim: p.rot_dim as i32,
+            interleaved: p.interleaved as i32,
+            eps: p.eps,
+            on: 1,
+            pad: 0,
+        }
+    }
+}
+
 /// Parameters of [`Kernels::attention`].
 #[derive(Clone, Copy, Debug)]
 pub struct AttnCall {
@@ -715,6 +907,8 @@ pub struct AttnCall {
     /// The int8 blocks of `out` (0: none; needs head_dim a multiple of 32).
     pub out_q: u64,
     pub out_s: u64,
+    /// The fused q/k/v epilogue (default: off).
+    pub post: PostArgs,
 }
 
 #[cfg(test)]

@@ -12,69 +12,81 @@ struct Batch {
 // Arrays beside it: tokens[n] (u32), pos[n] (int: past + depth), path[n][max_depth + 1]
 // (trees: row i's nodes from the root down; path[i][d] is the node at depth d).
 
-// y[i] = dequant(embedding row tokens[i]); grid (n), any block size.
+// y[i] = dequant(embedding row tokens[i]); grid (n), any block size. Block 0 also zeroes
+// `clear_n` u64s at `clear` (the head's argmax keys: one kernel instead of a memset node
+// that would break the chain of early launches).
 extern "C" __global__ void embed(const u8* table, long long row_bytes, int fmt, int dim,
-                                 const u32* tokens, float* y) {
+                                 const u32* tokens, float* y, u64* clear, int clear_n) {
     wait_for_predecessor();
     int i = blockIdx.x;
+    if (i == 0 && clear)
+        for (int c = threadIdx.x; c < clear_n; c += blockDim.x) clear[c] = 0;
     const u8* row = table + (size_t)tokens[i] * row_bytes;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) y[(size_t)i * dim + c] = dequant_one(row, fmt, c);
 }
 
-// y = x · w / sqrt(mean(x²) + eps), row by row; grid (rows), block 256. The sum of squares
-// in f64, as the CPU kernel. With xq/xs, also the int8 activations of y (dim a multiple of 32).
-// Rows of up to RMS_HELD × 256 values are read once into registers, all loads issued before
-// any is used (one memory round trip, not one per 32 values); longer rows are read twice.
-#define RMS_HELD 16
+// y = x · w / sqrt(mean(x²) + eps), row by row; grid (rows), any block size (a multiple of
+// 32). With xq/xs, also the int8 activations of y. Rows of whole 32-value blocks go through
+// rms_row (matvec.cu), whose bits a product's fused norm tail shares; other widths (no int8
+// blocks) sum their squares in f64 thread by thread.
 extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const float* w, float eps, int dim, float* y,
                                                           i8* xq, float4* xs) {
     wait_for_predecessor();
-    __shared__ double red[32];
+    __shared__ double red[NORM_MAX_DIM / 32];
+    __shared__ float scale_sh;
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    // Value i of this thread: block of 32 `warp + nw * i`, lane `lane` (the quantizer's map).
-    bool held = dim % 32 == 0 && dim <= RMS_HELD * (int)blockDim.x;
-    float hv[RMS_HELD], hw[RMS_HELD];
-    double ss = 0.0;
-    if (held) {
-#pragma unroll
-        for (int i = 0; i < RMS_HELD; i++) {
-            int c = 32 * (warp + nw * i) + lane;
-            hv[i] = c < dim ? xr[c] : 0.0f;
-            hw[i] = c < dim ? w[c] : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < RMS_HELD; i++) ss += (double)hv[i] * (double)hv[i];
-    } else {
-        for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += (double)xr[c] * (double)xr[c];
+    if (dim % 32 == 0 && dim <= NORM_MAX_DIM) {
+        rms_row(xr, w, eps, dim, yr, xq ? xq + (size_t)blockIdx.x * dim : 0,
+                xq ? xs + (size_t)blockIdx.x * (dim / 32) : 0, red, &scale_sh);
+        return;
     }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double ss = 0.0;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += (double)xr[c] * (double)xr[c];
     ss = warp_sum_d(ss);
     if (lane == 0) red[warp] = ss;
     __syncthreads();
     double t = lane < nw ? red[lane] : 0.0;
     t = warp_sum_d(t);
     float scale = 1.0f / sqrtf((float)(t / dim) + eps);
-    if (held) {
-#pragma unroll
-        for (int i = 0; i < RMS_HELD; i++) {
-            int b = warp + nw * i;
-            if (32 * b >= dim) break;
-            float v = hv[i] * scale * hw[i];
-            yr[32 * b + lane] = v;
-            if (xq) quant_block32(v, xq + (size_t)blockIdx.x * dim + 32 * b, xs + (size_t)blockIdx.x * (dim / 32) + b);
-        }
-    } else if (xq) {
-        // One warp per 32 values: normalize, write, quantize.
-        for (int b = warp; b < dim / 32; b += nw) {
-            int c = 32 * b + lane;
-            float v = xr[c] * scale * w[c];
-            yr[c] = v;
-            quant_block32(v, xq + (size_t)blockIdx.x * dim + 32 * b, xs + (size_t)blockIdx.x * (dim / 32) + b);
-        }
-    } else {
-        for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * scale * w[c];
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * scale * w[c];
+}
+
+// One head's epilogue in shared memory `s` (head_dim values, by a block of 128 threads, every
+// thread calling): optional RMSNorm with weights `nw` (sum of squares in f64, like rmsnorm),
+// then RoPE at position p (the angle rounded to f32 first, then sin and cos in f64, as the
+// CPU's Rope). qkv_post and the fused decode attention share it, so both give the same bits.
+__device__ void head_post(float* s, const float* nw, float eps, int head_dim, int rot_dim, int interleaved,
+                          const float* inv_freq, int p) {
+    __syncthreads();
+    if (nw) {
+        double ss = 0.0;
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) ss += (double)s[d] * (double)s[d];
+        __shared__ double redd[32];
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        ss = warp_sum_d(ss);
+        if (lane == 0) redd[warp] = ss;
+        __syncthreads();
+        double t = lane < (int)(blockDim.x >> 5) ? redd[lane] : 0.0;
+        t = warp_sum_d(t);
+        float scale = 1.0f / sqrtf((float)(t / head_dim) + eps);
+        __syncthreads();
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) s[d] = s[d] * scale * nw[d];
+        __syncthreads();
     }
+    int half = rot_dim / 2;
+    for (int t = threadIdx.x; t < half; t += blockDim.x) {
+        float angle = (float)p * inv_freq[t];
+        double sn, cs;
+        sincos((double)angle, &sn, &cs);
+        float c = (float)cs, sv = (float)sn;
+        int a = interleaved ? 2 * t : t, b = interleaved ? 2 * t + 1 : t + half;
+        float x0 = s[a], x1 = s[b];
+        s[a] = x0 * c - x1 * sv;
+        s[b] = x1 * c + x0 * sv;
+    }
+    __syncthreads();
 }
 
 // After the q/k/v projections: per head, optional RMSNorm (q_norm / k_norm), RoPE at the row's
@@ -92,39 +104,8 @@ extern "C" __global__ void __launch_bounds__(128) qkv_post(
     bool is_q = h < n_heads;
     int kh = h - n_heads;
     const float* src = is_q ? q + (size_t)i * q_ld + h * head_dim : k + (size_t)i * kv_ld + kh * head_dim;
-    const float* nw = is_q ? q_norm : k_norm;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) s[d] = src[d];
-    __syncthreads();
-    if (nw) {
-        // Sum of squares in f64, like rmsnorm.
-        double ss = 0.0;
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) ss += (double)s[d] * (double)s[d];
-        __shared__ double redd[32];
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        ss = warp_sum_d(ss);
-        if (lane == 0) redd[warp] = ss;
-        __syncthreads();
-        double t = lane < (int)(blockDim.x >> 5) ? redd[lane] : 0.0;
-        t = warp_sum_d(t);
-        float scale = 1.0f / sqrtf((float)(t / head_dim) + eps);
-        __syncthreads();
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) s[d] = s[d] * scale * nw[d];
-        __syncthreads();
-    }
-    int p = pos[i];
-    int half = rot_dim / 2;
-    for (int t = threadIdx.x; t < half; t += blockDim.x) {
-        // The angle rounded to f32 first, then sin and cos in f64 (as the CPU's Rope).
-        float angle = (float)p * inv_freq[t];
-        double sn, cs;
-        sincos((double)angle, &sn, &cs);
-        float c = (float)cs, sv = (float)sn;
-        int a = interleaved ? 2 * t : t, b = interleaved ? 2 * t + 1 : t + half;
-        float x0 = s[a], x1 = s[b];
-        s[a] = x0 * c - x1 * sv;
-        s[b] = x1 * c + x0 * sv;
-    }
-    __syncthreads();
+    head_post(s, is_q ? q_norm : k_norm, eps, head_dim, rot_dim, interleaved, inv_freq, pos[i]);
     if (is_q) {
         float* dst = q + (size_t)i * q_ld + h * head_dim;
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) dst[d] = s[d];

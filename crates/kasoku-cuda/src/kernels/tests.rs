@@ -9,7 +9,10 @@ fn parameter_blocks_have_the_cuda_layout() {
     // 3 pointers, 5 ints (4 bytes of padding), 3 pointers, 3 long longs = 264 bytes, 8-aligned.
     assert_eq!(std::mem::size_of::<MatSeg>(), 56);
     assert_eq!(std::mem::offset_of!(MatSeg, best), 48);
-    assert_eq!(std::mem::size_of::<MatArgs>(), 264);
+    assert_eq!(std::mem::size_of::<MatArgs>(), 336);
+    assert_eq!(std::mem::offset_of!(MatArgs, norm_count), 288);
+    assert_eq!(std::mem::offset_of!(MatArgs, norm_eps), 328);
+    assert_eq!(std::mem::offset_of!(MatArgs, glu_count), 264);
     assert_eq!(std::mem::align_of::<MatArgs>(), 8);
     assert_eq!(std::mem::offset_of!(MatArgs, x), 168);
     assert_eq!(std::mem::offset_of!(MatArgs, xs), 184);
@@ -18,6 +21,10 @@ fn parameter_blocks_have_the_cuda_layout() {
     assert_eq!(std::mem::offset_of!(MatArgs, pre), 216);
     assert_eq!(std::mem::offset_of!(MatArgs, pre_len), 240);
     assert_eq!(std::mem::size_of::<BatchDesc>(), 16);
+    // struct PostArgs: 5 pointers, 6 ints/floats = 64 bytes.
+    assert_eq!(std::mem::size_of::<PostArgs>(), 64);
+    assert_eq!(std::mem::offset_of!(PostArgs, kv_ld), 40);
+    assert_eq!(std::mem::offset_of!(PostArgs, on), 56);
 }
 
 #[test]

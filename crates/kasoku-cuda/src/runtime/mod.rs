@@ -375,6 +375,13 @@ impl DeviceBuffer {
         })
     }
 
+    /// The first `n` bytes.
+    pub fn read_bytes(&self, n: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; n];
+        self.read(0, &mut v)?;
+        Ok(v)
+    }
+
     /// The first `n` f32 values.
     pub fn read_f32(&self, n: usize) -> Result<Vec<f32>> {
         let mut v = vec![0f32; n];
