@@ -1235,11 +1235,13 @@ pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
     if st.uses_gemm(1) {
         let got = st.logits(&m, &tokens)?;
         let e = rel_err(&got, &logits);
+        // Twice the bound: f16 weights and activations add their rounding to the cache's.
         rep.check(
-            e < tol,
+            e < 2.0 * tol,
             format!(
-                "fixture {what}: logits of {} tokens through the prefill GEMM vs {against}, rel err {e:.1e}",
-                tokens.len()
+                "fixture {what}: logits of {} tokens through the prefill GEMM vs {against}, rel err {e:.1e} (bound {:.0e})",
+                tokens.len(),
+                2.0 * tol
             ),
         );
     }
