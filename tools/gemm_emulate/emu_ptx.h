@@ -1,15 +1,25 @@
 // Host emulation of gemm.cu's PTX wrappers, following the PTX ISA's definitions:
-// - cp.async with a source size of 0 or 16: a synchronous copy or zero fill (so the commit and
-//   wait groups have nothing to do);
+// - cp.async with a source size of 0 or 16: a copy or a zero fill, at once or as late as its
+//   commit group's wait allows (below);
 // - ldmatrix .x4: lane l gives the address of row l % 8 of matrix l / 8, and register i of
 //   lane t receives elements 2(t % 4), 2(t % 4) + 1 of row t / 4 of matrix i;
 // - mma.m16n8k16 .row.col f16 -> f32: with g = t / 4, q = t % 4, A's registers hold
 //   (g, 2q), (g + 8, 2q), (g, 2q + 8), (g + 8, 2q + 8) (two halves each), B's (k = 2q, n = g),
 //   (k = 2q + 8, n = g), and C's four floats (g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1).
 // The warp-collective ones exchange through per-warp tables between two warp barriers.
-static void cp_async16(void* dst, const void* src, bool valid){ if(valid) memcpy(dst,src,16); else memset(dst,0,16); }
-static void cp_async_commit(){}
-template<int N> static void cp_async_wait(){}
+// cp.async in two modes (main runs both): early, a copy at once (a load into a stage some warp
+// still reads shows); late, the copies of a commit group at the last wait that must complete
+// them (a read before its wait shows).
+static bool g_late = false;
+struct Copy { void* dst; const void* src; bool valid; };
+thread_local std::vector<Copy> t_open;
+thread_local std::vector<std::vector<Copy>> t_groups;
+static void do_copy(const Copy& c){ if(c.valid) memcpy(c.dst,c.src,16); else memset(c.dst,0,16); }
+static void cp_async16(void* dst, const void* src, bool valid){
+  if(!g_late) do_copy({dst,src,valid}); else t_open.push_back({dst,src,valid}); }
+static void cp_async_commit(){ if(g_late){ t_groups.push_back(t_open); t_open.clear(); } }
+template<int N> static void cp_async_wait(){
+  while((int)t_groups.size() > N){ for(auto& c : t_groups.front()) do_copy(c); t_groups.erase(t_groups.begin()); } }
 static const u16* g_addr[32*8];
 static u32 g_frag[32*8][6]; static float g_c[32*8][4];
 static void ldmatrix_x4(u32* r, const u16* p){

@@ -131,6 +131,9 @@ static int run_case(const char* what, std::vector<SegSpec> specs, int cols, int 
 }
 int main() {
   int fails = check_dequant();
+  for (bool late : {false, true}) {
+  g_late = late;
+  printf("cp.async copies %s\n", late ? "late (at the wait that completes them)" : "early (at once)");
   std::vector<SegSpec> mixed = {{FMT_Q4_K, 40, 0, true, false}, {FMT_Q8_0, 25, 3, true, true}, {FMT_F16, 33, 6, false, true}};
   for (int n : {65, 100}) for (bool large : {true, false}) for (int s : {1, 4})
     fails += run_case("Q4_K+Q8_0+F16 512 cols", mixed, 512, 512, n, large, s);
@@ -140,6 +143,7 @@ int main() {
   std::vector<SegSpec> big = {{FMT_Q4_K, 130, 0, true, true}};
   fails += run_case("Q4_K 130x768", big, 768, 768, 129, true, 2);
   fails += run_case("Q4_K 130x768", big, 768, 768, 129, false, 3);
+  }
   printf("%d failed\n", fails);
   return fails != 0;
 }

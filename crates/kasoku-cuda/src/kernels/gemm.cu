@@ -10,8 +10,8 @@
 //   K-quant super-block), 8 for float formats; each writes its halves with 16-byte stores.
 // - `gemm_<BM>x<BN>` multiplies them: a block computes a BM×BN tile of y (BM activation
 //   rows × BN weight rows) with mma.sync m16n8k16 (f16 in, f32 accumulate), the K dimension
-//   in slices of GEMM_BK staged into shared memory by cp.async, two stages so that the next
-//   slice loads while this one is multiplied; fragments come out of shared memory through
+//   in slices of GEMM_BK staged into shared memory by cp.async, several stages so that the
+//   next slices load while this one is multiplied; fragments come out of shared memory through
 //   ldmatrix (rows padded by 8 halves: conflict-free). Partial tiles load zeros (cp.async
 //   with a source size of 0) and store nothing. The epilogue adds the bias and, for residual
 //   products, the output's old value, per segment.
@@ -331,15 +331,17 @@ __device__ __forceinline__ void gemm_store(const GemmArgs& a, int r, int j, floa
 }
 
 // One BM×BN tile of y: WARPS_M × WARPS_N warps, each a (BM/WARPS_M) × (BN/WARPS_N) sub-tile
-// of m16n8 products.
-template <int BM, int BN, int WARPS_M, int WARPS_N>
+// of m16n8 products; STAGES slices of K in shared memory, STAGES − 1 loading while one is
+// multiplied.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
 __device__ __forceinline__ void gemm_tile(const GemmArgs& a) {
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MI = WTM / 16, NI = WTN / 8;
     static_assert(NI % 2 == 0, "B fragments load two n8 blocks at a time");
-    __shared__ __align__(16) u16 sa[2][BM * GEMM_LDS];
-    __shared__ __align__(16) u16 sb[2][BN * GEMM_LDS];
+    static_assert(STAGES >= 2 && STAGES * (BM + BN) * GEMM_LDS * 2 <= 48 * 1024, "static shared memory");
+    __shared__ __align__(16) u16 sa[STAGES][BM * GEMM_LDS];
+    __shared__ __align__(16) u16 sb[STAGES][BN * GEMM_LDS];
     wait_for_predecessor();
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -373,18 +375,21 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a) {
             cp_async16(&sb[st][r * GEMM_LDS + kc], ok ? a.w + (size_t)gr * a.cols + gk : a.w, ok);
         }
     };
-    if (kbegin < kend) load(0, kbegin);
-    cp_async_commit();
+    // The first STAGES − 1 slices in flight (one commit group each, empty past the end).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (kbegin + s < kend) load(s, kbegin + s);
+        cp_async_commit();
+    }
     for (int kt = kbegin; kt < kend; kt++) {
-        const int st = (kt - kbegin) & 1;
-        if (kt + 1 < kend) {
-            load(st ^ 1, kt + 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        // Slice kt has landed once at most STAGES − 2 groups are pending; the barrier also
+        // tells every warp is done with the stage the next load overwrites (slice kt − 1's).
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
+        const int next = kt + STAGES - 1;
+        if (next < kend) load((next - kbegin) % STAGES, next);
+        cp_async_commit();
+        const int st = (kt - kbegin) % STAGES;
         const u16* A = sa[st];
         const u16* B = sb[st];
 #pragma unroll
@@ -408,7 +413,6 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a) {
 #pragma unroll
                 for (int j = 0; j < NI; j++) mma_f16(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
-        __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < MI; i++)
@@ -444,12 +448,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm_reduce(GemmArgs a) {
     gemm_store(a, (int)(t / a.rows), (int)(t % a.rows), v);
 }
 
-// Large products: 128 activation rows × 128 weight rows per block, 8 warps of 64×32.
+// Large products: 128 activation rows × 128 weight rows per block, 8 warps of 64×32, two
+// stages (40 KiB: static shared memory holds no third).
 extern "C" __global__ void __launch_bounds__(256) gemm_128x128(GemmArgs a) {
-    gemm_tile<128, 128, 2, 4>(a);
+    gemm_tile<128, 128, 2, 4, 2>(a);
 }
 
-// Products too small to fill the GPU with 128×128 tiles: 64×64 per block, 4 warps of 32×32.
+// Products too small to fill the GPU with 128×128 tiles: 64×64 per block, 4 warps of 32×32,
+// four stages (40 KiB), the deeper pipeline for blocks of fewer warps.
 extern "C" __global__ void __launch_bounds__(128) gemm_64x64(GemmArgs a) {
-    gemm_tile<64, 64, 2, 2>(a);
+    gemm_tile<64, 64, 2, 2, 4>(a);
 }
