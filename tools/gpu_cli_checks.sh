@@ -31,6 +31,15 @@ for f in llama/tiny qwen2/tiny qwen3/tiny; do
   check "$f: sampled run --device cuda == --device cpu, seed 11 (${sg:0:40})" "$([ "$sg" = "$sc" ] && echo 1)"
   [ "$sg" = "$sc" ] || echo "     cuda: [$sg]"$'\n'"     cpu:  [$sc]"
   check "$f: sampled with prompt lookup on the GPU == sampled plain on the GPU" "$([ "$sgs" = "$sg" ] && echo 1)"
+  # Top-k from the device's selection with penalties that raise logits, and top-k off (whole
+  # rows, the host's nucleus without a full sort): the CPU's text.
+  for set in "--top-k 5 --presence-penalty -0.8 --frequency-penalty 0.3 --temp 1.1 --seed 4" \
+             "--top-k 0 --top-p 0.9 --min-p 0.05 --temp 0.9 --seed 5"; do
+    a=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos $set --spec none --device cuda -q 2>&1)
+    b=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos $set --spec none --device cpu -q 2>&1)
+    check "$f: sampled ($set) --device cuda == --device cpu" "$([ "$a" = "$b" ] && echo 1)"
+    [ "$a" = "$b" ] || echo "     cuda: [$a]"$'\n'"     cpu:  [$b]"
+  done
 done
 m=$G/fixtures/qwen2/tiny/model-f32.gguf
 stats=$($K run --model "$m" -m "hello" -n 8 2>&1)

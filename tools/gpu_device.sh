@@ -42,4 +42,4 @@ phase session_q15 90 $B session $M/q15-q4_k_m.gguf 128
 phase bench 320 bash "$G/bench.sh" "$L" $M
 phase bench_cli 60 "$G/kasoku" bench --model $M/q15-q4_k_m.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --context 16 --verify 1,2,4,8,16,32,64
 tar czf "$OUT/logs.tgz" -C "$L" .
-echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|session|verify depth|pp512|device:|compiled|kernel |rel err|==|generate" "$L"/*.log | cut -c1-220
+echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|session|verify depth|pp512|device:|compiled|kernel |rel err|==|generate|top_k_select of" "$L"/*.log | cut -c1-220

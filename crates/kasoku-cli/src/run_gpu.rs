@@ -4,8 +4,8 @@
 //! `kasoku`).
 //!
 //! Greedy requests keep the device's argmax (only token ids cross); sampling at a temperature
-//! and repetition penalties draw each token on the host from its row of logits with the CPU's
-//! (seed, position)-keyed sampler. Prompt lookup verifies a draft tree per pass either way
+//! and repetition penalties draw each token on the host with the CPU's (seed, position)-keyed
+//! sampler, from the device's top-k selection (top-k on) or from the row of logits. Prompt lookup verifies a draft tree per pass either way
 //! (the text is plain decoding's). What the GPU path does not do yet (draft models, MTP, DFlash, the hybrid Qwen3.5
 //! layers, KV caches other than f16, `--quantize`) is reported by [`unsupported`], so `run`
 //! takes the CPU instead (or says why, when the GPU was asked for).

@@ -1152,6 +1152,129 @@ pub fn kernels(k: &Kernels) -> R<Report> {
     rep.merge(gemm(k)?);
     rep.merge(elementwise(k)?);
     rep.merge(attention_checks(k)?);
+    rep.merge(top_k_checks(k)?);
+    Ok(rep)
+}
+
+/// A random logits row of `vocab` values: `kind` 0 spread (few ties), 1 coarse (many ties at
+/// every rank), 2 mostly one value with specials (infinities, NaNs, signed zeros), so that
+/// the selection's boundary falls inside a run of equal logits.
+pub fn random_logits(rng: &mut Rng, vocab: usize, kind: usize) -> Vec<f32> {
+    let special = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE / 2.0,
+    ];
+    (0..vocab)
+        .map(|_| {
+            let r = rng.next_u64();
+            match kind {
+                0 => rng.sym() * 20.0,
+                1 => ((r >> 20) % 200) as f32 * 0.125 - 12.0,
+                _ if r.is_multiple_of(97) => special[(r >> 8) as usize % special.len()],
+                _ if r.is_multiple_of(5) => ((r >> 20) % 4) as f32,
+                _ => 1.5,
+            }
+        })
+        .collect()
+}
+
+/// The device's top-K selection (`sample.cu`) against the host sampler's
+/// (`kasoku::sampler::top_k_of`): the same set of (id, logit bits) on random rows with and
+/// without ties and specials, for several K and vocabulary sizes; and the gathered logits.
+/// Also times one selection of a Qwen-sized row.
+pub fn top_k_checks(k: &Kernels) -> R<Report> {
+    use kasoku::sampler::top_k_of;
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    let mut rng = Rng(0x7031);
+    let max_count = 1024;
+    let out = gpu.alloc(max_count * 8)?;
+    let gathered = gpu.alloc(max_count * 4)?;
+    for vocab in [300usize, 4099, 32_000, 151_936, 262_153] {
+        for kind in 0..3 {
+            let row = random_logits(&mut rng, vocab, kind);
+            let dev = gpu.upload_f32(&row)?;
+            let ids: Vec<u32> = (0..37)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect();
+            let ids_dev = gpu.upload(as_bytes(&ids))?;
+            let mut bad = Vec::new();
+            let counts = [1usize, 2, 40, 41, 64, 299, 1000, 1024];
+            for &count in counts.iter().filter(|&&c| c < vocab) {
+                out.fill(0xff)?;
+                k.top_k_select(
+                    dev.ptr(),
+                    vocab,
+                    count,
+                    ids_dev.ptr(),
+                    ids.len(),
+                    out.ptr(),
+                    gathered.ptr(),
+                )?;
+                let mut bytes = vec![0u8; 8 * count];
+                out.read(0, &mut bytes)?;
+                let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let mut got: Vec<(u32, u32)> = bytes
+                    .chunks_exact(8)
+                    .map(|p| (word(&p[..4]), word(&p[4..])))
+                    .collect();
+                got.sort_unstable();
+                let all: Vec<(u32, f32)> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l))
+                    .collect();
+                let mut want: Vec<(u32, u32)> = top_k_of(all, count)
+                    .into_iter()
+                    .map(|(i, l)| (i, l.to_bits()))
+                    .collect();
+                want.sort_unstable();
+                let g = gathered.read_f32(ids.len())?;
+                let g_ok = g
+                    .iter()
+                    .zip(&ids)
+                    .all(|(a, &id)| a.to_bits() == row[id as usize].to_bits());
+                if got != want || !g_ok {
+                    bad.push(count);
+                }
+            }
+            rep.check(
+                bad.is_empty(),
+                format!(
+                    "top_k_select vocab {vocab}, {} row: the host's selection for K in {:?}{}",
+                    ["spread", "coarse (ties)", "flat (ties, specials)"][kind],
+                    counts.iter().filter(|&&c| c < vocab).collect::<Vec<_>>(),
+                    if bad.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; differs at K {bad:?}")
+                    }
+                ),
+            );
+        }
+    }
+    // The cost of one selection of a Qwen-sized row (what a sampled token adds on the device).
+    let vocab = 151_936;
+    let row = random_logits(&mut rng, vocab, 0);
+    let dev = gpu.upload_f32(&row)?;
+    let timer = crate::runtime::Timer::new(gpu)?;
+    for count in [40usize, 104, 1024] {
+        let launch = || k.top_k_select(dev.ptr(), vocab, count, 0, 0, out.ptr(), gathered.ptr());
+        launch()?;
+        timer.start()?;
+        for _ in 0..20 {
+            launch()?;
+        }
+        let us = timer.stop_ms()? as f64 * 1e3 / 20.0;
+        rep.lines.push(format!(
+            "top_k_select of {count} from {vocab} logits: {us:.1} µs"
+        ));
+    }
     Ok(rep)
 }
 
@@ -1345,14 +1468,55 @@ pub fn speculative(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<
     Ok(rep)
 }
 
+/// A device state that hands back whole rows only (no top-k selection): the path every
+/// host-sampled token took before the selection, to compare against.
+struct RowsOnly(Box<dyn kasoku::engine::DeviceState>);
+
+impl kasoku::engine::DeviceState for RowsOnly {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn max_len(&self) -> usize {
+        self.0.max_len()
+    }
+    fn max_tree(&self) -> usize {
+        self.0.max_tree()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len)
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<u32, kasoku::engine::EngineError> {
+        self.0.feed(tokens)
+    }
+    fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), kasoku::engine::EngineError> {
+        self.0.last_logits(out)
+    }
+    fn node_logits(
+        &mut self,
+        node: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), kasoku::engine::EngineError> {
+        self.0.node_logits(node, out)
+    }
+    fn vocab(&self) -> usize {
+        self.0.vocab()
+    }
+    fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, kasoku::engine::EngineError> {
+        self.0.verify(tree)
+    }
+    fn commit(&mut self, path: &[usize]) -> Result<(), kasoku::engine::EngineError> {
+        self.0.commit(path)
+    }
+}
+
 /// The engine's `DeviceSession` on the GPU (what `run` and `serve` use): greedy with only ids
 /// crossing equals [`crate::generate_plain`]; with prompt lookup it equals plain decoding,
-/// greedy and sampled; and what each kind of request costs per token (decode tokens per
-/// second: ids only, a host-sampled row with top-k 40, and with top-k off, where the host
-/// sampler sorts the whole vocabulary).
+/// greedy and sampled; sampled top-k draws from the device's selection equal draws from whole
+/// rows, plain and with prompt lookup; and what each kind of request costs per token (decode
+/// tokens per second: ids only, top-k 40 from the selection and from whole rows, top-k off).
 pub fn session(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<Report> {
     use kasoku::engine::{
-        device_speculator, DeviceSession, Flow, GenerateOptions, Generation, SpecKind,
+        device_speculator, DeviceModel, DeviceSession, Flow, GenerateOptions, Generation, SpecKind,
     };
     use kasoku::sampler::SamplingParams;
     use kasoku::spec::PolicyConfig;
@@ -1415,22 +1579,83 @@ pub fn session(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<Repo
             ),
         );
     }
+    // Top-k draws from the device's selection (sample.cu) == draws from whole rows on the
+    // host, the same logits either way: plain and with prompt lookup, penalties that lower and
+    // that raise logits.
+    let rows_session = |spec: bool| -> R<DeviceSession> {
+        let state = device.new_state(ctx).map_err(engine)?;
+        let mut s = DeviceSession::new(Box::new(RowsOnly(state)), "rows-only");
+        if spec {
+            s.set_speculator(
+                device_speculator(SpecKind::Ngram, false, PolicyConfig::default())
+                    .map_err(engine)?,
+            );
+        }
+        Ok(s)
+    };
+    let top_k_sets = [
+        hot.clone(),
+        SamplingParams {
+            temperature: 1.2,
+            top_k: 5,
+            min_p: 0.05,
+            presence_penalty: -0.8,
+            frequency_penalty: 0.3,
+            seed: 8,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 200,
+            top_p: 0.8,
+            repetition_penalty: 0.9,
+            frequency_penalty: -0.4,
+            penalty_last_n: 256,
+            seed: 21,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.6,
+            top_k: 1,
+            seed: 2,
+            ..Default::default()
+        },
+    ];
+    for (i, sampling) in top_k_sets.into_iter().enumerate() {
+        let o = options(sampling.clone());
+        for spec in [false, true] {
+            let a = generate(&mut session(spec)?, &o)?;
+            let b = generate(&mut rows_session(spec)?, &o)?;
+            rep.check(
+                a.tokens == b.tokens,
+                format!(
+                    "DeviceSession top-k {} (set {i}{}): device selection == whole rows ({} tokens)",
+                    sampling.top_k,
+                    if spec { ", prompt lookup" } else { "" },
+                    a.tokens.len()
+                ),
+            );
+        }
+    }
     // Costs: the same session (graphs captured), the median of three answers each.
-    let mut s = session(false)?;
     let vocab = m.config.vocab;
-    for (what, sampling) in [
-        ("ids only (greedy)", SamplingParams::default()),
-        ("host-sampled, top-k 40", hot.clone()),
-        (
-            "host-sampled, top-k off, top-p 0.9",
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.9,
-                seed: 3,
-                ..Default::default()
-            },
-        ),
+    let top_p = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: 3,
+        ..Default::default()
+    };
+    for (what, sampling, rows) in [
+        ("ids only (greedy)", SamplingParams::default(), false),
+        ("sampled, top-k 40, device selection", hot.clone(), false),
+        ("sampled, top-k 40, whole rows", hot.clone(), true),
+        ("sampled, top-k off, top-p 0.9, whole rows", top_p, true),
     ] {
+        let mut s = if rows {
+            rows_session(false)?
+        } else {
+            session(false)?
+        };
         let o = options(sampling);
         let mut rates = Vec::new();
         for _ in 0..3 {
@@ -1439,9 +1664,13 @@ pub fn session(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<Repo
         }
         rates.sort_by(f64::total_cmp);
         rep.lines.push(format!(
-            "session decode {what}: {:.0} tokens/s ({} bytes of logits per host-sampled token)",
+            "session decode {what}: {:.0} tokens/s{}",
             rates[1],
-            vocab * 4
+            if rows {
+                format!(" ({} bytes of logits per sampled token)", vocab * 4)
+            } else {
+                String::new()
+            }
         ));
     }
     Ok(rep)

@@ -3,15 +3,18 @@
 //! session's semantics: a server or the command line sees a `Generator` and nothing of CUDA.
 //!
 //! What crosses per pass: the argmax id of each head row (8 bytes of key each), and, only
-//! when the session asks (sampling, penalties, constraints, log-probabilities), the rows it
-//! samples from, `vocab × 4` bytes each. Every error is the engine's `Device` error with the
-//! driver's words.
+//! when the session asks: for a sampled top-k draw, the row's top-k selection made on the
+//! device (`sample.cu`: 8 bytes per candidate, 4 per gathered penalized logit); for other
+//! host-sampled requests (top-k off, constraints, log-probabilities, greedy with penalties),
+//! the rows it samples from, `vocab × 4` bytes each through pinned memory. Every error is the
+//! engine's `Device` error with the driver's words.
 
 use std::sync::Arc;
 
-use kasoku::engine::{DeviceModel, DeviceState, EngineError};
+use kasoku::engine::{DeviceModel, DeviceState, EngineError, LogitsRow};
 use kasoku::model::TokenTree;
 
+use crate::kernels::MAX_TOP_K;
 use crate::model::MAX_TREE;
 use crate::{CudaModel, CudaState, Error};
 
@@ -100,6 +103,32 @@ impl DeviceState for CudaSequence {
     fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.state
             .row_logits(&self.model, node, out)
+            .map_err(device_error)
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config.vocab
+    }
+
+    fn max_top_logits(&self) -> usize {
+        MAX_TOP_K
+    }
+
+    fn top_logits(
+        &mut self,
+        row: LogitsRow,
+        count: usize,
+        ids: &[u32],
+        top: &mut Vec<(u32, f32)>,
+        gathered: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        // Row 0 is the last row of a prefill or step (the head computes only it or the one).
+        let row = match row {
+            LogitsRow::Last => 0,
+            LogitsRow::Node(node) => node,
+        };
+        self.state
+            .top_logits(&self.model, row, count, ids, top, gathered)
             .map_err(device_error)
     }
 

@@ -26,7 +26,7 @@ use kasoku::quant::dequantize;
 use crate::kernels::{
     argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, BatchDesc,
     DeviceMatrix, GemmScratch, GemmTile, GluTail, Kernels, KvCommit, MatSeg, NormTail, PostArgs,
-    QkvPost, GEMM_MAX_SPLITS,
+    QkvPost, GEMM_MAX_SPLITS, MAX_TOP_K,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
@@ -313,6 +313,16 @@ pub fn fill_meta(
     }
 }
 
+/// Words of a top-k selection's device buffer: the (id, logit bits) pairs, then the gathered
+/// logits, then the ids to gather (the pinned buffer stages the ids and receives the rest).
+struct TopLayout;
+
+impl TopLayout {
+    const GATHERED: usize = 2 * MAX_TOP_K;
+    const IDS: usize = 3 * MAX_TOP_K;
+    const WORDS: usize = 4 * MAX_TOP_K;
+}
+
 /// Which logits a pass computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Head {
@@ -356,6 +366,11 @@ pub struct CudaState {
     best_host: PinnedBuffer,
     path_dev: DeviceBuffer,
     path_host: PinnedBuffer,
+    /// A top-k selection's buffers ([`TopLayout`]), on the device and pinned on the host.
+    top_dev: DeviceBuffer,
+    top_host: PinnedBuffer,
+    /// One row of logits, pinned: the copy a host-sampled token waits for.
+    row_host: PinnedBuffer,
     graphs: HashMap<(usize, Head), Graph>,
     /// The tree of the last verification (until commit).
     pending: Option<TokenTree>,
@@ -516,6 +531,9 @@ impl CudaState {
             best_host: gpu.pinned(MAX_TREE * 8)?,
             path_dev: gpu.alloc((MAX_TREE + 1) * 4)?,
             path_host: gpu.pinned((MAX_TREE + 1) * 4)?,
+            top_dev: gpu.alloc(TopLayout::WORDS * 4)?,
+            top_host: gpu.pinned(TopLayout::WORDS * 4)?,
+            row_host: gpu.pinned(c.vocab * 4)?,
             graphs: HashMap::new(),
             pending: None,
             use_graphs: true,
@@ -874,13 +892,79 @@ impl CudaState {
     }
 
     /// Row `row` of the last pass's head, copied into `out` (`vocab` values): row 0 after a
-    /// `prefill` or `step`, node `row` after a `verify`. For sampling on the host.
+    /// `prefill` or `step`, node `row` after a `verify`. For sampling on the host. The copy
+    /// goes through pinned memory (a DMA straight from the device, not a staged one).
     pub fn row_logits(&self, m: &CudaModel, row: usize, out: &mut Vec<f32>) -> Result<()> {
         if row >= MAX_TREE {
             return Err(Error::Invalid(format!("logits row {row} of {MAX_TREE}")));
         }
         let vocab = m.config.vocab;
-        self.logits.read_f32_into(row * vocab, vocab, out)
+        self.gpu.bind()?;
+        self.logits
+            .read_async(row * vocab * 4, &self.row_host, vocab * 4)?;
+        self.gpu.synchronize()?;
+        self.row_host.get_f32s_into(0, vocab, out);
+        Ok(())
+    }
+
+    /// The `count` largest logits of row `row` of the last pass's head (row 0 after a
+    /// `prefill` or `step`, node `row` after a `verify`) as (id, logit) pairs in no particular
+    /// order into `top` (which: the host sampler's order, logit by total order then the
+    /// smaller id), and the logits of tokens `ids` into `gathered`: what a top-k draw needs
+    /// without the row. `count` in 1..vocab and at most [`MAX_TOP_K`], as many `ids`.
+    pub fn top_logits(
+        &mut self,
+        m: &CudaModel,
+        row: usize,
+        count: usize,
+        ids: &[u32],
+        top: &mut Vec<(u32, f32)>,
+        gathered: &mut Vec<f32>,
+    ) -> Result<()> {
+        let vocab = m.config.vocab;
+        if row >= MAX_TREE || count > MAX_TOP_K || ids.len() > MAX_TOP_K {
+            return Err(Error::Invalid(format!(
+                "a top-{count} selection of row {row} gathering {} ids (rows below {MAX_TREE}, \
+                 at most {MAX_TOP_K} of each)",
+                ids.len()
+            )));
+        }
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::Invalid(format!(
+                "token {id} out of range (vocab {vocab})"
+            )));
+        }
+        self.gpu.bind()?;
+        // The ids go up from the start of the pinned buffer (a queued copy reads from there),
+        // which the results overwrite only after that copy, in stream order.
+        if !ids.is_empty() {
+            self.top_host.put_u32s(0, ids);
+            self.top_dev
+                .write_async(TopLayout::IDS * 4, &self.top_host, ids.len() * 4)?;
+        }
+        m.kernels.top_k_select(
+            self.logits.at(row * vocab * 4),
+            vocab,
+            count,
+            self.top_dev.at(TopLayout::IDS * 4),
+            ids.len(),
+            self.top_dev.ptr(),
+            self.top_dev.at(TopLayout::GATHERED * 4),
+        )?;
+        // One copy back: the pairs, and the gathered logits after them when there are any.
+        let words = if ids.is_empty() {
+            2 * count
+        } else {
+            TopLayout::GATHERED + ids.len()
+        };
+        self.top_dev.read_async(0, &self.top_host, words * 4)?;
+        self.gpu.synchronize()?;
+        let pairs = self.top_host.get_u32s(0, 2 * count);
+        top.clear();
+        top.extend(pairs.chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
+        self.top_host
+            .get_f32s_into(TopLayout::GATHERED, ids.len(), gathered);
+        Ok(())
     }
 
     /// Appends `tokens` (any number; passes of [`PREFILL_ROWS`]) and returns the greedy next

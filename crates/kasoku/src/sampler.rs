@@ -126,77 +126,407 @@ pub fn sample_masked(
     position: usize,
     mask: Option<&TokenMask>,
 ) -> u32 {
-    let mut logits = logits.to_vec();
-    apply_penalties(params, &mut logits, history);
-    if let Some(mask) = mask {
-        mask.apply(&mut logits);
-    }
-    if params.is_greedy() {
-        return argmax(&logits);
-    }
-    let mut candidates: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| mask.is_none_or(|m| m.is_allowed(i as u32)))
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
-    // Sort by logit, descending; ties broken by id for determinism.
-    let keep = if params.top_k > 0 {
-        params.top_k.min(candidates.len())
+    // A copy only when penalties or a mask change the row.
+    let changed;
+    let logits = if params.has_penalties() || mask.is_some() {
+        let mut copy = logits.to_vec();
+        apply_penalties(params, &mut copy, history);
+        if let Some(mask) = mask {
+            mask.apply(&mut copy);
+        }
+        changed = copy;
+        &changed[..]
     } else {
-        candidates.len()
+        logits
     };
-    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    // Still in ascending id order unless top-k selected.
-    let id_ordered = keep == candidates.len();
-    if keep < candidates.len() {
-        candidates.select_nth_unstable_by(keep - 1, by_logit);
-        candidates.truncate(keep);
+    if params.is_greedy() {
+        return argmax(logits);
     }
-    sort_by_logit(&mut candidates, id_ordered);
+    let allowed: Vec<(u32, f32)> = match mask {
+        None => (0..logits.len() as u32)
+            .zip(logits.iter().copied())
+            .collect(),
+        Some(m) => logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| m.is_allowed(i as u32))
+            .map(|(i, &l)| (i as u32, l))
+            .collect(),
+    };
+    let candidates = if params.top_k > 0 && params.top_k < allowed.len() {
+        Candidates::TopK(top_k_of(allowed, params.top_k))
+    } else {
+        Candidates::All(allowed)
+    };
+    draw(params, candidates, position).unwrap_or_else(|| argmax(logits))
+}
 
-    // top-p and min-p act on the softmax at temperature 1, as llama.cpp does.
-    let probs = softmax(&candidates.iter().map(|c| c.1).collect::<Vec<_>>());
-    if params.top_p < 1.0 {
-        let mut cum = 0.0f64;
-        let mut cut = candidates.len();
-        for (i, p) in probs.iter().enumerate() {
-            cum += *p as f64;
-            if cum >= params.top_p as f64 {
-                cut = i + 1;
-                break;
+/// What a draw chooses among: tokens with their logits (penalties and mask applied).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Candidates {
+    /// Every token the draw may take, in ascending id order (top-k off, or not narrower
+    /// than what is allowed).
+    All(Vec<(u32, f32)>),
+    /// Exactly the `top_k` first tokens in the sampler's order ([`by_logit`]), in any order.
+    TopK(Vec<(u32, f32)>),
+}
+
+/// The sampler's order: logit descending by `total_cmp`, ties by the smaller id. Total, so
+/// every correct sort or selection by it gives the same sequence.
+pub fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The first `k` of `candidates` in the sampler's order ([`by_logit`]), in no particular
+/// order (all of them when `k` is not smaller).
+pub fn top_k_of(mut candidates: Vec<(u32, f32)>, k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < candidates.len() {
+        // A threshold first narrows a long list cheaply (to a superset of the first k).
+        if k * 8 < candidates.len() {
+            if let Some(front) = partition_above(&mut candidates, k) {
+                candidates.truncate(front);
             }
         }
-        candidates.truncate(cut);
-    }
-    if params.min_p > 0.0 && !candidates.is_empty() {
-        let threshold = probs[0] * params.min_p;
-        let cut = probs
-            .iter()
-            .take(candidates.len())
-            .take_while(|&&p| p >= threshold)
-            .count()
-            .max(1);
-        candidates.truncate(cut);
-    }
-
-    let scaled: Vec<f32> = candidates
-        .iter()
-        .map(|c| c.1 / params.temperature)
-        .collect();
-    let probs = softmax(&scaled);
-    let u = uniform(params.seed, position as u64);
-    let mut cum = 0.0f64;
-    for (c, p) in candidates.iter().zip(&probs) {
-        cum += *p as f64;
-        if u < cum {
-            return c.0;
+        if k < candidates.len() {
+            candidates.select_nth_unstable_by(k - 1, by_logit);
+            candidates.truncate(k);
         }
     }
     candidates
-        .last()
-        .map(|c| c.0)
-        .unwrap_or_else(|| argmax(&logits))
+}
+
+/// The draw of the chain after penalties, mask and top-k: top-p and min-p (on the softmax at
+/// temperature 1, as llama.cpp does), temperature, then the (seed, position)-keyed uniform.
+/// The one piece of sampling arithmetic, whether the candidates come from a whole row on the
+/// host or from a device's top-k selection. `None` when there is no candidate.
+///
+/// Exact sums in a fixed order that needs no sort: the softmax denominators run over the
+/// candidates as given (a top-k list sorted first, a whole row in id order), except the
+/// final one after a top-p or min-p cut, which runs over the kept prefix in the sampler's
+/// order. The sampler's order itself is only established as far as the cuts and the draw
+/// walk need it ([`Ranked`]), so a whole vocabulary is rarely sorted.
+pub fn draw(params: &SamplingParams, candidates: Candidates, position: usize) -> Option<u32> {
+    let mut ranked = match candidates {
+        Candidates::All(all) => Ranked::new(all, true),
+        Candidates::TopK(mut top) => {
+            top.sort_unstable_by(by_logit);
+            Ranked::new(top, false)
+        }
+    };
+    let n = ranked.len();
+    if n == 0 {
+        return None;
+    }
+    let cuts = params.top_p < 1.0 || params.min_p > 0.0;
+    let mut keep = n;
+    if cuts {
+        // Probabilities at temperature 1 over every candidate, in the list's order.
+        let given = ranked.given();
+        let max = given.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        let sum = sum_exp(given, |l| l - max);
+        let prob = |l: f32| (exp_nonpositive((l - max) as f64) / sum) as f32;
+        if params.top_p < 1.0 {
+            let mut cum = 0.0f64;
+            for i in 0..n {
+                cum += prob(ranked.get(i).1) as f64;
+                if cum >= params.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if params.min_p > 0.0 {
+            let threshold = prob(ranked.get(0).1) * params.min_p;
+            let mut count = 0;
+            while count < keep && prob(ranked.get(count).1) >= threshold {
+                count += 1;
+            }
+            keep = count.max(1);
+        }
+    }
+    // The final softmax at the temperature: over the kept prefix in the sampler's order
+    // after a cut, else over the candidates as given.
+    let scaled_sum = |list: &[(u32, f32)]| {
+        let max = list
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, c| m.max(c.1 / params.temperature));
+        (max, sum_exp(list, |l| l / params.temperature - max))
+    };
+    let (max, sum) = if cuts {
+        scaled_sum(ranked.prefix(keep))
+    } else {
+        scaled_sum(ranked.given())
+    };
+    let u = uniform(params.seed, position as u64);
+    let mut cum = 0.0f64;
+    for i in 0..keep {
+        let c = ranked.get(i);
+        let e = exp_nonpositive((c.1 / params.temperature - max) as f64);
+        cum += (e / sum) as f32 as f64;
+        if u < cum {
+            return Some(c.0);
+        }
+    }
+    Some(ranked.get(keep - 1).0)
+}
+
+/// Partial sums of [`sum_exp`]: candidate `i` goes to partial `i % SUM_LANES`.
+const SUM_LANES: usize = 1024;
+
+/// `Σ exp(arg(logit))` over `list` (each `arg` ≤ 0: a logit less the largest), in f64, in one
+/// fixed order that needs no sort: partial `j` adds candidates `j, j + 1024, …` in turn, then
+/// the partials are added pairwise, halving (`p[j] += p[j + 512]`, then `+ 256`, … down to
+/// one): the order a 1024-thread GPU block reduces in. The exponentials are
+/// [`exp_nonpositive`]'s, a block of 1024 at a time ([`exp_block`]: vector instructions
+/// where the processor has them, the same bits).
+fn sum_exp(list: &[(u32, f32)], arg: impl Fn(f32) -> f32) -> f64 {
+    let mut partial = [0f64; SUM_LANES];
+    let mut block = [0f64; SUM_LANES];
+    for chunk in list.chunks(SUM_LANES) {
+        let block = &mut block[..chunk.len()];
+        for (b, c) in block.iter_mut().zip(chunk) {
+            *b = arg(c.1) as f64;
+        }
+        exp_block(block);
+        for (p, e) in partial.iter_mut().zip(block.iter()) {
+            *p += *e;
+        }
+    }
+    let mut half = SUM_LANES;
+    while half > 1 {
+        half /= 2;
+        let (low, high) = partial.split_at_mut(half);
+        for (a, b) in low.iter_mut().zip(&high[..half]) {
+            *a += *b;
+        }
+    }
+    partial[0]
+}
+
+/// `e^x` for `x ≤ 0` from IEEE additions and multiplications alone (no library call, no
+/// fused multiply-add), so that a vector version ([`exp_block`]) gives the same bits: `x =
+/// k·ln 2 + r` with `|r| ≤ ln 2 / 2` (Cody and Waite's two-part ln 2), `e^r` by its Taylor
+/// series to degree 13 (truncation below 1e-17) in Horner's order, times `2^k`. Within 2 ulp
+/// of the library's `exp`; 0 below -708 (where `e^x` is subnormal: nothing beside the largest
+/// candidate's 1) and for NaN; positive `x` count as 0.
+#[inline]
+fn exp_nonpositive(x: f64) -> f64 {
+    // NaN too.
+    if x.is_nan() || x < EXP_MIN {
+        return 0.0;
+    }
+    let x = if x > 0.0 { 0.0 } else { x };
+    let t = x * std::f64::consts::LOG2_E + EXP_SHIFT;
+    let k = t - EXP_SHIFT;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let mut p = EXP_TAYLOR[0];
+    for c in &EXP_TAYLOR[1..] {
+        p = p * r + c;
+    }
+    // 2^k from k's bits in t's mantissa (k in -1022..=0: a normal number).
+    let k_bits = t.to_bits().wrapping_sub(EXP_SHIFT.to_bits());
+    p * f64::from_bits(k_bits.wrapping_add(1023) << 52)
+}
+
+const EXP_MIN: f64 = -708.0;
+/// 1.5 · 2^52: adding it rounds to an integer (kept in the low mantissa bits).
+const EXP_SHIFT: f64 = 6_755_399_441_055_744.0;
+/// ln 2's leading 32 bits (k · LN2_HI is exact) and the rest (fdlibm's `ln2_hi`, `ln2_lo`).
+const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76);
+/// 1/13!, 1/12!, …, 1/1!, 1/0!: Horner's coefficients of e^r.
+const EXP_TAYLOR: [f64; 14] = [
+    1.0 / 6_227_020_800.0,
+    1.0 / 479_001_600.0,
+    1.0 / 39_916_800.0,
+    1.0 / 3_628_800.0,
+    1.0 / 362_880.0,
+    1.0 / 40_320.0,
+    1.0 / 5_040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// [`exp_nonpositive`] of every value of `v`, in place: four at a time with AVX2 where the
+/// processor has it (the same operations in the same order, so the same bits), else one by
+/// one.
+fn exp_block(v: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked just above).
+        unsafe { exp_block_avx2(v) };
+        return;
+    }
+    for x in v.iter_mut() {
+        *x = exp_nonpositive(*x);
+    }
+}
+
+/// [`exp_block`] with AVX2: [`exp_nonpositive`] on four lanes, operation for operation.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_block_avx2(v: &mut [f64]) {
+    use std::arch::x86_64::*;
+    let quads = v.len() / 4;
+    let (min, zero) = (_mm256_set1_pd(EXP_MIN), _mm256_setzero_pd());
+    let shift = _mm256_set1_pd(EXP_SHIFT);
+    for q in 0..quads {
+        let at = v.as_mut_ptr().add(4 * q);
+        let x = _mm256_loadu_pd(at);
+        // All ones where x >= -708 (false for NaN); those lanes keep their value.
+        let kept = _mm256_cmp_pd::<_CMP_GE_OQ>(x, min);
+        // min(x, 0): 0 for positive x (and -0.0 to 0.0, which gives the same 1 below).
+        let x = _mm256_blendv_pd(min, _mm256_min_pd(x, zero), kept);
+        let t = _mm256_add_pd(
+            _mm256_mul_pd(x, _mm256_set1_pd(std::f64::consts::LOG2_E)),
+            shift,
+        );
+        let k = _mm256_sub_pd(t, shift);
+        let r = _mm256_sub_pd(
+            _mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(LN2_HI))),
+            _mm256_mul_pd(k, _mm256_set1_pd(LN2_LO)),
+        );
+        let mut p = _mm256_set1_pd(EXP_TAYLOR[0]);
+        for &c in &EXP_TAYLOR[1..] {
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c));
+        }
+        let k_bits = _mm256_sub_epi64(
+            _mm256_castpd_si256(t),
+            _mm256_set1_epi64x(EXP_SHIFT.to_bits() as i64),
+        );
+        let scale = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(
+            k_bits,
+            _mm256_set1_epi64x(1023),
+        )));
+        let e = _mm256_and_pd(_mm256_mul_pd(p, scale), kept);
+        _mm256_storeu_pd(at, e);
+    }
+    for x in v[4 * quads..].iter_mut() {
+        *x = exp_nonpositive(*x);
+    }
+}
+
+/// Candidates put in the sampler's order ([`by_logit`]) lazily: a prefix is sorted only as
+/// far as it is read, in growing steps (a selection, then a sort of what it selected), and
+/// the whole rest at once (radix sort) when the prefix asked for is a large part of it.
+struct Ranked {
+    items: Vec<(u32, f32)>,
+    /// The first `sorted` items are the first in the sampler's order, sorted.
+    sorted: usize,
+    /// Whether the unsorted rest is still in ascending id order (as given).
+    rest_id_ordered: bool,
+    /// Whether sorting has moved items from the order given.
+    reordered: bool,
+}
+
+impl Ranked {
+    /// `items` in ascending id order (`id_ordered`), or already sorted.
+    fn new(items: Vec<(u32, f32)>, id_ordered: bool) -> Ranked {
+        let sorted = if id_ordered { 0 } else { items.len() };
+        Ranked {
+            items,
+            sorted,
+            rest_id_ordered: id_ordered,
+            reordered: false,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// The candidates in the order they were given: valid only before the first
+    /// [`Ranked::get`] or [`Ranked::prefix`] of an id-ordered list (which reorder it).
+    fn given(&self) -> &[(u32, f32)] {
+        debug_assert!(!self.reordered, "the given order was read after sorting");
+        &self.items
+    }
+
+    /// Candidate `i` in the sampler's order (`i < len`).
+    fn get(&mut self, i: usize) -> (u32, f32) {
+        self.sort_through(i + 1);
+        self.items[i]
+    }
+
+    /// The first `n` candidates in the sampler's order.
+    fn prefix(&mut self, n: usize) -> &[(u32, f32)] {
+        self.sort_through(n);
+        &self.items[..n]
+    }
+
+    fn sort_through(&mut self, n: usize) {
+        let len = self.items.len();
+        if n <= self.sorted {
+            return;
+        }
+        let start = self.sorted;
+        let rest = &mut self.items[start..];
+        let want = n.max(2 * start).max(64).min(len) - start;
+        if want * 8 >= rest.len() {
+            sort_by_logit(rest, self.rest_id_ordered);
+            self.sorted = len;
+        } else if let Some(front) = partition_above(rest, want) {
+            sort_by_logit(&mut rest[..front], false);
+            self.sorted = start + front;
+        } else {
+            rest.select_nth_unstable_by(want - 1, by_logit);
+            rest[..want].sort_unstable_by(by_logit);
+            self.sorted = start + want;
+        }
+        self.rest_id_ordered = false;
+        self.reordered = true;
+    }
+}
+
+/// A logit's bits as an unsigned key that orders as `total_cmp`.
+fn monotone(l: f32) -> u32 {
+    let b = l.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// Moves to the front of `items` every candidate whose logit is at or above a threshold
+/// (by `total_cmp`) that at least `want` of them reach, and returns how many: those are the
+/// first of `items` in the sampler's order, in some order. The threshold starts 4 below the
+/// largest logit and moves down, doubling the distance, until enough pass (a count is one
+/// comparison per candidate, cheaper than a selection); `None` when none of a few does (or
+/// the largest logit is not finite).
+fn partition_above(items: &mut [(u32, f32)], want: usize) -> Option<usize> {
+    let top = items.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+    if !top.is_finite() {
+        return None;
+    }
+    let mut delta = 4.0f32;
+    let threshold = loop {
+        let key = monotone(top - delta);
+        let count = items.iter().filter(|c| monotone(c.1) >= key).count();
+        if count >= want {
+            break key;
+        }
+        if delta >= 256.0 {
+            return None;
+        }
+        delta *= 2.0;
+    };
+    let mut front = 0;
+    for i in 0..items.len() {
+        if monotone(items[i].1) >= threshold {
+            items.swap(front, i);
+            front += 1;
+        }
+    }
+    Some(front)
 }
 
 /// Index of the largest logit (the first one on ties).
@@ -267,32 +597,93 @@ fn sort_by_logit(candidates: &mut [(u32, f32)], id_ordered: bool) {
 }
 
 fn apply_penalties(params: &SamplingParams, logits: &mut [f32], history: &[u32]) {
+    for (token, count) in penalty_counts(params, history) {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l = penalize(params, *l, count);
+        }
+    }
+}
+
+/// The tokens the penalties change, with their occurrences in the penalty window (distinct
+/// tokens, in no particular order; none when no penalty is set).
+pub fn penalty_counts(params: &SamplingParams, history: &[u32]) -> Vec<(u32, u32)> {
     if !params.has_penalties() {
-        return;
+        return Vec::new();
     }
     let window = &history[history.len().saturating_sub(params.penalty_last_n)..];
     let mut counts: HashMap<u32, u32> = HashMap::new();
     for &t in window {
         *counts.entry(t).or_default() += 1;
     }
-    for (&token, &count) in &counts {
-        let Some(l) = logits.get_mut(token as usize) else {
-            continue;
-        };
-        if *l > 0.0 {
-            *l /= params.repetition_penalty;
-        } else {
-            *l *= params.repetition_penalty;
+    counts.into_iter().collect()
+}
+
+/// `logit` after the penalties for a token seen `count` times in the window (repetition:
+/// positive logits divided, negative multiplied; then presence and frequency subtracted).
+pub fn penalize(params: &SamplingParams, logit: f32, count: u32) -> f32 {
+    let l = if logit > 0.0 {
+        logit / params.repetition_penalty
+    } else {
+        logit * params.repetition_penalty
+    };
+    l - (params.presence_penalty + params.frequency_penalty * count as f32)
+}
+
+/// What a device selects for a top-k draw ([`TopKPlan::for_request`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopKPlan {
+    /// How many of the row's largest raw logits to select: `top_k` and one per penalized token.
+    pub count: usize,
+    /// The penalized tokens within the vocabulary and their counts ([`penalty_counts`]):
+    /// their raw logits are gathered too.
+    pub penalized: Vec<(u32, u32)>,
+}
+
+impl TopKPlan {
+    /// The selection a sampled top-k draw at `history` needs from a row of `vocab` logits, when
+    /// a device selecting at most `max` can make it and it is smaller than the row; `None`
+    /// when the row itself is needed (greedy, top-k off, or a selection as large as the row).
+    pub fn for_request(
+        params: &SamplingParams,
+        history: &[u32],
+        vocab: usize,
+        max: usize,
+    ) -> Option<TopKPlan> {
+        if params.is_greedy() || params.top_k == 0 {
+            return None;
         }
-        *l -= params.presence_penalty + params.frequency_penalty * count as f32;
+        let mut penalized = penalty_counts(params, history);
+        penalized.retain(|p| (p.0 as usize) < vocab);
+        let count = params.top_k.checked_add(penalized.len())?;
+        (count <= max && count < vocab).then_some(TopKPlan { count, penalized })
     }
 }
 
-fn softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f64> = logits.iter().map(|&l| ((l - max) as f64).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.iter().map(|&e| (e / sum) as f32).collect()
+/// The candidates of a top-k draw from a device's selection, without the row: `top` holds the
+/// row's `top_k + penalized.len()` largest raw logits (any order) and `raw` the raw logits
+/// of the `penalized` tokens ([`penalty_counts`], ids within the vocabulary), in that order.
+/// Returns the penalized row's top-k, exactly as [`sample`] selects it: every token outside
+/// the top-k of the unpenalized tokens is below `top`'s last, and the penalized tokens
+/// (whose logits the penalties may raise or lower) are all given.
+pub fn penalized_top_k(
+    params: &SamplingParams,
+    top: &[(u32, f32)],
+    penalized: &[(u32, u32)],
+    raw: &[f32],
+) -> Candidates {
+    let is_penalized: std::collections::HashSet<u32> = penalized.iter().map(|p| p.0).collect();
+    let mut merged: Vec<(u32, f32)> = top
+        .iter()
+        .filter(|c| !is_penalized.contains(&c.0))
+        .copied()
+        .collect();
+    merged.extend(
+        penalized
+            .iter()
+            .zip(raw)
+            .map(|(&(id, count), &l)| (id, penalize(params, l, count))),
+    );
+    Candidates::TopK(top_k_of(merged, params.top_k))
 }
 
 /// A uniform number in [0, 1) that depends only on (seed, position): SplitMix64 finalisation
@@ -481,6 +872,246 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(sample(&windowed, &logits, &[0, 0, 2], 3), 0);
+    }
+
+    /// A small xorshift generator for the tests' random rows.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// A row with many ties (coarse values), a few very large or very small logits.
+    fn random_row(rng: &mut Rng, vocab: usize) -> Vec<f32> {
+        (0..vocab)
+            .map(|_| match rng.below(50) {
+                0 => f32::NEG_INFINITY,
+                1 => 12.0 + rng.below(4) as f32,
+                2 => -0.0,
+                3 => 0.0,
+                _ => (rng.below(96) as f32) * 0.125 - 6.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_device_top_k_selection_draws_as_the_whole_row() {
+        let mut rng = Rng(0x5DEE_CE66);
+        let mut compared = 0;
+        for case in 0..600 {
+            let vocab = [40, 300, 3000][case % 3];
+            let row = random_row(&mut rng, vocab);
+            let params = SamplingParams {
+                temperature: [0.3, 0.8, 1.0, 1.7][rng.below(4)],
+                top_k: [1, 2, 5, 40, 100, 290][rng.below(6)],
+                top_p: [1.0, 0.95, 0.7, 0.3][rng.below(4)],
+                min_p: [0.0, 0.0, 0.05, 0.3][rng.below(4)],
+                repetition_penalty: [1.0, 1.3, 0.8][rng.below(3)],
+                presence_penalty: [0.0, 0.7, -1.5][rng.below(3)],
+                frequency_penalty: [0.0, 0.4, -0.6][rng.below(3)],
+                penalty_last_n: [64, 8][rng.below(2)],
+                seed: rng.next(),
+            };
+            // Histories with repeats, and ids past the vocabulary (which no penalty reaches).
+            let history: Vec<u32> = (0..rng.below(80))
+                .map(|_| rng.below(vocab + 5) as u32)
+                .collect();
+            let Some(plan) = TopKPlan::for_request(&params, &history, vocab, 256) else {
+                continue;
+            };
+            // The device: the `count` largest raw logits in some order, and the gathered ones.
+            let all: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            let mut top = top_k_of(all, plan.count);
+            top.reverse();
+            let raw: Vec<f32> = plan.penalized.iter().map(|p| row[p.0 as usize]).collect();
+            for position in [history.len(), history.len() + 17] {
+                let want = sample(&params, &row, &history, position);
+                let got = draw(
+                    &params,
+                    penalized_top_k(&params, &top, &plan.penalized, &raw),
+                    position,
+                );
+                assert_eq!(got, Some(want), "case {case}: {params:?}");
+                compared += 1;
+            }
+        }
+        assert!(compared > 600, "{compared} draws compared");
+    }
+
+    #[test]
+    fn plans_leave_the_row_to_the_host_when_a_selection_cannot_help() {
+        let hot = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            presence_penalty: 0.5,
+            ..Default::default()
+        };
+        let plan = TopKPlan::for_request(&hot, &[3, 3, 9, 70_000], 1000, 256).unwrap();
+        assert_eq!(plan.count, 42);
+        let mut ids: Vec<(u32, u32)> = plan.penalized.clone();
+        ids.sort();
+        assert_eq!(ids, [(3, 2), (9, 1)]);
+        assert!(TopKPlan::for_request(&hot, &[], 41, 256).is_some());
+        assert!(
+            TopKPlan::for_request(&hot, &[], 40, 256).is_none(),
+            "not smaller"
+        );
+        assert!(
+            TopKPlan::for_request(&hot, &[], 1000, 39).is_none(),
+            "over the device's max"
+        );
+        let off = SamplingParams {
+            top_k: 0,
+            ..hot.clone()
+        };
+        assert!(TopKPlan::for_request(&off, &[], 1000, 256).is_none());
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..hot
+        };
+        assert!(TopKPlan::for_request(&greedy, &[], 1000, 256).is_none());
+    }
+
+    #[test]
+    fn the_lazy_order_gives_the_sorted_prefixes() {
+        let mut rng = Rng(77);
+        for vocab in [10, 500, 20_000] {
+            let row = random_row(&mut rng, vocab);
+            let all: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            let mut want = all.clone();
+            want.sort_unstable_by(by_logit);
+            let bits = |v: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                v.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+            };
+            for steps in [
+                vec![1, 2, 70, 71, vocab],
+                vec![vocab / 3, vocab],
+                vec![vocab],
+            ] {
+                let mut ranked = Ranked::new(all.clone(), true);
+                for n in steps.into_iter().map(|n| n.clamp(1, vocab)) {
+                    assert_eq!(
+                        bits(ranked.prefix(n)),
+                        bits(&want[..n]),
+                        "vocab {vocab} n {n}"
+                    );
+                    assert_eq!(ranked.get(n - 1).0, want[n - 1].0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn whole_rows_draw_from_the_nucleus_without_a_full_sort_of_the_answer() {
+        // The nucleus of a peaked row is its few largest tokens: every draw lands there.
+        let mut rng = Rng(5);
+        let mut row = random_row(&mut rng, 10_000);
+        for (i, l) in row.iter_mut().enumerate().take(10) {
+            *l = 40.0 - i as f32;
+        }
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: 9,
+            ..Default::default()
+        };
+        for pos in 0..200 {
+            assert!(sample(&p, &row, &[], pos) < 3);
+        }
+    }
+
+    #[test]
+    fn the_sum_adds_in_partials_then_halving() {
+        let mut rng = Rng(17);
+        let row = random_row(&mut rng, 70_777);
+        let all: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        // The same order by hand: partial j over j, j + 1024, …, then halving.
+        let mut partial = [0f64; SUM_LANES];
+        for (i, c) in all.iter().enumerate() {
+            partial[i % SUM_LANES] += exp_nonpositive((c.1 - max) as f64);
+        }
+        let mut half = SUM_LANES;
+        while half > 1 {
+            half /= 2;
+            for j in 0..half {
+                partial[j] += partial[j + half];
+            }
+        }
+        assert_eq!(sum_exp(&all, |l| l - max).to_bits(), partial[0].to_bits());
+        let short = &all[..3000];
+        let mut partial = [0f64; SUM_LANES];
+        for (i, c) in short.iter().enumerate() {
+            partial[i % SUM_LANES] += exp_nonpositive((c.1 - max) as f64);
+        }
+        let plain = sum_exp(short, |l| l - max);
+        assert!((plain - partial.iter().sum::<f64>()).abs() < 1e-9 * plain);
+    }
+
+    #[test]
+    fn the_sampler_exponential_is_the_library_one_within_two_ulp_and_the_same_in_blocks() {
+        let mut rng = Rng(3);
+        let mut worst = 0u64;
+        let mut xs = Vec::new();
+        for i in 0..200_000 {
+            let x = match i % 4 {
+                0 => -(rng.below(1 << 20) as f64) / (1 << 20) as f64,
+                1 => -(rng.below(708 << 20) as f64) / (1 << 20) as f64,
+                2 => -((rng.next() >> 11) as f64) / (1u64 << 53) as f64 * 708.0,
+                _ => -(rng.below(100) as f64) * 0.125,
+            };
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            worst = worst.max(got.to_bits().abs_diff(want.to_bits()));
+            xs.push(x);
+        }
+        assert!(worst <= 2, "{worst} ulp");
+        let specials = [
+            0.0,
+            -0.0,
+            1.5,
+            -708.0,
+            -708.5,
+            -800.0,
+            f64::NAN,
+            f64::NEG_INFINITY,
+        ];
+        for (&x, want) in specials
+            .iter()
+            .zip([1.0, 1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+        {
+            if want >= 0.0 {
+                assert_eq!(exp_nonpositive(x), want, "{x}");
+            }
+        }
+        // Blocks (vector instructions where present) give the scalar bits, tails included.
+        xs.extend(specials);
+        for len in [xs.len(), 1027, 3] {
+            let mut block = xs[..len].to_vec();
+            exp_block(&mut block);
+            for (x, e) in xs.iter().zip(&block) {
+                assert_eq!(e.to_bits(), exp_nonpositive(*x).to_bits(), "{x}");
+            }
+        }
     }
 
     #[test]

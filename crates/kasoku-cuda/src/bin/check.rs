@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! kasoku-cuda-check kernels                      every kernel against the CPU backend
+//! kasoku-cuda-check topk                         the top-K selection against the host's
 //! kasoku-cuda-check fixtures DIR                 tests/fixtures through the GPU
 //! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
 //! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
@@ -65,6 +66,7 @@ fn main() -> Result<()> {
             );
             checks::kernels(&k)?
         }
+        "topk" => checks::top_k_checks(&Kernels::new(&gpu)?)?,
         "fixtures" => {
             let dir = Path::new(arg(1));
             let mut rep = Report::default();
@@ -120,7 +122,9 @@ fn main() -> Result<()> {
             Report::default()
         }
         other => {
-            bail!("unknown command '{other}' (kernels, fixtures, spec, session, synth, bench)")
+            bail!(
+                "unknown command '{other}' (kernels, topk, fixtures, spec, session, synth, bench)"
+            )
         }
     };
     for l in &report.lines {

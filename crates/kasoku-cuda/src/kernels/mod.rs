@@ -8,6 +8,8 @@
 //! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
 //!   SwiGLU, argmax, KV-cache commit.
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility.
+//! - `sample.cu`: exact top-K selection of a logits row in the host sampler's order, for
+//!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
 //! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
 //!   pass ([`Kernels::gemm`], launchers in `gemm.rs`).
 
@@ -33,13 +35,14 @@ pub fn source() -> String {
         include_str!("mma.cu"),
         include_str!("ops.cu"),
         include_str!("attention.cu"),
+        include_str!("sample.cu"),
         include_str!("gemm.cu"),
     ]
     .join("\n")
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 20] = [
+pub const NAMES: [&str; 21] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -56,6 +59,7 @@ pub const NAMES: [&str; 20] = [
     "argmax",
     "kv_commit",
     "attn_partial",
+    "top_k_select",
     "gemm_prepare",
     "gemm_128x128",
     "gemm_64x64",
@@ -800,6 +804,60 @@ impl Kernels {
                 p(&pa),
                 p(&a.path),
                 p(&l),
+            ],
+        )
+    }
+}
+
+/// Most candidates [`Kernels::top_k_select`] is asked for by the model's states (their
+/// buffers' size; the kernel itself takes any count below the vocabulary).
+pub const MAX_TOP_K: usize = 1024;
+
+/// Bits of the largest id of a `vocab`-token row (at least 1).
+pub fn id_bits(vocab: usize) -> u32 {
+    (usize::BITS - vocab.saturating_sub(1).leading_zeros()).max(1)
+}
+
+impl Kernels {
+    /// The `count` largest of the `vocab` logits at `row` in the host sampler's order (logit
+    /// descending by total order, ties to the smaller id) as `count` (id, logit bits) pairs
+    /// of u32 at `out`, in no particular order; and the logits of the `n_gather` ids at
+    /// `gather` (u32, each below `vocab`) into `gathered` (f32). `count` below `vocab`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn top_k_select(
+        &self,
+        row: u64,
+        vocab: usize,
+        count: usize,
+        gather: u64,
+        n_gather: usize,
+        out: u64,
+        gathered: u64,
+    ) -> Result<()> {
+        if count == 0 || count >= vocab || i32::try_from(vocab).is_err() {
+            return Err(Error::Invalid(format!(
+                "a top-{count} selection of {vocab} logits (1..vocab)"
+            )));
+        }
+        let (v, c, b, g) = (
+            vocab as i32,
+            count as i32,
+            id_bits(vocab) as i32,
+            n_gather as i32,
+        );
+        self.launch(
+            "top_k_select",
+            (1, 1, 1),
+            1024,
+            &mut [
+                p(&row),
+                p(&v),
+                p(&c),
+                p(&b),
+                p(&gather),
+                p(&g),
+                p(&out),
+                p(&gathered),
             ],
         )
     }

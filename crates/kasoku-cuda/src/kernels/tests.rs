@@ -186,3 +186,115 @@ fn tensor_core_products_take_block_formats_in_16_row_tiles_split_by_width() {
     let e = mma_args(&[seg(DType::BF16, 16)], acts(256), 1, 256).unwrap_err();
     assert!(e.to_string().contains("block formats only"), "{e}");
 }
+
+#[test]
+fn top_k_keys_take_the_bits_of_the_largest_id() {
+    assert_eq!(id_bits(1), 1);
+    assert_eq!(id_bits(2), 1);
+    assert_eq!(id_bits(3), 2);
+    assert_eq!(id_bits(256), 8);
+    assert_eq!(id_bits(257), 9);
+    assert_eq!(id_bits(151_936), 18);
+    assert!(NAMES.contains(&"top_k_select"));
+    assert!(source().contains("top_k_select"));
+}
+
+/// sample.cu's radix select transcribed step for step (keys, 11-bit digits from the top, the
+/// digit holding the need-th key, the final `>= prefix` test), so that its logic is checked
+/// against the host sampler's selection where no GPU is (the GPU check `topk` runs the kernel).
+fn top_k_select_transcribed(row: &[f32], count: usize) -> Vec<(u32, u32)> {
+    let vocab = row.len();
+    let id_bits = id_bits(vocab);
+    let id_mask: u32 = if id_bits >= 32 {
+        u32::MAX
+    } else {
+        (1 << id_bits) - 1
+    };
+    let key = |i: usize| {
+        let b = row[i].to_bits();
+        let up = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+        ((up as u64) << id_bits) | ((!(i as u32)) & id_mask) as u64
+    };
+    let (mut prefix, mut need, mut shift, mut done) = (0u64, count as u32, 32 + id_bits, false);
+    while shift > 0 && !done {
+        let width = shift.min(11);
+        let lo = shift - width;
+        let hi_mask = if shift >= 64 { 0 } else { !0u64 << shift };
+        let mut hist = vec![0u32; 2048];
+        for i in 0..vocab {
+            let k = key(i);
+            if k & hi_mask == prefix {
+                hist[((k >> lo) as u32 & ((1 << width) - 1)) as usize] += 1;
+            }
+        }
+        let mut above = 0;
+        for d in (0..2048).rev() {
+            let c = hist[d];
+            if above + c >= need {
+                prefix |= (d as u64) << lo;
+                need -= above;
+                done = c == need;
+                break;
+            }
+            above += c;
+        }
+        shift = lo;
+    }
+    let sel_mask = if shift >= 64 { 0 } else { !0u64 << shift };
+    (0..vocab)
+        .filter(|&i| key(i) & sel_mask >= prefix)
+        .map(|i| (i as u32, row[i].to_bits()))
+        .collect()
+}
+
+#[test]
+fn the_radix_select_of_sample_cu_selects_as_the_host_sampler() {
+    let mut x: u64 = 0x1234_5678_9ABC_DEF1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let special = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        0.0,
+        -0.0,
+    ];
+    for vocab in [2usize, 3, 300, 2049, 40_000] {
+        for kind in 0..3 {
+            let row: Vec<f32> = (0..vocab)
+                .map(|_| {
+                    let r = next();
+                    match kind {
+                        0 => (r >> 40) as f32 / (1u64 << 20) as f32 - 8.0,
+                        1 => ((r >> 20) % 50) as f32 * 0.25,
+                        _ if r % 31 == 0 => special[(r >> 8) as usize % special.len()],
+                        _ => 1.0,
+                    }
+                })
+                .collect();
+            for count in [1usize, 2, 40, 299, 1024]
+                .into_iter()
+                .filter(|&c| c < vocab)
+            {
+                let mut got = top_k_select_transcribed(&row, count);
+                let all = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l))
+                    .collect();
+                let mut want: Vec<(u32, u32)> = kasoku::sampler::top_k_of(all, count)
+                    .into_iter()
+                    .map(|(i, l)| (i, l.to_bits()))
+                    .collect();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "vocab {vocab}, kind {kind}, count {count}");
+            }
+        }
+    }
+}

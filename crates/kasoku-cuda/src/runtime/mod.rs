@@ -494,6 +494,17 @@ impl PinnedBuffer {
         }
     }
 
+    /// `n` f32 values from word `at` into `out` (resized to `n`; its memory kept).
+    pub fn get_f32s_into(&self, at: usize, n: usize, out: &mut Vec<f32>) {
+        let bytes = &self.as_slice()[at * 4..(at + n) * 4];
+        out.clear();
+        out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+    }
+
     /// Reads `n` 32-bit words from word `at`.
     pub fn get_u32s(&self, at: usize, n: usize) -> Vec<u32> {
         let s = self.as_slice();

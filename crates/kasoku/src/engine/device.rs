@@ -11,6 +11,12 @@
 //!
 //! - greedy requests without penalties, constraint or log-probabilities: the device's argmax
 //!   (4 bytes), and with a speculator (prompt lookup) one id per node of each verified tree;
+//! - sampled top-k requests without constraint or log-probabilities, on a device that
+//!   selects ([`DeviceState::max_top_logits`]): the row's `top_k` largest logits, one more
+//!   per penalized token, and the penalized tokens' own logits (8 and 4 bytes each), from
+//!   which the host draws exactly what the whole row would give ([`sampler::TopKPlan`],
+//!   [`sampler::penalized_top_k`], [`sampler::draw`]); with a speculator, the same per node
+//!   the sampler walks through;
 //! - every other request: a row of logits (`vocab × 4` bytes, 608 KB for Qwen2.5's 151,936
 //!   tokens) per token sampled on the host; with a speculator, the rows of the nodes the
 //!   sampler walks through (the accepted path and the node after it), fetched one by one.
@@ -41,6 +47,16 @@ use crate::spec::{Accepted, Features, NgramDrafter, PolicyConfig};
 /// Prompt tokens per pass between cancellation checks.
 const PREFILL_BLOCK: usize = 512;
 
+/// A row of logits of the last pass: the last row of a [`DeviceState::feed`], or a node of a
+/// [`DeviceState::verify`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsRow {
+    /// The last row of the last feed.
+    Last,
+    /// This node of the last verification.
+    Node(usize),
+}
+
 /// One sequence's state on a device and the passes over it.
 pub trait DeviceState {
     /// Committed positions.
@@ -63,6 +79,31 @@ pub trait DeviceState {
     fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError>;
     /// The logits of node `node` of the last [`DeviceState::verify`], copied into `out`.
     fn node_logits(&mut self, node: usize, out: &mut Vec<f32>) -> Result<(), EngineError>;
+    /// Logits per row (the vocabulary).
+    fn vocab(&self) -> usize;
+    /// Most logits [`DeviceState::top_logits`] selects in one call (0: this device hands back
+    /// whole rows only).
+    fn max_top_logits(&self) -> usize {
+        0
+    }
+    /// The `count` largest logits of `row` as (id, logit) pairs in any order into `top` (which
+    /// ones: the first `count` in the sampler's order, [`sampler::by_logit`], ties to the lower
+    /// id), and the logits of tokens `ids` (each below the vocabulary), in that order, into
+    /// `gathered`: what a top-k draw needs, without copying the row. `count` is at most
+    /// [`DeviceState::max_top_logits`] and below the vocabulary.
+    fn top_logits(
+        &mut self,
+        row: LogitsRow,
+        count: usize,
+        ids: &[u32],
+        top: &mut Vec<(u32, f32)>,
+        gathered: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let _ = (row, count, ids, top, gathered);
+        Err(EngineError::Device(
+            "this device hands back whole rows of logits only".into(),
+        ))
+    }
     /// Runs every node of `tree` (its root the last sampled token, not yet in the state) and
     /// returns each node's greedy next token; the tree stays pending until a commit.
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError>;
@@ -135,6 +176,9 @@ pub struct DeviceSession {
     /// The rows of a verified tree's walk, when a request needs them on the host (buffers
     /// kept from pass to pass).
     rows: Vec<Vec<f32>>,
+    /// A device's top-k selection and gathered logits (buffers kept from draw to draw).
+    top: Vec<(u32, f32)>,
+    gathered: Vec<f32>,
 }
 
 impl DeviceSession {
@@ -147,6 +191,8 @@ impl DeviceSession {
             spec: None,
             logits: Vec::new(),
             rows: Vec::new(),
+            top: Vec::new(),
+            gathered: Vec::new(),
         }
     }
 
@@ -297,8 +343,48 @@ impl DeviceSession {
         if ids_only {
             return Ok(greedy);
         }
+        if let Some(token) = self.draw_from_top(run.options, &run.history, LogitsRow::Last)? {
+            return Ok(token);
+        }
         self.state.last_logits(&mut self.logits)?;
         run.sample(&self.logits)
+    }
+
+    /// The token after `history` drawn from the device's top-k selection of `row`, when
+    /// `options` allow it (sampled with top-k, no constraint, no log-probabilities) and the
+    /// device can select that many; `None` when the whole row is needed. The same token as
+    /// the host sampler on the whole row ([`sampler::penalized_top_k`]).
+    fn draw_from_top(
+        &mut self,
+        options: &GenerateOptions,
+        history: &[u32],
+        row: LogitsRow,
+    ) -> Result<Option<u32>, EngineError> {
+        if options.constraint.is_some() || options.logprobs.is_some() {
+            return Ok(None);
+        }
+        let params = &options.sampling;
+        let (vocab, max) = (self.state.vocab(), self.state.max_top_logits());
+        let Some(plan) = sampler::TopKPlan::for_request(params, history, vocab, max) else {
+            return Ok(None);
+        };
+        let ids: Vec<u32> = plan.penalized.iter().map(|p| p.0).collect();
+        self.state
+            .top_logits(row, plan.count, &ids, &mut self.top, &mut self.gathered)?;
+        if self.top.len() != plan.count || self.gathered.len() != ids.len() {
+            return Err(EngineError::Device(format!(
+                "a selection of {} logits and {} gathered returned {} and {}",
+                plan.count,
+                ids.len(),
+                self.top.len(),
+                self.gathered.len()
+            )));
+        }
+        let candidates =
+            sampler::penalized_top_k(params, &self.top, &plan.penalized, &self.gathered);
+        sampler::draw(params, candidates, history.len())
+            .map(Some)
+            .ok_or_else(|| EngineError::Device("an empty top-k selection".into()))
     }
 
     /// One pass per token.
@@ -400,8 +486,8 @@ impl DeviceSession {
     }
 
     /// The walk down a verified `tree` with the host sampler (`spec::accept_path_constrained`'s
-    /// rule), fetching each visited node's row into `self.rows`: the accepted path and the
-    /// tokens sampled along it.
+    /// rule), from each visited node's top-k selection where the request allows, else from
+    /// its row (fetched into `self.rows`): the accepted path and the tokens sampled along it.
     fn walk_sampled(
         &mut self,
         tree: &TokenTree,
@@ -415,15 +501,20 @@ impl DeviceSession {
             if self.rows.len() <= j {
                 self.rows.push(Vec::new());
             }
-            self.state.node_logits(node, &mut self.rows[j])?;
-            let mask = walker.as_mut().map(|w| w.mask()).transpose()?;
-            let y = sampler::sample_masked(
-                &run.options.sampling,
-                &self.rows[j],
-                &history,
-                history.len(),
-                mask.as_ref(),
-            );
+            let y = match self.draw_from_top(run.options, &history, LogitsRow::Node(node))? {
+                Some(y) => y,
+                None => {
+                    self.state.node_logits(node, &mut self.rows[j])?;
+                    let mask = walker.as_mut().map(|w| w.mask()).transpose()?;
+                    sampler::sample_masked(
+                        &run.options.sampling,
+                        &self.rows[j],
+                        &history,
+                        history.len(),
+                        mask.as_ref(),
+                    )
+                }
+            };
             new.push(y);
             match tree.child_with(node, y) {
                 Some(child) => {

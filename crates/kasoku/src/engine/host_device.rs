@@ -1,5 +1,6 @@
 //! [`HostDevice`]: a CPU model behind the device interface ([`DeviceModel`]), handing back
-//! only what a GPU would (argmax ids, and a row of logits when asked, counted). The stand-in
+//! only what a GPU would (argmax ids, a row of logits when asked, and a top-k selection when
+//! asked, each counted). The stand-in
 //! that lets a server's or a command line's device path run and be checked on a machine with
 //! no GPU: the same weights through a CPU `Session` and through a `DeviceSession` on it must
 //! answer the same.
@@ -9,19 +10,22 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::device::{DeviceModel, DeviceState};
+use super::device::{DeviceModel, DeviceState, LogitsRow};
 use super::session::EngineError;
 use crate::model::{Batch, Model, ModelState, Output, TokenTree};
-use crate::sampler::argmax;
+use crate::sampler::{argmax, top_k_of};
 
 /// Most nodes of a tree its states verify (a GPU's graphs take at most 64).
 const MAX_TREE: usize = 64;
+/// Most logits a top-k selection returns (as the GPU's).
+const MAX_TOP_LOGITS: usize = 1024;
 
 /// A CPU model posing as a device.
 pub struct HostDevice {
     model: Arc<Model>,
     name: String,
     logits_rows: Arc<AtomicUsize>,
+    top_selections: Arc<AtomicUsize>,
 }
 
 impl HostDevice {
@@ -31,12 +35,18 @@ impl HostDevice {
             model,
             name: name.into(),
             logits_rows: Arc::default(),
+            top_selections: Arc::default(),
         }
     }
 
     /// Rows of logits its states have copied to the host so far (a GPU's cost beyond ids).
     pub fn logits_rows(&self) -> usize {
         self.logits_rows.load(Ordering::Relaxed)
+    }
+
+    /// Top-k selections its states have handed to the host so far (instead of rows).
+    pub fn top_selections(&self) -> usize {
+        self.top_selections.load(Ordering::Relaxed)
     }
 }
 
@@ -59,6 +69,7 @@ impl DeviceModel for HostDevice {
             model: Arc::clone(&self.model),
             out: Output::default(),
             logits_rows: Arc::clone(&self.logits_rows),
+            top_selections: Arc::clone(&self.top_selections),
         }))
     }
 }
@@ -68,6 +79,26 @@ struct HostState {
     state: ModelState,
     out: Output,
     logits_rows: Arc<AtomicUsize>,
+    top_selections: Arc<AtomicUsize>,
+}
+
+impl HostState {
+    /// Row `row` of the last pass's logits.
+    fn row(&self, row: LogitsRow) -> Result<&[f32], EngineError> {
+        let vocab = self.model.config.vocab;
+        let range = match row {
+            LogitsRow::Last => self
+                .out
+                .logits
+                .len()
+                .checked_sub(vocab)
+                .map(|f| f..f + vocab),
+            LogitsRow::Node(node) => Some(node * vocab..(node + 1) * vocab),
+        };
+        range
+            .and_then(|r| self.out.logits.get(r))
+            .ok_or_else(|| EngineError::Device(format!("no logits of row {row:?}")))
+    }
 }
 
 impl DeviceState for HostState {
@@ -115,6 +146,46 @@ impl DeviceState for HostState {
         };
         out.clear();
         out.extend_from_slice(row);
+        Ok(())
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config.vocab
+    }
+
+    fn max_top_logits(&self) -> usize {
+        MAX_TOP_LOGITS
+    }
+
+    fn top_logits(
+        &mut self,
+        row: LogitsRow,
+        count: usize,
+        ids: &[u32],
+        top: &mut Vec<(u32, f32)>,
+        gathered: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.top_selections.fetch_add(1, Ordering::Relaxed);
+        let logits = self.row(row)?;
+        if count > MAX_TOP_LOGITS || count >= logits.len() {
+            return Err(EngineError::Device(format!(
+                "a selection of {count} of {} logits",
+                logits.len()
+            )));
+        }
+        gathered.clear();
+        for &id in ids {
+            let l = logits
+                .get(id as usize)
+                .ok_or_else(|| EngineError::Device(format!("token {id} out of the vocabulary")))?;
+            gathered.push(*l);
+        }
+        let all = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        *top = top_k_of(all, count);
         Ok(())
     }
 

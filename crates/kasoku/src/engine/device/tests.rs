@@ -1,7 +1,7 @@
 //! The device session's logic on a stand-in device: a CPU model behind [`DeviceState`] that
-//! hands back only what a GPU would (argmax ids, and logits when asked), checked against the
-//! CPU [`Session`] on the same weights: the same tokens, log-probabilities and finish reasons,
-//! greedy, sampled, constrained and speculative.
+//! hands back only what a GPU would (argmax ids, logits or a top-k selection when asked),
+//! checked against the CPU [`Session`] on the same weights: the same tokens,
+//! log-probabilities and finish reasons, greedy, sampled, constrained and speculative.
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -20,6 +20,10 @@ use crate::spec::PolicyConfig;
 struct Counts {
     /// Rows of logits copied to the host.
     logits: Cell<usize>,
+    /// Top-k selections handed to the host instead of rows.
+    tops: Cell<usize>,
+    /// Whether the device refuses to select (hands back whole rows only).
+    rows_only: Cell<bool>,
     verifies: Cell<usize>,
     /// Fail the pass after this many more (None: never).
     fail_in: Cell<Option<usize>>,
@@ -77,6 +81,43 @@ impl DeviceState for CpuDevice {
         let vocab = self.model.config.vocab;
         out.clear();
         out.extend_from_slice(&self.out.logits[node * vocab..(node + 1) * vocab]);
+        Ok(())
+    }
+    fn vocab(&self) -> usize {
+        self.model.config.vocab
+    }
+    fn max_top_logits(&self) -> usize {
+        if self.counts.rows_only.get() {
+            0
+        } else {
+            1024
+        }
+    }
+    fn top_logits(
+        &mut self,
+        row: LogitsRow,
+        count: usize,
+        ids: &[u32],
+        top: &mut Vec<(u32, f32)>,
+        gathered: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.counts.tops.set(self.counts.tops.get() + 1);
+        let vocab = self.model.config.vocab;
+        let first = match row {
+            LogitsRow::Last => self.out.logits.len() - vocab,
+            LogitsRow::Node(node) => node * vocab,
+        };
+        let row = &self.out.logits[first..first + vocab];
+        assert!(count < vocab && count <= 1024, "a selection of {count}");
+        *gathered = ids.iter().map(|&id| row[id as usize]).collect();
+        let all = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        *top = crate::sampler::top_k_of(all, count);
+        // Any order: the device's is not the sampler's.
+        top.reverse();
         Ok(())
     }
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {
@@ -166,9 +207,28 @@ fn sampling_from_host_logits_equals_the_cpu_sampler() {
         let (mut dev, counts) = device(&model);
         let got = generate(&mut dev, &prompt(12, 2), &o);
         assert_eq!(got.tokens, cpu.tokens, "seed {seed}");
-        // One row of logits per sampled token.
+        // One top-k selection per sampled token, no row.
+        assert_eq!(counts.tops.get(), got.tokens.len());
+        assert_eq!(counts.logits.get(), 0);
+        // A device that hands back rows only: one row per sampled token, the same answer.
+        let (mut dev, counts) = device(&model);
+        counts.rows_only.set(true);
+        assert_eq!(generate(&mut dev, &prompt(12, 2), &o).tokens, cpu.tokens);
         assert_eq!(counts.logits.get(), got.tokens.len());
+        assert_eq!(counts.tops.get(), 0);
     }
+    // Top-k off (top-p, min-p): whole rows.
+    let o = options(
+        SamplingParams {
+            top_k: 0,
+            ..sampled()
+        },
+        20,
+    );
+    let cpu = generate(&mut Session::new(model.clone(), CTX), &prompt(12, 2), &o);
+    let (mut dev, counts) = device(&model);
+    assert_eq!(generate(&mut dev, &prompt(12, 2), &o).tokens, cpu.tokens);
+    assert_eq!(counts.logits.get(), cpu.tokens.len());
     // Greedy with a penalty reads the history: the logits come to the host.
     let o = options(
         SamplingParams {
@@ -280,6 +340,16 @@ fn prompt_lookup_on_the_device_equals_plain_decoding_greedy_or_sampled() {
     let vocab = model.config.vocab;
     let cases = [
         options(sampled(), 30),
+        options(
+            SamplingParams {
+                top_k: 5,
+                presence_penalty: -0.5,
+                frequency_penalty: 0.3,
+                seed: 11,
+                ..sampled()
+            },
+            30,
+        ),
         GenerateOptions {
             logprobs: Some(2),
             ..options(SamplingParams::default(), 30)
@@ -300,15 +370,17 @@ fn prompt_lookup_on_the_device_equals_plain_decoding_greedy_or_sampled() {
     let mut accepted = 0;
     for o in cases {
         let plain = generate(&mut Session::new(model.clone(), CTX), &p, &o);
-        let before = counts.logits.get();
+        let before = counts.logits.get() + counts.tops.get();
         let got = generate(&mut dev, &p, &o);
         assert_eq!(got.tokens, plain.tokens);
         assert_eq!(got.logprobs, plain.logprobs);
         assert_eq!(got.finish, plain.finish);
         let spec = got.stats.spec.clone().expect("drafted");
         accepted += spec.accepted_tokens();
-        // A row per sampled token (the first, then the walk's rows), never a whole tree's.
-        assert!(counts.logits.get() - before <= got.tokens.len() + got.stats.decode_passes + 1);
+        // A row or selection per sampled token (the first, then the walk's), never a whole
+        // tree's.
+        let fetched = counts.logits.get() + counts.tops.get() - before;
+        assert!(fetched <= got.tokens.len() + got.stats.decode_passes + 1);
     }
     assert!(accepted > 0, "sampled drafts were accepted somewhere");
 }
