@@ -86,7 +86,7 @@ __device__ __forceinline__ void quant_block32(float v, i8* q, float4* s) {
 // y = x · scale · w, and with xq/xs its int8 blocks. x is read from L2 (other blocks of a
 // fused product wrote it). A thread's values are loaded before any is used.
 #define RMS_HELD 16
-__device__ void rms_row(const float* xr, const float* w, float eps, int dim, float* yr, i8* xq, float4* xs,
+__device__ __noinline__ void rms_row(const float* xr, const float* w, float eps, int dim, float* yr, i8* xq, float4* xs,
                         double* part, float* scale_out) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int nb = dim / 32;
@@ -338,6 +338,97 @@ __device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int la
     }
 }
 
+#ifdef KASOKU_MATVEC_V2
+// Byte k (0..11) of a K-quant super-block's packed scales, from its first 16 bytes in h.
+__device__ __forceinline__ u32 k_scale_byte(uint4 h, int k) {
+    u32 w = k < 4 ? h.y : (k < 8 ? h.z : h.w);
+    return (w >> (8 * (k & 3))) & 0xFFu;
+}
+
+// scale_min_k4 on the header in registers.
+__device__ __forceinline__ void scale_min_k4_regs(int j, uint4 h, float* sc, float* m) {
+    if (j < 4) {
+        *sc = (float)(k_scale_byte(h, j) & 63);
+        *m = (float)(k_scale_byte(h, j + 4) & 63);
+    } else {
+        *sc = (float)((k_scale_byte(h, j + 4) & 0xF) | ((k_scale_byte(h, j - 4) >> 6) << 4));
+        *m = (float)((k_scale_byte(h, j + 4) >> 4) | ((k_scale_byte(h, j) >> 6) << 4));
+    }
+}
+
+// dot_q45k with every load of two units issued before any arithmetic: a super-block's header
+// (d, dmin, scales) as one 16-byte load, the unit's quants as another (Q5: the high bits as a
+// third), for the lane's unit u and u + step together. The arithmetic is dot_q45k's, in its
+// order.
+template <int NR, bool Q5>
+__device__ __forceinline__ void dot_q45k_v2(const u8* const* rows, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
+    const int bb = Q5 ? 176 : 144, qoff = Q5 ? 48 : 16;
+    const int units = cols / 32;
+    for (int u0 = lane; u0 < units; u0 += 2 * step) {
+        uint4 hdr[2][2], qw[2][2], hw4[2][2];
+        const bool second = u0 + step < units;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int u = k == 1 && second ? u0 + step : u0;
+            int sb = u >> 3, j = (u >> 1) & 3, l0 = (u & 1) * 16;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                const u8* blk = rows[w] + (size_t)sb * bb;
+                hdr[k][w] = __ldg((const uint4*)blk);
+                qw[k][w] = __ldg((const uint4*)(blk + qoff + 32 * j + l0));
+                if (Q5) hw4[k][w] = __ldg((const uint4*)(blk + 16 + l0));
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            if (k == 1 && !second) break;
+            int u = u0 + k * step;
+            int sb = u >> 3, j = (u >> 1) & 3, half = u & 1, l0 = half * 16;
+            int lo[2][4], hi[2][4];
+            float dl[2], ml[2], dh[2], mh[2];
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                uint4 h = hdr[k][w];
+                float d = h2f((u16)(h.x & 0xffff)), dmin = h2f((u16)(h.x >> 16));
+                float sc0, m0, sc1, m1;
+                scale_min_k4_regs(2 * j, h, &sc0, &m0);
+                scale_min_k4_regs(2 * j + 1, h, &sc1, &m1);
+                u32 words[4] = {qw[k][w].x, qw[k][w].y, qw[k][w].z, qw[k][w].w};
+                u32 hb[4] = {0, 0, 0, 0};
+                if (Q5) { hb[0] = hw4[k][w].x; hb[1] = hw4[k][w].y; hb[2] = hw4[k][w].z; hb[3] = hw4[k][w].w; }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    lo[w][e] = (int)((words[e] & 0x0F0F0F0Fu) | (Q5 ? ((hb[e] >> (2 * j)) & 0x01010101u) << 4 : 0u));
+                    hi[w][e] = (int)(((words[e] >> 4) & 0x0F0F0F0Fu) | (Q5 ? ((hb[e] >> (2 * j + 1)) & 0x01010101u) << 4 : 0u));
+                }
+                dl[w] = d * sc0; ml[w] = dmin * m0; dh[w] = d * sc1; mh[w] = dmin * m1;
+            }
+            int blo = 8 * sb + 2 * j;
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                size_t row_a = (size_t)(r0 + min(r, nr - 1)) * a.ldx;
+                int4 pl = *(const int4*)(a.xq + row_a + 32 * blo + l0);
+                int4 ph = *(const int4*)(a.xq + row_a + 32 * (blo + 1) + l0);
+                float4 sl = a.xs[row_a / 32 + blo], sh = a.xs[row_a / 32 + blo + 1];
+                float xl = half ? sl.z : sl.y, xh = half ? sh.z : sh.y;
+#pragma unroll
+                for (int w = 0; w < 2; w++) {
+                    int s0 = 0, s1 = 0;
+                    s0 = __dp4a(lo[w][0], pl.x, s0); s0 = __dp4a(lo[w][1], pl.y, s0);
+                    s0 = __dp4a(lo[w][2], pl.z, s0); s0 = __dp4a(lo[w][3], pl.w, s0);
+                    s1 = __dp4a(hi[w][0], ph.x, s1); s1 = __dp4a(hi[w][1], ph.y, s1);
+                    s1 = __dp4a(hi[w][2], ph.z, s1); s1 = __dp4a(hi[w][3], ph.w, s1);
+                    float t = acc[w * NR + r];
+                    t = fmaf(dl[w] * sl.x, (float)s0, t); t = fmaf(-ml[w], xl, t);
+                    t = fmaf(dh[w] * sh.x, (float)s1, t); t = fmaf(-mh[w], xh, t);
+                    acc[w * NR + r] = t;
+                }
+            }
+        }
+    }
+}
+#endif
+
 // Q6_K: a unit is half h of a super-block and l0 (0 or 16): 16 values in each quarter k,
 // values 128h + 32k + l0 + i (half l0/16 of activation block 8sb + 4h + k), scale
 // sc[8h + l0/16 + 2k]; quants minus 32 as signed bytes.
@@ -400,8 +491,13 @@ __device__ __forceinline__ void row_dot(const u8* const* rows, int fmt, const Ma
     case FMT_F32: dot_f32<NR>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
     case FMT_F16: dot_f16<NR, false>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
     case FMT_BF16: dot_f16<NR, true>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+#ifdef KASOKU_MATVEC_V2
+    case FMT_Q4_K: dot_q45k_v2<NR, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q5_K: dot_q45k_v2<NR, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+#else
     case FMT_Q4_K: dot_q45k<NR, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
     case FMT_Q5_K: dot_q45k<NR, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+#endif
     case FMT_Q6_K: dot_q6k<NR>(rows, a.cols, lane, step, a, r0, nr, acc); break;
     default: dot_legacy<NR>(rows, fmt, a.cols, lane, step, a, r0, nr, acc); break;
     }
@@ -483,52 +579,50 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, boo
 // values of every activation row, and their int8 blocks, with the swiglu kernel's arithmetic
 // (the same bits), then resets the count for the next pass. Each warp publishes its rows
 // (fence) before counting, so the completing warp reads every one of them, from L2.
-__device__ __forceinline__ void glu_group_done(const MatArgs& a, int j0, int lane) {
+__device__ __noinline__ void glu_group_done(float* gy, const float* uy, int ld, int n, u32* counts, i8* gq,
+                                            float4* gs, int j0, int lane) {
     int grp = j0 >> 5;
     u32 prev = 0;
     __syncwarp();
     if (lane == 0) {
         __threadfence();
-        prev = atomicAdd(a.glu_count + grp, 1u);
+        prev = atomicAdd(counts + grp, 1u);
     }
     prev = __shfl_sync(0xffffffffu, prev, 0);
     if (prev != 31) return;
     __threadfence();
-    float* gy = a.seg[0].y;
-    const float* uy = a.seg[1].y;
-    int ld = a.seg[0].ldy;
-    for (int r = 0; r < a.n; r++) {
+    for (int r = 0; r < n; r++) {
         size_t c = (size_t)r * ld + 32 * grp + lane;
         float x = __ldcg(gy + c);
         float v = x / (1.0f + expf(-x)) * __ldcg(uy + c);
         gy[c] = v;
         size_t b = ((size_t)r * ld) / 32 + grp;
-        if (a.glu_q) quant_block32(v, a.glu_q + 32 * b, a.glu_s + b);
+        if (gq) quant_block32(v, gq + 32 * b, gs + b);
     }
-    if (lane == 0) a.glu_count[grp] = 0;
+    if (lane == 0) counts[grp] = 0;
 }
 
 // RMSNorm fused into a residual product (segment 0 writes the residual stream, ldy = its
 // rows): each block counts itself in once its rows are written; the last block normalizes
 // every activation row of the result (rms_row, the rmsnorm kernel's bits) and resets the count.
 #define NORM_MAX_DIM 8192
-__device__ __forceinline__ void norm_tail(const MatArgs& a) {
+__device__ __noinline__ void norm_tail(u32* count, const float* y, int dim, int n, const float* w, float eps,
+                                       float* ny, i8* nq, float4* ns) {
     __shared__ int last_block;
     __shared__ double part[NORM_MAX_DIM / 32];
     __shared__ float scale;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        last_block = atomicAdd(a.norm_count, 1u) == gridDim.x - 1;
+        last_block = atomicAdd(count, 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    int dim = a.seg[0].rows;
-    for (int r = 0; r < a.n; r++)
-        rms_row(a.seg[0].y + (size_t)r * dim, a.norm_w, a.norm_eps, dim, a.norm_y + (size_t)r * dim,
-                a.norm_q ? a.norm_q + (size_t)r * dim : 0, a.norm_q ? a.norm_s + (size_t)r * (dim / 32) : 0, part, &scale);
-    if (threadIdx.x == 0) *a.norm_count = 0;
+    for (int r = 0; r < n; r++)
+        rms_row(y + (size_t)r * dim, w, eps, dim, ny + (size_t)r * dim, nq ? nq + (size_t)r * dim : 0,
+                nq ? ns + (size_t)r * (dim / 32) : 0, part, &scale);
+    if (threadIdx.x == 0) *count = 0;
 }
 
 // With KASOKU_OWN_PREFETCH, each warp asks L2 for its own pair of weight rows before waiting
@@ -576,8 +670,10 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     bool pair = valid && j0 + 1 < s.rows;
     for (int r0 = 0; r0 < a.n; r0 += NR)
         row_tile<NR>(s, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
-    if (a.glu_count && valid && part == 0) glu_group_done(a, j0, lane);
-    if (a.norm_count) norm_tail(a);
+    if (a.glu_count && valid && part == 0)
+        glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane);
+    if (a.norm_count)
+        norm_tail(a.norm_count, a.seg[0].y, a.seg[0].rows, a.n, a.norm_w, a.norm_eps, a.norm_y, a.norm_q, a.norm_s);
     if (best) {
         __syncthreads();
         for (int r = threadIdx.x; r < a.n; r += blockDim.x)
@@ -585,7 +681,7 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatArgs a) {
+extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) {
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     prefetch_own_rows(a);
     wait_for_predecessor();

@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm(const float* x, const 
 // thread calling): optional RMSNorm with weights `nw` (sum of squares in f64, like rmsnorm),
 // then RoPE at position p (the angle rounded to f32 first, then sin and cos in f64, as the
 // CPU's Rope). qkv_post and the fused decode attention share it, so both give the same bits.
-__device__ void head_post(float* s, const float* nw, float eps, int head_dim, int rot_dim, int interleaved,
+__device__ __noinline__ void head_post(float* s, const float* nw, float eps, int head_dim, int rot_dim, int interleaved,
                           const float* inv_freq, int p) {
     __syncthreads();
     if (nw) {

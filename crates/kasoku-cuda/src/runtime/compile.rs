@@ -150,6 +150,8 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 /// `wait_for_predecessor`).
 /// `KASOKU_CUDA_OWN_PREFETCH=1` has each product warp ask L2 for its own weight rows before
 /// that wait.
+/// `KASOKU_CUDA_MATVEC_V2=1` compiles the Q4_K/Q5_K products that issue two units' loads
+/// (whole 16-byte headers) before their arithmetic.
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
 /// printed to standard error.
 pub fn options(arch: &str) -> Vec<String> {
@@ -164,6 +166,9 @@ pub fn options(arch: &str) -> Vec<String> {
     }
     if std::env::var("KASOKU_CUDA_TRIGGER_FIRST").is_ok_and(|v| v == "1") {
         o.push("-DKASOKU_TRIGGER_FIRST".into());
+    }
+    if std::env::var("KASOKU_CUDA_MATVEC_V2").is_ok_and(|v| v == "1") {
+        o.push("-DKASOKU_MATVEC_V2".into());
     }
     if std::env::var("KASOKU_CUDA_OWN_PREFETCH").is_ok_and(|v| v == "1") {
         o.push("-DKASOKU_OWN_PREFETCH".into());
