@@ -14,8 +14,8 @@ use kasoku::model::{TokenTree, TreeBuilder};
 use kasoku::quant::{dequantize, DType};
 
 use crate::kernels::{
-    argmax_id, attention_chunks, Acts, AttnCall, DeviceMatrix, GluTail, Kernels, NormTail,
-    PostArgs, QkvPost,
+    argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, DeviceMatrix,
+    GemmScratch, GemmTile, GluTail, Kernels, MatSeg, NormTail, PostArgs, QkvPost, GEMM_MAX_SPLITS,
 };
 use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
@@ -290,6 +290,219 @@ pub fn matvec(k: &Kernels) -> R<Report> {
     rep.check(
         e < 1e-5,
         format!("matvec of Q4_K+Q6_K+F16 in one launch, bias, residual: rel err {e:.1e}"),
+    );
+    Ok(rep)
+}
+
+/// f16 scratch for the prefill products of up to `rows` weight rows and `n` activation rows.
+struct GemmBufs {
+    w16: DeviceBuffer,
+    x16: DeviceBuffer,
+    part: DeviceBuffer,
+}
+
+impl GemmBufs {
+    fn new(gpu: &Arc<Gpu>, rows: usize, n: usize, cols: usize) -> R<GemmBufs> {
+        let (w, x) = gemm_scratch_bytes(rows, n, cols);
+        Ok(GemmBufs {
+            w16: gpu.alloc(w)?,
+            x16: gpu.alloc(x)?,
+            part: gpu.alloc(gemm_part_bytes(rows, n, GEMM_MAX_SPLITS))?,
+        })
+    }
+
+    fn scratch(&self) -> GemmScratch {
+        GemmScratch {
+            w16: self.w16.ptr(),
+            w16_bytes: self.w16.len(),
+            x16: self.x16.ptr(),
+            x16_bytes: self.x16.len(),
+            part: self.part.ptr(),
+            part_bytes: self.part.len(),
+        }
+    }
+
+    /// The first `len` values of the f16 weight scratch.
+    fn weights(&self, len: usize) -> R<Vec<f32>> {
+        let mut raw = vec![0u8; len * 2];
+        self.w16.read(0, &mut raw)?;
+        Ok(raw
+            .chunks(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect())
+    }
+}
+
+/// The ways the gemm checks run each product: both tiles, unsplit and K split 4 ways (3 where
+/// the slices divide so: the last split shorter).
+const GEMM_WAYS: [(GemmTile, usize); 4] = [
+    (GemmTile::Large, 1),
+    (GemmTile::Small, 1),
+    (GemmTile::Large, 4),
+    (GemmTile::Small, 4),
+];
+
+/// `y[r][j] = Σ_c x[r][c] · w[j][c]` in f64 for rows `0..n` of `x`.
+fn product_f64(x: &[f32], w: &[f32], n: usize, rows: usize, cols: usize) -> Vec<f64> {
+    let mut y = vec![0f64; n * rows];
+    for r in 0..n {
+        let xr = &x[r * cols..(r + 1) * cols];
+        for j in 0..rows {
+            let wj = &w[j * cols..(j + 1) * cols];
+            y[r * rows + j] = xr.iter().zip(wj).map(|(a, b)| *a as f64 * *b as f64).sum();
+        }
+    }
+    y
+}
+
+/// The prefill products (f16 tensor cores, kernels/gemm.cu) on every format, both tile
+/// shapes, at 65, 100, 256 and 512 activation rows and weight rows that fill no tile
+/// (float formats also a width that is no whole K slice): the f16 scratch against the CPU's
+/// dequantization, the product against an f64 product of the same f16-rounded operands
+/// (bound: f32 accumulation) and, for the record, of the unrounded f32 ones; then three
+/// matrices of different formats in one product with bias, residual and output strides.
+pub fn gemm(k: &Kernels) -> R<Report> {
+    let gpu = &k.gpu;
+    let mut rep = Report::default();
+    if !k.has_gemm() {
+        rep.lines.push(format!(
+            "note: no prefill products on compute capability {}.{}",
+            gpu.capability.0, gpu.capability.1
+        ));
+        return Ok(rep);
+    }
+    let mut rng = Rng(0x6e33);
+    let nmax = 512;
+    let ns = [65usize, 100, 256, 512];
+    for dtype in DType::ALL {
+        let shapes: [(usize, usize); 2] = match dtype.block_size() {
+            256 => [(200, 512), (77, 2304)],
+            32 => [(200, 512), (77, 2336)],
+            _ => [(200, 264), (77, 2056)],
+        };
+        for (rows, cols) in shapes {
+            let bytes = random_tensor(&mut rng, dtype, rows * cols, 0.05);
+            let m = DeviceMatrix::upload(gpu, dtype, rows, cols, &bytes)?;
+            let mut wf = vec![0f32; rows * cols];
+            dequantize(dtype, &bytes, &mut wf);
+            let x = randv(&mut rng, nmax * cols, 1.0);
+            let xd = gpu.upload_f32(&x)?;
+            let acts = Acts {
+                x: xd.ptr(),
+                ld: cols,
+                ..Acts::default()
+            };
+            let bufs = GemmBufs::new(gpu, rows, nmax, cols)?;
+            let yd = out_buf(gpu, nmax * rows)?;
+            let seg = m.seg(yd.ptr(), rows, None, false);
+            k.gemm_prepare(&[seg], acts, nmax, cols, &bufs.scratch())?;
+            let wh = bufs.weights(rows * cols)?;
+            let deq_err = rel_err(&wh, &f64s(&wf));
+            let want_h = product_f64(&f16_round(&x), &wh, nmax, rows, cols);
+            let want = product_f64(&x[..65 * cols], &wf, 65, rows, cols);
+            let (mut worst, mut vs_f32) = (0f64, 0f64);
+            for (tile, splits) in GEMM_WAYS {
+                for n in ns {
+                    yd.fill(0xff)?;
+                    k.gemm_prepare(&[seg], acts, n, cols, &bufs.scratch())?;
+                    k.gemm_product(&[seg], acts, n, cols, &bufs.scratch(), tile, splits)?;
+                    let y = yd.read_f32(nmax * rows)?;
+                    worst = worst.max(rel_err(&y[..n * rows], &want_h[..n * rows]));
+                    // Rows past n stay untouched (NaN).
+                    if y[n * rows..].iter().any(|v| !v.is_nan()) {
+                        worst = f64::INFINITY;
+                    }
+                    vs_f32 = vs_f32.max(rel_err(&y[..65 * rows], &want));
+                }
+            }
+            rep.check(
+                worst < 1e-4 && deq_err < 1e-3,
+                format!(
+                    "gemm {dtype} {rows}x{cols} n=65..512, both tiles, K whole and split: rel err vs f64 of the f16 \
+                     operands {worst:.1e}, vs f64 of the f32 ones {vs_f32:.1e}; f16 weights vs \
+                     dequantize {deq_err:.1e}"
+                ),
+            );
+        }
+    }
+    // Three matrices of different formats in one product, with bias, a residual epilogue and
+    // an output stride wider than the rows.
+    let (cols, n) = (512, 100);
+    let fmts = [(DType::Q4K, 40usize), (DType::Q6K, 25), (DType::F16, 33)];
+    let x = randv(&mut rng, n * cols, 1.0);
+    let xd = gpu.upload_f32(&x)?;
+    let acts = Acts {
+        x: xd.ptr(),
+        ld: cols,
+        ..Acts::default()
+    };
+    let bufs = GemmBufs::new(gpu, 98, n, cols)?;
+    let mut segs = Vec::new();
+    let mut keep = Vec::new();
+    let mut wall = Vec::new();
+    for (i, &(d, rows)) in fmts.iter().enumerate() {
+        let bytes = random_tensor(&mut rng, d, rows * cols, 0.05);
+        let mut wf = vec![0f32; rows * cols];
+        dequantize(d, &bytes, &mut wf);
+        wall.extend(wf);
+        let m = DeviceMatrix::upload(gpu, d, rows, cols, &bytes)?;
+        let ldy = rows + 3 * i;
+        let bias = randv(&mut rng, rows, 0.1);
+        let init = randv(&mut rng, n * ldy, 1.0);
+        let bd = gpu.upload_f32(&bias)?;
+        let yd = gpu.upload_f32(&init)?;
+        let acc = i != 0;
+        segs.push(m.seg(yd.ptr(), ldy, Some(bd.ptr()), acc));
+        keep.push((m, bd, yd, rows, ldy, bias, init, acc));
+    }
+    let all_rows = 98;
+    let want_h = product_f64(&f16_round(&x), &f16_round(&wall), n, all_rows, cols);
+    let mut e = 0f64;
+    for (tile, splits) in GEMM_WAYS {
+        for (_, _, yd, _, _, _, init, _) in &keep {
+            yd.write(0, as_bytes(init))?;
+        }
+        k.gemm_prepare(&segs, acts, n, cols, &bufs.scratch())?;
+        k.gemm_product(&segs, acts, n, cols, &bufs.scratch(), tile, splits)?;
+        let mut j0 = 0;
+        for (_, _, yd, rows, ldy, bias, init, acc) in &keep {
+            let got = yd.read_f32(n * ldy)?;
+            let mut g = Vec::new();
+            let mut w = Vec::new();
+            for r in 0..n {
+                for j in 0..*ldy {
+                    let t = r * ldy + j;
+                    g.push(got[t]);
+                    w.push(if j < *rows {
+                        want_h[r * all_rows + j0 + j]
+                            + bias[j] as f64
+                            + if *acc { init[t] as f64 } else { 0.0 }
+                    } else {
+                        init[t] as f64 // past the rows: untouched
+                    });
+                }
+            }
+            e = e.max(rel_err(&g, &w));
+            j0 += rows;
+        }
+    }
+    rep.check(
+        e < 1e-4,
+        format!(
+            "gemm of Q4_K+Q6_K+F16 in one product at {n} rows, both tiles, split or not, bias, residual, \
+             output strides: rel err {e:.1e}"
+        ),
+    );
+    let bad = k.gemm(
+        &[MatSeg { best: 8, ..segs[0] }],
+        acts,
+        n,
+        cols,
+        &bufs.scratch(),
+    );
+    rep.check(
+        bad.is_err(),
+        "gemm refuses a fused argmax (an error, nothing launched)".into(),
     );
     Ok(rep)
 }
@@ -936,6 +1149,7 @@ fn fused_norm(k: &Kernels, rng: &mut Rng) -> R<Report> {
 /// Every kernel check.
 pub fn kernels(k: &Kernels) -> R<Report> {
     let mut rep = matvec(k)?;
+    rep.merge(gemm(k)?);
     rep.merge(elementwise(k)?);
     rep.merge(attention_checks(k)?);
     rep.merge(top_k_checks(k)?);
@@ -1137,6 +1351,23 @@ pub fn fixture(gpu: &Arc<Gpu>, dir: &Path, gguf: &str, tol: f64) -> R<Report> {
             tokens.len()
         ),
     );
+    // The same logits with every product on the prefill GEMM (f16 tensor cores), which
+    // prefill passes take from MAX_TREE + 1 rows on: the fixtures' prompts are shorter.
+    let mut st = m.new_state(tokens.len() + greedy.len() + 8)?;
+    st.gemm_rows = Some(1);
+    if st.uses_gemm(1) {
+        let got = st.logits(&m, &tokens)?;
+        let e = rel_err(&got, &logits);
+        // Twice the bound: f16 weights and activations add their rounding to the cache's.
+        rep.check(
+            e < 2.0 * tol,
+            format!(
+                "fixture {what}: logits of {} tokens through the prefill GEMM vs {against}, rel err {e:.1e} (bound {:.0e})",
+                tokens.len(),
+                2.0 * tol
+            ),
+        );
+    }
     let mut st = m.new_state(tokens.len() + greedy.len() + 8)?;
     let out = crate::generate_plain(&m, &mut st, &tokens, greedy.len())?;
     rep.check(
@@ -1153,6 +1384,41 @@ pub fn speculative(gpu: &Arc<Gpu>, model: &Path, prompt: &[u32], n: usize) -> R<
     let m = crate::CudaModel::load(gpu, model)?;
     let mut st = m.new_state(prompt.len() + n + 80)?;
     let plain = crate::generate_plain(&m, &mut st, prompt, n)?;
+    // The prompt's prefill on the GEMM (f16 tensor cores) against matvec (int8 activations).
+    if st.uses_gemm(prompt.len()) {
+        let mut last = Vec::new();
+        let on = st.gemm_rows;
+        for rows in [on, on, None] {
+            st.reset();
+            st.gemm_rows = rows;
+            let id = st.prefill(&m, prompt)?;
+            last.push((id, st.last_logits(&m)?));
+        }
+        st.gemm_rows = on;
+        let same = last[0]
+            .1
+            .iter()
+            .zip(&last[1].1)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        rep.check(
+            same,
+            format!(
+                "prefill of {} tokens on the GEMM twice: the same bits",
+                prompt.len()
+            ),
+        );
+        // A loose bound: the two differ by f16 against int8 activations, through every layer.
+        let e = rel_err(&last[0].1, &f64s(&last[2].1));
+        rep.check(
+            e < 0.1,
+            format!(
+                "prefill of {} tokens on the GEMM vs matvec: last logits rel err {e:.1e}, next token {} vs {}",
+                prompt.len(),
+                last[0].0,
+                last[2].0
+            ),
+        );
+    }
     for (budget, depth) in [(8usize, 8usize), (16, 8), (63, 16)] {
         let mut st = m.new_state(prompt.len() + n + 80)?;
         let mut drafter = kasoku::spec::ngram::NgramDrafter::default();

@@ -24,13 +24,16 @@ use kasoku::model::{Arch, LayerKind, ModelConfig, TokenTree};
 use kasoku::quant::dequantize;
 
 use crate::kernels::{
-    argmax_id, attention_chunks, Acts, AttnCall, BatchDesc, DeviceMatrix, GluTail, Kernels,
-    KvCommit, NormTail, PostArgs, QkvPost, MAX_TOP_K,
+    argmax_id, attention_chunks, gemm_part_bytes, gemm_scratch_bytes, Acts, AttnCall, BatchDesc,
+    DeviceMatrix, GemmScratch, GemmTile, GluTail, Kernels, KvCommit, MatSeg, NormTail, PostArgs,
+    QkvPost, GEMM_MAX_SPLITS, MAX_TOP_K,
 };
 use crate::runtime::{DeviceBuffer, Error, Gpu, Graph, PinnedBuffer, Result};
 
-/// Rows of one prefill pass (longer prompts run in passes of this many).
-pub const PREFILL_ROWS: usize = 256;
+/// Rows of one prefill pass (longer prompts run in passes of this many). 512: the prefill
+/// GEMM expands each weight matrix to f16 once per pass, so longer passes pay it less often
+/// (the attention partials, sized rows × heads × chunks, grow with it).
+pub const PREFILL_ROWS: usize = 512;
 /// Nodes of a verified tree at most (and rows of a graph-captured pass).
 pub const MAX_TREE: usize = 64;
 /// Rows of a pass up to which each RMSNorm runs in the residual product before it (its last
@@ -394,6 +397,66 @@ pub struct CudaState {
     /// benchmark can tell what each class costs inside a captured graph. Results are wrong
     /// while any bit is set.
     pub skip: u32,
+    /// Passes of at least this many rows run the layers' products on f16 tensor cores
+    /// (`Kernels::gemm`, kernels/gemm.cu) instead of matvec: prefill passes, above
+    /// [`MAX_TREE`] by default, so decode and verification keep their batch-invariant bits.
+    /// `None` (or `KASOKU_CUDA_GEMM=0`, or a GPU before compute capability 8.0): never.
+    pub gemm_rows: Option<usize>,
+    /// The prefill products' f16 scratch (compute capability 8.0 or later).
+    gemm_bufs: Option<GemmBufs>,
+}
+
+/// The f16 scratch of the prefill products: the largest layer product's weights (q|k|v,
+/// o, gate|up or down), and the activations of a pass.
+struct GemmBufs {
+    w16: DeviceBuffer,
+    x16: DeviceBuffer,
+    part: DeviceBuffer,
+}
+
+impl GemmBufs {
+    fn scratch(&self) -> GemmScratch {
+        GemmScratch {
+            w16: self.w16.ptr(),
+            w16_bytes: self.w16.len(),
+            x16: self.x16.ptr(),
+            x16_bytes: self.x16.len(),
+            part: self.part.ptr(),
+            part_bytes: self.part.len(),
+        }
+    }
+}
+
+/// The passes that run on the prefill GEMM by default: more rows than any verified tree, unless
+/// `gemm_env` (the value of `KASOKU_CUDA_GEMM`) is "0".
+pub fn default_gemm_rows(gemm_env: Option<&str>) -> Option<usize> {
+    match gemm_env {
+        Some("0") => None,
+        _ => Some(MAX_TREE + 1),
+    }
+}
+
+/// Bytes of scratch the prefill products of a model of `hidden` width, attention widths
+/// `q_dim` and `kv_dim` and FFN `ffn` need for passes of `rows` rows: (f16 weights of the
+/// largest product: q|k|v, o, gate|up or down; f16 activations; the f32 partial sums of the
+/// products that split K, sized for the narrow ones — q|k|v, o, down — at
+/// [`crate::kernels::GEMM_MAX_SPLITS`]: wider ones split less or not at all).
+pub fn gemm_scratch_size(
+    h: usize,
+    q_dim: usize,
+    kv_dim: usize,
+    ffn: usize,
+    rows: usize,
+) -> (usize, usize, usize) {
+    let products = [(q_dim + 2 * kv_dim, h), (h, q_dim), (2 * ffn, h), (h, ffn)];
+    let w = products
+        .iter()
+        .map(|&(r, cols)| gemm_scratch_bytes(r, 0, cols).0)
+        .max()
+        .unwrap_or(0);
+    let max_width = h.max(q_dim).max(ffn);
+    let part = gemm_part_bytes(h.max(q_dim + 2 * kv_dim), rows, GEMM_MAX_SPLITS);
+    (w, gemm_scratch_bytes(0, rows, max_width).1, part)
 }
 
 /// Kernel classes [`CudaState::skip`] can leave out of a pass (for measuring only).
@@ -426,6 +489,16 @@ impl CudaState {
         let kv = gpu.alloc(c.n_layers * 2 * kv_dim * max_slots * 2)?;
         kv.fill(0)?;
         let layout = MetaLayout::new(rows);
+        let gemm_bufs = if m.kernels.has_gemm() {
+            let (w, x, part) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
+            Some(GemmBufs {
+                w16: gpu.alloc(w)?,
+                x16: gpu.alloc(x)?,
+                part: gpu.alloc(part)?,
+            })
+        } else {
+            None
+        };
         let st = CudaState {
             len: 0,
             max_len,
@@ -479,6 +552,8 @@ impl CudaState {
                 b
             },
             skip: 0,
+            gemm_rows: default_gemm_rows(std::env::var("KASOKU_CUDA_GEMM").ok().as_deref()),
+            gemm_bufs,
             gpu,
         };
         Ok(st)
@@ -518,6 +593,29 @@ impl CudaState {
         Ok(())
     }
 
+    /// Whether a pass of `n` rows runs its layer products on the prefill GEMM.
+    pub fn uses_gemm(&self, n: usize) -> bool {
+        self.gemm_bufs.is_some() && self.gemm_rows.is_some_and(|r| n >= r)
+    }
+
+    /// One of a layer's products in [`CudaState::record`]: on the prefill GEMM for passes of
+    /// [`CudaState::gemm_rows`] or more, else matvec (which prefetches `next` into L2 as it
+    /// runs).
+    fn product(
+        &self,
+        m: &CudaModel,
+        segs: &[MatSeg],
+        x: Acts,
+        n: usize,
+        cols: usize,
+        next: &[&DeviceMatrix],
+    ) -> Result<()> {
+        match &self.gemm_bufs {
+            Some(b) if self.uses_gemm(n) => m.kernels.gemm(segs, x, n, cols, &b.scratch()),
+            _ => m.kernels.matvec_prefetch(segs, x, n, cols, next),
+        }
+    }
+
     /// Queues one pass over the rows described in `meta` (n rows, copied from pinned memory
     /// first), ending with the ids of `head`'s rows copied to pinned memory.
     fn record(&self, m: &CudaModel, n: usize, head: Head) -> Result<()> {
@@ -548,8 +646,8 @@ impl CudaState {
         };
         let fused_merge = hd.is_multiple_of(32);
         // SwiGLU inside the gate|up product (not with tensor-core products, not while
-        // measuring kernel classes apart).
-        let fuse_glu = self.fuse_glu && !k.uses_mma() && self.skip == 0;
+        // measuring kernel classes apart, not on the prefill GEMM).
+        let fuse_glu = self.fuse_glu && !k.uses_mma() && self.skip == 0 && !self.uses_gemm(n);
         let skip = |what: u32| self.skip & what != 0;
         // The weights the next product reads, prefetched by the one before it.
         let prefetch = self.prefetch;
@@ -581,7 +679,8 @@ impl CudaState {
                 k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
             }
             if !skip(Skip::PRODUCTS) {
-                k.matvec_prefetch(
+                self.product(
+                    m,
                     &[
                         l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
                         l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
@@ -657,7 +756,7 @@ impl CudaState {
                 k.matvec_norm(wo, att, n, q_dim, norm_tail(&l.ffn_norm))?;
             } else {
                 if !skip(Skip::PRODUCTS) {
-                    k.matvec_prefetch(&[wo], att, n, q_dim, &next(prefetch, &[&l.gate, &l.up]))?;
+                    self.product(m, &[wo], att, n, q_dim, &next(prefetch, &[&l.gate, &l.up]))?;
                 }
                 if !skip(Skip::ELEMENTWISE) {
                     k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
@@ -682,7 +781,7 @@ impl CudaState {
                 )?;
             } else {
                 if !skip(Skip::PRODUCTS) {
-                    k.matvec_prefetch(&[gate, up], normed, n, h, &next(prefetch, &[&l.down]))?;
+                    self.product(m, &[gate, up], normed, n, h, &next(prefetch, &[&l.down]))?;
                 }
                 if !skip(Skip::ELEMENTWISE) {
                     k.swiglu(self.g.ptr(), self.u.ptr(), n * c.ffn, g)?;
@@ -707,7 +806,7 @@ impl CudaState {
                             Some(nl) => next(prefetch, &[&nl.wq, &nl.wk, &nl.wv]),
                             None => Vec::new(),
                         };
-                        k.matvec_prefetch(&[down], g, n, c.ffn, &after)?;
+                        self.product(m, &[down], g, n, c.ffn, &after)?;
                     }
                     normed_ready = false;
                 }
@@ -1115,6 +1214,105 @@ impl CudaModel {
     }
 }
 
+impl CudaModel {
+    /// Times layer 0's gate|up and down products on the prefill GEMM at `n` activation rows
+    /// (at most a prefill pass's), `reps` launches each: the expansion to f16
+    /// (`gemm_prepare`), the product with each tile shape unsplit and as [`gemm_plan`] splits
+    /// it, and the whole as a pass runs it. Returns (what, microseconds per launch, flops of
+    /// the product; 0 for the expansion); empty where the state has no prefill GEMM. Writes
+    /// the state's activation buffers (a benchmark's business only).
+    ///
+    /// [`gemm_plan`]: crate::kernels::gemm_plan
+    pub fn profile_gemm(
+        &self,
+        st: &CudaState,
+        n: usize,
+        reps: usize,
+    ) -> Result<Vec<(String, f64, f64)>> {
+        let Some(bufs) = &st.gemm_bufs else {
+            return Ok(Vec::new());
+        };
+        if n == 0 || n > st.rows {
+            return Err(Error::Invalid(format!(
+                "profile_gemm at {n} rows (1..={})",
+                st.rows
+            )));
+        }
+        let (k, c, l) = (&self.kernels, &self.config, &self.layers[0]);
+        let acts = |b: &DeviceBuffer, ld: usize| Acts {
+            x: b.ptr(),
+            ld,
+            ..Acts::default()
+        };
+        let products = [
+            (
+                "gate|up",
+                vec![
+                    l.gate.seg(st.g.ptr(), c.ffn, None, false),
+                    l.up.seg(st.u.ptr(), c.ffn, None, false),
+                ],
+                acts(&st.normed, c.hidden),
+                c.hidden,
+            ),
+            (
+                "down (+residual)",
+                vec![l.down.seg(st.x.ptr(), c.hidden, None, true)],
+                acts(&st.g, c.ffn),
+                c.ffn,
+            ),
+        ];
+        let scratch = bufs.scratch();
+        let timer = crate::runtime::Timer::new(self.gpu())?;
+        let mut out = Vec::new();
+        for (name, segs, x, cols) in &products {
+            let (segs, x, cols) = (&segs[..], *x, *cols);
+            let rows: usize = segs.iter().map(|s| s.rows as usize).sum();
+            let what = format!("{name} ({rows}x{cols}) at {n} rows");
+            let flops = 2.0 * (n * rows * cols) as f64;
+            let mut time = |how: String, flops: f64, f: &dyn Fn() -> Result<()>| -> Result<()> {
+                f()?;
+                timer.start()?;
+                for _ in 0..reps {
+                    f()?;
+                }
+                let us = timer.stop_ms()? as f64 * 1e3 / reps as f64;
+                out.push((format!("{what}, {how}"), us, flops));
+                Ok(())
+            };
+            time("expand weights and activations to f16".into(), 0.0, &|| {
+                k.gemm_prepare(segs, x, n, cols, &scratch)
+            })?;
+            let (planned, splits) = crate::kernels::gemm_plan(
+                n,
+                rows,
+                cols,
+                self.gpu().multiprocessors,
+                scratch.part_bytes,
+                GEMM_MAX_SPLITS,
+            );
+            for tile in GemmTile::ALL {
+                let mut ways = vec![1];
+                if tile == planned && splits > 1 {
+                    ways.push(splits);
+                }
+                for s in ways {
+                    time(
+                        format!("product {} split {s}", tile.kernel()),
+                        flops,
+                        &|| k.gemm_product(segs, x, n, cols, &scratch, tile, s),
+                    )?;
+                }
+            }
+            time(
+                format!("whole ({} split {splits} + expansion)", planned.kernel()),
+                flops,
+                &|| k.gemm(segs, x, n, cols, &scratch),
+            )?;
+        }
+        Ok(out)
+    }
+}
+
 /// Greedy plain decoding on the GPU: the prompt, then `n` tokens one step at a time.
 pub fn generate_plain(
     m: &CudaModel,
@@ -1277,4 +1475,33 @@ pub fn generate_greedy(
         }
     }
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_passes_take_the_gemm_unless_switched_off() {
+        assert_eq!(default_gemm_rows(None), Some(MAX_TREE + 1));
+        assert_eq!(default_gemm_rows(Some("1")), Some(MAX_TREE + 1));
+        assert_eq!(default_gemm_rows(Some("0")), None);
+        // Verification and decode passes never reach it: their bits stay batch-invariant.
+        assert!(default_gemm_rows(None).unwrap() > MAX_TREE);
+        const { assert!(PREFILL_ROWS > MAX_TREE) };
+    }
+
+    #[test]
+    fn the_gemm_scratch_holds_the_largest_product() {
+        // Qwen2.5 1.5B: gate|up (2 × 8960 rows of 1536) is the largest; activations up to
+        // the FFN's width.
+        let (w, x, part) = gemm_scratch_size(1536, 1536, 256, 8960, 512);
+        assert_eq!(w, 2 * 8960 * 1536 * 2);
+        assert_eq!(x, 512 * 8960 * 2);
+        // q|k|v's 2048 rows split 4 ways at most.
+        assert_eq!(part, 4 * 512 * 2048 * 4);
+        // A wide attention (q|k|v larger than gate|up).
+        let (w, _, _) = gemm_scratch_size(64, 4096, 4096, 32, 1);
+        assert_eq!(w, (4096 + 2 * 4096) * 64 * 2);
+    }
 }

@@ -175,24 +175,46 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     let mut st = m.new_state(4200)?;
     let timer = Timer::new(gpu)?;
 
-    // pp512: a fresh state each time.
+    // pp512: a fresh state each time; the layers' products on the prefill GEMM (the default,
+    // unless KASOKU_CUDA_GEMM=0), then on matvec.
     let prompt = toks(512, 1);
-    let mut pp = Vec::new();
-    for rep in 0..4 {
-        st.reset();
-        timer.start()?;
-        st.prefill(&m, &prompt)?;
-        let ms = timer.stop_ms()? as f64;
-        if rep > 0 {
-            pp.push(ms);
+    let gemm_default = st.gemm_rows;
+    for rows in [gemm_default, None] {
+        st.gemm_rows = rows;
+        let mut pp = Vec::new();
+        for rep in 0..4 {
+            st.reset();
+            timer.start()?;
+            st.prefill(&m, &prompt)?;
+            let ms = timer.stop_ms()? as f64;
+            if rep > 0 {
+                pp.push(ms);
+            }
+        }
+        let pp_ms = median(pp);
+        println!(
+            "pp512 ({}): {:.2} ms, {:.0} tokens/s",
+            if st.uses_gemm(prompt.len()) {
+                "prefill GEMM on"
+            } else {
+                "prefill GEMM off: matvec"
+            },
+            pp_ms,
+            512.0 / pp_ms * 1e3
+        );
+        if gemm_default.is_none() {
+            break;
         }
     }
-    let pp_ms = median(pp);
-    println!(
-        "pp512: {:.2} ms, {:.0} tokens/s",
-        pp_ms,
-        512.0 / pp_ms * 1e3
-    );
+    st.gemm_rows = gemm_default;
+    for (what, us, flops) in m.profile_gemm(&st, 512, 20)? {
+        let rate = if flops > 0.0 {
+            format!(", {:.1} TFLOP/s", flops / us * 1e-6)
+        } else {
+            String::new()
+        };
+        println!("  gemm {what}: {us:.1} us{rate}");
+    }
 
     // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps; without
     // programmatic dependent launch, with it, and with it and L2 prefetch of the next product's

@@ -10,6 +10,8 @@
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility.
 //! - `sample.cu`: exact top-K selection of a logits row in the host sampler's order, for
 //!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
+//! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
+//!   pass ([`Kernels::gemm`], launchers in `gemm.rs`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -18,6 +20,12 @@ use kasoku::quant::DType;
 
 use crate::runtime::compile::{arch_of, compile_cached, Module};
 use crate::runtime::{Error, Gpu, Result};
+
+mod gemm;
+pub use gemm::{
+    gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
+    product_args, DequantSeg, GemmArgs, GemmOut, GemmScratch, GemmTile, PrepArgs, GEMM_MAX_SPLITS,
+};
 
 /// The whole kernel source, in compilation order.
 pub fn source() -> String {
@@ -28,12 +36,13 @@ pub fn source() -> String {
         include_str!("ops.cu"),
         include_str!("attention.cu"),
         include_str!("sample.cu"),
+        include_str!("gemm.cu"),
     ]
     .join("\n")
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 17] = [
+pub const NAMES: [&str; 21] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -51,6 +60,10 @@ pub const NAMES: [&str; 17] = [
     "kv_commit",
     "attn_partial",
     "top_k_select",
+    "gemm_prepare",
+    "gemm_128x128",
+    "gemm_64x64",
+    "gemm_reduce",
 ];
 
 /// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
