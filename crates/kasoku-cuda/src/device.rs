@@ -110,8 +110,14 @@ impl DeviceState for CudaSequence {
         self.model.config.vocab
     }
 
+    /// The device's top-k selection is opt-in (`KASOKU_CUDA_TOPK=1`) until it has run on a
+    /// GPU; otherwise sampled requests copy whole rows.
     fn max_top_logits(&self) -> usize {
-        MAX_TOP_K
+        if std::env::var("KASOKU_CUDA_TOPK").is_ok_and(|v| v == "1") {
+            MAX_TOP_K
+        } else {
+            0
+        }
     }
 
     fn top_logits(

@@ -381,15 +381,16 @@ pub struct CudaState {
     /// `KASOKU_CUDA_PREFETCH=1` turns it on). Results do not change.
     pub prefetch: bool,
     /// Whether a one-row pass runs the q/k/v epilogue inside attention (one kernel less per
-    /// layer, the same bits; on unless `KASOKU_CUDA_FUSE_POST=0`).
+    /// layer, the same bits; opt-in with `KASOKU_CUDA_FUSE_POST=1` until it has run on a GPU).
     pub fuse_post: bool,
     /// Whether SwiGLU runs inside the gate|up product (one kernel less per layer, the same
-    /// bits; on unless `KASOKU_CUDA_FUSE_GLU=0`).
+    /// bits; opt-in with `KASOKU_CUDA_FUSE_GLU=1` until it has run on a GPU).
     pub fuse_glu: bool,
     /// The fused SwiGLU's per-32-row counts (zero between passes).
     glu_count: DeviceBuffer,
     /// Whether passes of up to [`NORM_FUSE_ROWS`] rows run each RMSNorm inside the residual
-    /// product before it (the same bits; on unless `KASOKU_CUDA_FUSE_NORM=0`).
+    /// product before it (the same bits; opt-in with `KASOKU_CUDA_FUSE_NORM=1` until it has
+    /// run on a GPU).
     pub fuse_norm: bool,
     /// The fused RMSNorm's block count (zero between passes).
     norm_count: DeviceBuffer,
@@ -400,7 +401,8 @@ pub struct CudaState {
     /// Passes of at least this many rows run the layers' products on f16 tensor cores
     /// (`Kernels::gemm`, kernels/gemm.cu) instead of matvec: prefill passes, above
     /// [`MAX_TREE`] by default, so decode and verification keep their batch-invariant bits.
-    /// `None` (or `KASOKU_CUDA_GEMM=0`, or a GPU before compute capability 8.0): never.
+    /// `None` (the default unless `KASOKU_CUDA_GEMM=1`, or a GPU before compute capability
+    /// 8.0): never.
     pub gemm_rows: Option<usize>,
     /// The prefill products' f16 scratch (compute capability 8.0 or later).
     gemm_bufs: Option<GemmBufs>,
@@ -427,12 +429,12 @@ impl GemmBufs {
     }
 }
 
-/// The passes that run on the prefill GEMM by default: more rows than any verified tree, unless
-/// `gemm_env` (the value of `KASOKU_CUDA_GEMM`) is "0".
+/// The passes that run on the prefill GEMM: more rows than any verified tree, when `gemm_env`
+/// (the value of `KASOKU_CUDA_GEMM`) is "1" (opt-in until the GEMM has run on a GPU).
 pub fn default_gemm_rows(gemm_env: Option<&str>) -> Option<usize> {
     match gemm_env {
-        Some("0") => None,
-        _ => Some(MAX_TREE + 1),
+        Some("1") => Some(MAX_TREE + 1),
+        _ => None,
     }
 }
 
@@ -489,7 +491,9 @@ impl CudaState {
         let kv = gpu.alloc(c.n_layers * 2 * kv_dim * max_slots * 2)?;
         kv.fill(0)?;
         let layout = MetaLayout::new(rows);
-        let gemm_bufs = if m.kernels.has_gemm() {
+        let gemm_rows = default_gemm_rows(std::env::var("KASOKU_CUDA_GEMM").ok().as_deref());
+        // The GEMM's scratch only where it can run.
+        let gemm_bufs = if m.kernels.has_gemm() && gemm_rows.is_some() {
             let (w, x, part) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
             Some(GemmBufs {
                 w16: gpu.alloc(w)?,
@@ -538,9 +542,9 @@ impl CudaState {
             pending: None,
             use_graphs: true,
             prefetch: std::env::var("KASOKU_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
-            fuse_post: std::env::var("KASOKU_CUDA_FUSE_POST").map_or(true, |v| v != "0"),
-            fuse_glu: std::env::var("KASOKU_CUDA_FUSE_GLU").map_or(true, |v| v != "0"),
-            fuse_norm: std::env::var("KASOKU_CUDA_FUSE_NORM").map_or(true, |v| v != "0"),
+            fuse_post: std::env::var("KASOKU_CUDA_FUSE_POST").is_ok_and(|v| v == "1"),
+            fuse_glu: std::env::var("KASOKU_CUDA_FUSE_GLU").is_ok_and(|v| v == "1"),
+            fuse_norm: std::env::var("KASOKU_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             norm_count: {
                 let b = gpu.alloc(4)?;
                 b.fill(0)?;
@@ -552,7 +556,7 @@ impl CudaState {
                 b
             },
             skip: 0,
-            gemm_rows: default_gemm_rows(std::env::var("KASOKU_CUDA_GEMM").ok().as_deref()),
+            gemm_rows,
             gemm_bufs,
             gpu,
         };
@@ -1482,12 +1486,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prefill_passes_take_the_gemm_unless_switched_off() {
-        assert_eq!(default_gemm_rows(None), Some(MAX_TREE + 1));
+    fn prefill_passes_take_the_gemm_when_switched_on() {
+        assert_eq!(default_gemm_rows(None), None);
         assert_eq!(default_gemm_rows(Some("1")), Some(MAX_TREE + 1));
         assert_eq!(default_gemm_rows(Some("0")), None);
         // Verification and decode passes never reach it: their bits stay batch-invariant.
-        assert!(default_gemm_rows(None).unwrap() > MAX_TREE);
+        assert!(default_gemm_rows(Some("1")).unwrap() > MAX_TREE);
         const { assert!(PREFILL_ROWS > MAX_TREE) };
     }
 

@@ -175,8 +175,8 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     let mut st = m.new_state(4200)?;
     let timer = Timer::new(gpu)?;
 
-    // pp512: a fresh state each time; the layers' products on the prefill GEMM (the default,
-    // unless KASOKU_CUDA_GEMM=0), then on matvec.
+    // pp512: a fresh state each time; the layers' products on the prefill GEMM (with
+    // KASOKU_CUDA_GEMM=1), then on matvec.
     let prompt = toks(512, 1);
     let gemm_default = st.gemm_rows;
     for rows in [gemm_default, None] {
