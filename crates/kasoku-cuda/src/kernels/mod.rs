@@ -12,6 +12,8 @@
 //!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
 //! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
 //!   pass ([`Kernels::gemm`], launchers in `gemm.rs`).
+//! - `draft_top.cu`: each row's best two logits and softmax mass, for a draft model's trees
+//!   ([`Kernels::row_top2`], launcher in `draft_top.rs`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -21,7 +23,9 @@ use kasoku::quant::DType;
 use crate::runtime::compile::{arch_of, compile_cached, Module};
 use crate::runtime::{Error, Gpu, Result};
 
+mod draft_top;
 mod gemm;
+pub use draft_top::{RowTop2, TOP2_WORDS};
 pub use gemm::{
     gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
     product_args, DequantSeg, GemmArgs, GemmOut, GemmScratch, GemmTile, PrepArgs, GEMM_MAX_SPLITS,
@@ -37,12 +41,13 @@ pub fn source() -> String {
         include_str!("attention.cu"),
         include_str!("sample.cu"),
         include_str!("gemm.cu"),
+        include_str!("draft_top.cu"),
     ]
     .join("\n")
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 21] = [
+pub const NAMES: [&str; 22] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -64,6 +69,7 @@ pub const NAMES: [&str; 21] = [
     "gemm_128x128",
     "gemm_64x64",
     "gemm_reduce",
+    "row_top2",
 ];
 
 /// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
