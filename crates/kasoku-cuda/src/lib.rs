@@ -19,17 +19,20 @@
 //! Layers: [`runtime`] (device, memory, NVRTC, graphs, timing), [`kernels`] (sources and
 //! typed launchers), [`model`] (a dense decoder on the GPU: weights, KV cache, passes,
 //! verification and commit, greedy plain and speculative decoding), [`device`] (that model
-//! behind the engine's `DeviceModel`, so `kasoku::engine::DeviceSession` serves requests on it). `checks` holds the
+//! behind the engine's `DeviceModel`, so `kasoku::engine::DeviceSession` serves requests on it),
+//! [`draft`] (a draft model on the GPU drafting for the target there). `checks` holds the
 //! GPU-against-CPU checks that the test suite and `kasoku-cuda-check` run.
 
 pub mod checks;
 pub mod device;
+pub mod draft;
 pub mod kernels;
 pub mod model;
 pub mod runtime;
 pub mod synth;
 
 pub use device::CudaDevice;
+pub use draft::CudaDraftDrafter;
 pub use model::{
     generate_greedy, generate_plain, generate_speculative, CudaModel, CudaState, Drafting, SpecRun,
 };

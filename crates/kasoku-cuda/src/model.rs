@@ -406,6 +406,9 @@ pub struct CudaState {
     pub gemm_rows: Option<usize>,
     /// The prefill products' f16 scratch (compute capability 8.0 or later).
     gemm_bufs: Option<GemmBufs>,
+    /// Token ids whose logits the head computes: `0..head_rows` (the whole vocabulary unless
+    /// [`CudaState::set_head_rows`] narrowed it, as a draft model's state does).
+    head_rows: usize,
 }
 
 /// The f16 scratch of the prefill products: the largest layer product's weights (q|k|v,
@@ -558,6 +561,7 @@ impl CudaState {
             skip: 0,
             gemm_rows,
             gemm_bufs,
+            head_rows: c.vocab,
             gpu,
         };
         Ok(st)
@@ -838,6 +842,7 @@ impl CudaState {
         // The head's products also leave each row's argmax (as an ordered key) in `best`
         // (zeroed by the embedding).
         let mut seg = m.head().seg(self.logits.ptr(), c.vocab, None, false);
+        seg.rows = self.head_rows as i32;
         seg.best = self.best.ptr();
         k.matvec(&[seg], normed, rows, h)?;
         self.best.read_async(0, &self.best_host, rows * 8)
@@ -1058,6 +1063,30 @@ impl CudaState {
             self.len += n;
         }
         Ok(out)
+    }
+}
+
+impl CudaState {
+    /// Makes later passes compute the logits of token ids `0..rows` only (a draft model's
+    /// cheaper head: BPE vocabularies put the frequent tokens first); the argmax ids and the
+    /// rows' logits then cover those ids alone. `rows` in 1..=vocab; captured graphs are
+    /// dropped.
+    pub fn set_head_rows(&mut self, m: &CudaModel, rows: usize) -> Result<()> {
+        if rows == 0 || rows > m.config.vocab {
+            return Err(Error::Invalid(format!(
+                "a head of {rows} rows (1..={})",
+                m.config.vocab
+            )));
+        }
+        self.head_rows = rows;
+        self.drop_graphs();
+        Ok(())
+    }
+
+    /// The head's logits of the last pass (row `r` of it at `r × vocab` floats), for kernels
+    /// that read them in place.
+    pub(crate) fn head_logits(&self) -> &DeviceBuffer {
+        &self.logits
     }
 }
 

@@ -11,6 +11,9 @@ pub enum DraftError {
     Model(#[from] ModelError),
     #[error("drafter: {0}")]
     Incompatible(String),
+    /// The device a drafter runs on failed (a GPU's error, with the driver's words).
+    #[error("drafter: the device failed: {0}")]
+    Device(String),
 }
 
 /// What a drafter is asked for.
