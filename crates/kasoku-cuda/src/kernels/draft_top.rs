@@ -34,16 +34,14 @@ impl RowTop2 {
     /// smaller id).
     pub fn of(row: &[f32]) -> RowTop2 {
         let mut best = [(0u32, f32::NEG_INFINITY); 2];
-        let mut seen = 0;
         for (i, &l) in row.iter().enumerate() {
             let better = |b: (u32, f32)| l.total_cmp(&b.1).is_gt();
-            if seen == 0 || better(best[0]) {
+            if i == 0 || better(best[0]) {
                 best[1] = best[0];
                 best[0] = (i as u32, l);
-            } else if seen == 1 || better(best[1]) {
+            } else if i == 1 || better(best[1]) {
                 best[1] = (i as u32, l);
             }
-            seen += 1;
         }
         let mass = row.iter().map(|&l| (l - best[0].1).exp()).sum();
         RowTop2 {
