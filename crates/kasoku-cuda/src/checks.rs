@@ -21,6 +21,9 @@ use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
 use crate::synth::{random_tensor, Rng};
 
+mod draft;
+pub use draft::{draft_speculative, row_top2_checks};
+
 /// The outcome of a group of checks.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -1153,6 +1156,7 @@ pub fn kernels(k: &Kernels) -> R<Report> {
     rep.merge(elementwise(k)?);
     rep.merge(attention_checks(k)?);
     rep.merge(top_k_checks(k)?);
+    rep.merge(row_top2_checks(k)?);
     Ok(rep)
 }
 

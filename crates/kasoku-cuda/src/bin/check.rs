@@ -5,9 +5,11 @@
 //! kasoku-cuda-check topk                         the top-K selection against the host's
 //! kasoku-cuda-check fixtures DIR                 tests/fixtures through the GPU
 //! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
+//! kasoku-cuda-check spec-draft TARGET DRAFT [N]  the same with a draft model on the GPU
 //! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
 //! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b)
-//! kasoku-cuda-check bench MODEL.gguf             tg128, pp512, verify curve k = 1..64
+//! kasoku-cuda-check bench MODEL.gguf [DRAFT]     tg128, pp512, verify curve k = 1..64
+//!                                                (and, given DRAFT, draft-model speculation)
 //! ```
 //! Each prints its lines and exits 1 if a check failed.
 
@@ -108,6 +110,16 @@ fn main() -> Result<()> {
                 .collect();
             checks::speculative(&gpu, Path::new(arg(1)), &prompt, n)?
         }
+        "spec-draft" => {
+            let n: usize = arg(3).parse().unwrap_or(64);
+            let m = CudaModel::load(&gpu, arg(1))?;
+            let vocab = m.config.vocab as u32;
+            drop(m);
+            // A prompt with some repetition (the draft model has more to go on than that).
+            let base: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+            let prompt: Vec<u32> = base.iter().chain(&base[..20]).copied().collect();
+            checks::draft_speculative(&gpu, Path::new(arg(1)), Path::new(arg(2)), &prompt, n)?
+        }
         "session" => {
             let n: usize = arg(2).parse().unwrap_or(64);
             let m = CudaModel::load(&gpu, arg(1))?;
@@ -119,11 +131,14 @@ fn main() -> Result<()> {
         }
         "bench" => {
             bench(&gpu, Path::new(arg(1)))?;
+            if !arg(2).is_empty() {
+                bench_draft(&gpu, Path::new(arg(1)), Path::new(arg(2)))?;
+            }
             Report::default()
         }
         other => {
             bail!(
-                "unknown command '{other}' (kernels, topk, fixtures, spec, session, synth, bench)"
+                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, synth, bench)"
             )
         }
     };
@@ -369,6 +384,129 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
             }
         }
         println!("{line}");
+    }
+    Ok(())
+}
+
+/// Generation of 256 tokens with a draft model on the GPU against plain decoding and prompt
+/// lookup, the same prompt and state sizes for each; and what one draft costs: the drafter's
+/// passes alone, level by level. With random weights the acceptance means nothing; the cost
+/// per cycle is what is measured.
+fn bench_draft(gpu: &std::sync::Arc<Gpu>, target: &Path, draft: &Path) -> Result<()> {
+    use kasoku::spec::draft_model::DraftModelConfig;
+    use kasoku::spec::{DraftRequest, Drafter, Features};
+    use kasoku_cuda::CudaDraftDrafter;
+    let m = CudaModel::load(gpu, target)?;
+    let d = std::sync::Arc::new(CudaModel::load(gpu, draft)?);
+    println!(
+        "bench draft {} for {}: {} weight bytes per draft pass ({} per target step)",
+        draft.file_name().unwrap().to_string_lossy(),
+        target.file_name().unwrap().to_string_lossy(),
+        d.weight_bytes,
+        m.weight_bytes
+    );
+    let vocab = m.config.vocab as u32;
+    let base: Vec<u32> = (0..40u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(11)) % vocab)
+        .collect();
+    let prompt: Vec<u32> = base.iter().chain(&base[..20]).copied().collect();
+    let ctx = 4200;
+    let mut st = m.new_state(ctx)?;
+    let n = 256;
+    let mut plain_tokens = Vec::new();
+    for (label, budget, depth) in [
+        ("plain", 0usize, 0usize),
+        ("n-gram", 8, 8),
+        ("draft", 4, 4),
+        ("draft", 8, 8),
+        ("draft", 16, 8),
+    ] {
+        let mut ts = Vec::new();
+        let mut line = String::new();
+        for _ in 0..3 {
+            st.reset();
+            let t = Instant::now();
+            let (tokens, info) = match label {
+                "plain" => (
+                    kasoku_cuda::generate_plain(&m, &mut st, &prompt, n)?,
+                    "plain".to_string(),
+                ),
+                _ => {
+                    let mut ngram = kasoku::spec::ngram::NgramDrafter::default();
+                    let mut model_drafter;
+                    let drafter: &mut dyn Drafter = if label == "n-gram" {
+                        &mut ngram
+                    } else {
+                        model_drafter = CudaDraftDrafter::on_gpu(
+                            d.clone(),
+                            ctx,
+                            m.config.vocab,
+                            DraftModelConfig::default(),
+                        )
+                        .map_err(anyhow::Error::msg)?;
+                        &mut model_drafter
+                    };
+                    let r = kasoku_cuda::generate_speculative(
+                        &m, &mut st, &prompt, n, drafter, budget, depth,
+                    )?;
+                    let info = format!(
+                        "{label} budget {budget} depth {depth}: {} passes, {:.2} tokens per pass, {}/{} drafts accepted",
+                        r.passes,
+                        r.tokens.len().saturating_sub(1) as f64 / r.passes.max(1) as f64,
+                        r.accepted,
+                        r.drafted
+                    );
+                    (r.tokens, info)
+                }
+            };
+            ts.push(t.elapsed().as_secs_f64());
+            if label == "plain" {
+                plain_tokens = tokens.clone();
+            }
+            let same = if tokens == plain_tokens {
+                ""
+            } else {
+                ", DIFFERS FROM PLAIN"
+            };
+            line = format!("{info}, {} tokens{same}", tokens.len());
+        }
+        // The first run captured the graphs; the median of three.
+        let s = median(ts);
+        println!(
+            "generate {n} ({line}): {:.1} tokens/s (prefill included)",
+            n as f64 / s
+        );
+    }
+    // One draft alone: a fresh drafter after the prompt, the median of 20 trees.
+    let mut drafter =
+        CudaDraftDrafter::on_gpu(d.clone(), ctx, m.config.vocab, DraftModelConfig::default())
+            .map_err(anyhow::Error::msg)?;
+    drafter
+        .start(&prompt, Features::default())
+        .map_err(anyhow::Error::msg)?;
+    let mut history = prompt.clone();
+    history.push(1);
+    for (budget, depth) in [(4usize, 4usize), (8, 8), (16, 8)] {
+        let mut ts = Vec::new();
+        let mut nodes = 0;
+        for rep in 0..22 {
+            let t = Instant::now();
+            let tree = drafter
+                .draft(&DraftRequest {
+                    tokens: &history,
+                    budget,
+                    max_depth: depth,
+                })
+                .map_err(anyhow::Error::msg)?;
+            if rep >= 2 {
+                ts.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            nodes = tree.len();
+        }
+        println!(
+            "  one draft (budget {budget}, depth {depth}): {:.0} us for a tree of {nodes} nodes",
+            median(ts)
+        );
     }
     Ok(())
 }

@@ -42,7 +42,7 @@ use super::stats::GenerationStats;
 use crate::constraint::Constraint;
 use crate::model::TokenTree;
 use crate::sampler;
-use crate::spec::{Accepted, Features, NgramDrafter, PolicyConfig};
+use crate::spec::{Accepted, Drafter, Features, NgramDrafter, PolicyConfig};
 
 /// Prompt tokens per pass between cancellation checks.
 const PREFILL_BLOCK: usize = 512;
@@ -161,6 +161,28 @@ pub fn device_speculator(
         Box::new(NgramDrafter::default()),
         policy,
     )))
+}
+
+/// The speculator a device session drafts with when the caller made a drafter that runs on
+/// the device itself (a draft model on the same GPU): that drafter for speculation `draft`
+/// and `auto`, with the budget fixed at `policy`'s largest as in [`device_speculator`];
+/// other kinds as [`device_speculator`] takes them with a draft given (prompt lookup for
+/// `ngram`, `None` for `none`, the CPU-only drafters refused).
+pub fn device_draft_speculator(
+    kind: SpecKind,
+    drafter: Box<dyn Drafter>,
+    policy: PolicyConfig,
+) -> Result<Option<Speculator>, EngineError> {
+    match kind {
+        SpecKind::Draft | SpecKind::Auto => Ok(Some(Speculator::new(
+            drafter,
+            PolicyConfig {
+                adaptive: false,
+                ..policy
+            },
+        ))),
+        _ => device_speculator(kind, true, policy),
+    }
 }
 
 /// A conversation on a device: its state and the tokens in it, and an optional speculator

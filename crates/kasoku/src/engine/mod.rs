@@ -18,7 +18,9 @@ pub mod text;
 pub use crate::sampler;
 pub use crate::sampler::SamplingParams;
 pub use context::{available_memory, ContextError, ContextPlan, ContextRequest};
-pub use device::{device_speculator, DeviceModel, DeviceSession, DeviceState, LogitsRow};
+pub use device::{
+    device_draft_speculator, device_speculator, DeviceModel, DeviceSession, DeviceState, LogitsRow,
+};
 pub use generator::Generator;
 pub use host_device::HostDevice;
 pub use loader::{check_memory, LoadError, LoadedModel};

@@ -414,6 +414,53 @@ fn the_device_drafts_with_prompt_lookup_only() {
     }
 }
 
+/// A drafter the caller made for the device (a draft model on a GPU; here the CPU's own
+/// draft-model drafter stands in) drafts for `draft` and `auto`, and the answers are plain
+/// decoding's, twice over the same session.
+#[test]
+fn a_device_drafter_drafts_for_draft_and_auto() {
+    use crate::spec::{draft_model::DraftModelConfig, DraftModelDrafter};
+    let model = fixture("llama/tiny/model-f32.gguf");
+    let draft = fixture("llama/tiny/model-q4_0.gguf");
+    let p = PolicyConfig::default();
+    let drafter = || -> Box<dyn Drafter> {
+        let config = DraftModelConfig::default();
+        Box::new(DraftModelDrafter::new(draft.clone(), CTX, model.config.vocab, config).unwrap())
+    };
+    for kind in [SpecKind::Draft, SpecKind::Auto] {
+        let spec = device_draft_speculator(kind, drafter(), p)
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.drafter.name(), "draft");
+        assert!(!spec.policy.config.adaptive);
+    }
+    // Other kinds as without a device drafter, a draft given.
+    assert!(device_draft_speculator(SpecKind::None, drafter(), p)
+        .unwrap()
+        .is_none());
+    let ngram = device_draft_speculator(SpecKind::Ngram, drafter(), p).unwrap();
+    assert_eq!(ngram.unwrap().drafter.name(), "ngram");
+    for kind in [SpecKind::Mtp, SpecKind::DFlash] {
+        let err = device_draft_speculator(kind, drafter(), p).err().unwrap();
+        assert!(err.to_string().contains("prompt lookup only"), "{err}");
+    }
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 37 + 5) % 300).collect();
+    let o = options(SamplingParams::default(), 40);
+    let plain = generate(&mut Session::new(model.clone(), CTX), &prompt, &o);
+    let (mut dev, _) = device(&model);
+    dev.set_speculator(device_draft_speculator(SpecKind::Draft, drafter(), p).unwrap());
+    for _ in 0..2 {
+        let got = generate(&mut dev, &prompt, &o);
+        assert_eq!(got.tokens, plain.tokens);
+        let spec = got.stats.spec.clone().expect("drafted");
+        assert!(
+            spec.verify_passes > 0 && spec.accepted_tokens() > 0,
+            "{spec:?}"
+        );
+        assert!(got.stats.decode_passes < got.tokens.len());
+    }
+}
+
 #[test]
 fn a_shared_prefix_is_reused_and_the_answer_is_unchanged() {
     let model = fixture("qwen3/tiny/model-f32.gguf");
