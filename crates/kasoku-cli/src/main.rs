@@ -4,6 +4,7 @@
 mod args;
 mod bench;
 mod bench_client;
+mod draft_gpu;
 mod inspect;
 mod logits;
 mod progress;

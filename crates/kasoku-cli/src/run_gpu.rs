@@ -5,10 +5,12 @@
 //!
 //! Greedy requests keep the device's argmax (only token ids cross); sampling at a temperature
 //! and repetition penalties draw each token on the host with the CPU's (seed, position)-keyed
-//! sampler, from the device's top-k selection (top-k on) or from the row of logits. Prompt lookup verifies a draft tree per pass either way
-//! (the text is plain decoding's). What the GPU path does not do yet (draft models, MTP, DFlash, the hybrid Qwen3.5
-//! layers, KV caches other than f16, `--quantize`) is reported by [`unsupported`], so `run`
-//! takes the CPU instead (or says why, when the GPU was asked for).
+//! sampler, from the device's top-k selection (top-k on) or from the row of logits. Prompt
+//! lookup, or a GGUF draft model loaded on the same GPU (`crate::draft_gpu`), drafts a tree
+//! verified per pass either way (the text is plain decoding's). What the GPU path does not do
+//! yet (MTP, DFlash, the hybrid Qwen3.5 layers, KV caches other than f16, `--quantize`) is
+//! reported by [`unsupported`], so `run` takes the CPU instead (or says why, when the GPU was
+//! asked for).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,11 +29,14 @@ use crate::args::RunArgs;
 pub const DEFAULT_GPU_CONTEXT: usize = 32768;
 
 /// Why a request with these settings cannot run on the GPU path (None: it can), before
-/// anything is loaded: the model file, speculation, cache type and conversion asked for.
+/// anything is loaded: the model file, speculation (with `--draft draft`; a caller that
+/// loads draft models on the GPU says so with `draft_on_gpu`), cache type and conversion
+/// asked for.
 pub fn unsupported_settings(
     path: &Path,
     spec: SpecKind,
-    draft_given: bool,
+    draft: Option<&str>,
+    draft_on_gpu: bool,
     cache_type: KvType,
     quantize: bool,
 ) -> Option<String> {
@@ -41,8 +46,15 @@ pub fn unsupported_settings(
             path.display()
         ));
     }
-    if let Err(e) = device_speculator(spec, draft_given, Default::default()) {
-        return Some(e.to_string());
+    let why = if draft_on_gpu {
+        crate::draft_gpu::unsupported(spec, draft)
+    } else {
+        device_speculator(spec, draft.is_some(), Default::default())
+            .err()
+            .map(|e| e.to_string())
+    };
+    if why.is_some() {
+        return why;
     }
     if cache_type != KvType::F16 {
         return Some(format!(
@@ -57,7 +69,8 @@ pub fn unsupported(args: &RunArgs, path: &Path) -> Option<String> {
     unsupported_settings(
         path,
         args.spec.spec,
-        args.spec.draft.is_some(),
+        args.spec.draft.as_deref(),
+        true,
         args.cache_type,
         args.quantize.is_some(),
     )
@@ -169,10 +182,17 @@ impl GpuModel {
 pub fn run(args: &RunArgs, m: &GpuModel) -> Result<()> {
     let ctx = m.context(args.ctx_size);
     let mut session = DeviceSession::on(m.device.as_ref(), ctx)?;
-    session.set_speculator(device_speculator(
-        args.spec.spec,
-        args.spec.draft.is_some(),
-        args.spec.policy(),
+    let draft = match &args.spec.draft {
+        Some(name) if crate::draft_gpu::drafts_with_model(args.spec.spec, Some(name)) => {
+            Some(crate::draft_gpu::load(m, name, args.quiet)?)
+        }
+        _ => None,
+    };
+    session.set_speculator(crate::draft_gpu::speculator(
+        &args.spec,
+        m,
+        draft.as_ref(),
+        ctx,
     )?);
     let options = crate::run::generate_options(args, m.tokenizer.eos_ids().to_vec())?;
     let prompt_options = PromptOptions {

@@ -149,7 +149,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         crate::run_gpu::unsupported_settings(
             path,
             args.spec.spec,
-            args.spec.draft.is_some(),
+            args.spec.draft.as_deref(),
+            false,
             args.cache_type,
             args.quantize.is_some(),
         )

@@ -571,6 +571,16 @@ fn run_picks_a_device_and_says_which() {
     let cpu = run(&["--device", "cpu"]);
     assert!(cpu.status.success(), "{}", stderr(&cpu));
     assert!(!stderr(&cpu).contains("device: cpu ("));
+    // A GGUF draft model (here the model itself) runs beside the target wherever the target
+    // runs, on the GPU when there is one (no fallback), and answers as plain decoding does.
+    let drafted = run(&["--spec", "draft", "--draft", &model]);
+    assert!(drafted.status.success(), "{}", stderr(&drafted));
+    let why = stderr(&drafted);
+    if has_gpu {
+        assert!(why.contains("device cuda:0"), "{why}");
+        assert!(why.contains("loaded draft"), "{why}");
+    }
+    assert_eq!(drafted.stdout, run(&["--spec", "none"]).stdout);
 }
 
 /// `serve` picks its device as `run` does and says which at startup; an asked-for GPU that

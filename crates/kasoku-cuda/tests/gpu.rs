@@ -1,5 +1,6 @@
 //! The GPU checks (kasoku_cuda::checks) as tests: every kernel against the CPU backend, the
-//! transformers fixtures through the GPU, speculative == plain. Each skips with a note where
+//! transformers fixtures through the GPU, speculative == plain (prompt lookup, a draft model
+//! on the GPU). Each skips with a note where
 //! no CUDA device (or NVRTC) is usable, as in CI; on the GPU machine, tools/gpu_run.sh runs
 //! the same checks through the kasoku-cuda-check binary.
 
@@ -64,5 +65,15 @@ fn speculative_equals_plain_on_the_gpu() {
             .collect();
         let model = fixtures().join("llama/tiny/model-f32.gguf");
         assert_ok(checks::speculative(&g, &model, &prompt, 40).unwrap());
+    }
+}
+
+#[test]
+fn draft_model_speculation_equals_plain_on_the_gpu() {
+    if let Some(g) = gpu() {
+        let prompt: Vec<u32> = (0..30u32).map(|i| (i * 37 + 5) % 384).collect();
+        let target = fixtures().join("llama/tiny/model-f32.gguf");
+        let draft = fixtures().join("llama/tiny/model-q4_0.gguf");
+        assert_ok(checks::draft_speculative(&g, &target, &draft, &prompt, 40).unwrap());
     }
 }
