@@ -2,7 +2,9 @@
 # Runs on the GPU machine (staged by tools/gpu_run.sh as .gpu/cli_checks.sh): the kasoku binary
 # on the transformers fixtures, `run --device cuda` against `run --device cpu` (the same greedy
 # text; the same sampled text for the same seed, as far as the logits agree), with and without
-# prompt lookup on the GPU, the device named in the statistics, and `serve --device cuda`
+# prompt lookup on the GPU, with a draft model on the GPU (`--draft`: the Q4_0 file drafting
+# for the f32 one, or a model drafting for itself), the device named in the statistics, and
+# `serve --device cuda`
 # against `serve --device cpu` (streamed and plain chat completions, greedy and sampled).
 # Usage: bash cli_checks.sh STAGE_DIR
 G=$1
@@ -22,6 +24,19 @@ for f in llama/tiny qwen2/tiny qwen3/tiny; do
   check "$f: run --device cuda == --device cpu (${gpu:0:60})" "$([ "$gpu" = "$cpu" ] && echo 1)"
   [ "$gpu" = "$cpu" ] || echo "     cuda: [$gpu]"$'\n'"     cpu:  [$cpu]"
   check "$f: prompt lookup on the GPU == plain on the GPU" "$([ "$spec" = "$gpu" ] && echo 1)"
+  # A draft model beside the target on the GPU: --spec draft and auto, against the CPU's text
+  # (greedy, and sampled with the seed), then once more with the statistics: the device and
+  # the draft loaded there, not a fallback to the CPU.
+  d=$G/fixtures/$f/model-q4_0.gguf; [ -f "$d" ] || d=$m
+  for kind in draft auto; do
+    dr=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec $kind --draft "$d" --device cuda -q 2>&1)
+    check "$f: run --device cuda --spec $kind --draft $(basename "$d") == run --device cpu" "$([ "$dr" = "$cpu" ] && echo 1)"
+    [ "$dr" = "$cpu" ] || echo "     cuda+draft: [$dr]"$'\n'"     cpu:  [$cpu]"
+  done
+  st=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec draft --draft "$d" --device cuda 2>&1 >/dev/null)
+  check "$f: the draft model loaded and drafted on the GPU" \
+    "$(echo "$st" | grep -q "loaded draft" && echo "$st" | grep -q "device cuda:0" && echo 1)"
+  echo "$st" | grep -v "^loaded" | tail -2 | cut -c1-200
   # Sampled on the host from the GPU's logits with the CPU's sampler: the same seed, the same
   # text (a draw that lands within the logits' difference of a boundary could differ).
   hot=(--temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.02 --repeat-penalty 1.1 --seed 11)
@@ -31,6 +46,8 @@ for f in llama/tiny qwen2/tiny qwen3/tiny; do
   check "$f: sampled run --device cuda == --device cpu, seed 11 (${sg:0:40})" "$([ "$sg" = "$sc" ] && echo 1)"
   [ "$sg" = "$sc" ] || echo "     cuda: [$sg]"$'\n'"     cpu:  [$sc]"
   check "$f: sampled with prompt lookup on the GPU == sampled plain on the GPU" "$([ "$sgs" = "$sg" ] && echo 1)"
+  sgd=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos "${hot[@]}" --spec draft --draft "$d" --device cuda -q 2>&1)
+  check "$f: sampled with a draft model on the GPU == sampled plain on the GPU" "$([ "$sgd" = "$sg" ] && echo 1)"
   # Top-k from the device's selection with penalties that raise logits, and top-k off (whole
   # rows, the host's nucleus without a full sort): the CPU's text.
   for set in "--top-k 5 --presence-penalty -0.8 --frequency-penalty 0.3 --temp 1.1 --seed 4" \

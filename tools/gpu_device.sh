@@ -30,6 +30,9 @@ phase kernels 90 $B kernels
 grep -q " 0 failed" "$L/kernels.log" || KASOKU_CUDA_PDL=0 phase kernels_nopdl 90 $B kernels
 phase fixtures 60 $B fixtures "$G/fixtures"
 phase spec_tiny 60 $B spec "$G/fixtures/llama/tiny/model-f32.gguf" 48
+# A draft model on the GPU (the Q4_0 file drafting for the f32 one): speculative == plain
+# through generate_speculative and DeviceSession, tokens per pass.
+phase spec_draft_tiny 60 $B spec-draft "$G/fixtures/llama/tiny/model-f32.gguf" "$G/fixtures/llama/tiny/model-q4_0.gguf" 48
 # The engine's DeviceSession (what run and serve use): ids-only greedy == generate_plain,
 # prompt lookup == plain greedy and sampled, and tokens/s per kind of request.
 phase session_tiny 60 $B session "$G/fixtures/llama/tiny/model-f32.gguf" 48
@@ -38,8 +41,9 @@ phase session_tiny 60 $B session "$G/fixtures/llama/tiny/model-f32.gguf" 48
 phase cli 150 bash "$G/cli_checks.sh" "$G" 
 for i in $(seq 90); do [ -f $M/DONE ] && break; sleep 1; done
 phase spec_q15 90 $B spec $M/q15-q4_k_m.gguf 96
+phase spec_draft_q15 120 $B spec-draft $M/q15-q4_k_m.gguf $M/q05-q4_k_m.gguf 96
 phase session_q15 90 $B session $M/q15-q4_k_m.gguf 128
-phase bench 320 bash "$G/bench.sh" "$L" $M
+phase bench 470 bash "$G/bench.sh" "$L" $M
 phase bench_cli 60 "$G/kasoku" bench --model $M/q15-q4_k_m.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --context 16 --verify 1,2,4,8,16,32,64
 tar czf "$OUT/logs.tgz" -C "$L" .
-echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|session|verify depth|pp512|device:|compiled|kernel |rel err|==|generate|top_k_select of" "$L"/*.log | cut -c1-220
+echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|session|verify depth|pp512|device:|compiled|kernel |rel err|==|generate|top_k_select of|row_top2 of|one draft" "$L"/*.log | cut -c1-220

@@ -8,8 +8,8 @@
 //! kasoku-cuda-check spec-draft TARGET DRAFT [N]  the same with a draft model on the GPU
 //! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
 //! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b)
-//! kasoku-cuda-check bench MODEL.gguf [DRAFT]     tg128, pp512, verify curve k = 1..64
-//!                                                (and, given DRAFT, draft-model speculation)
+//! kasoku-cuda-check bench MODEL.gguf             tg128, pp512, verify curve k = 1..64
+//! kasoku-cuda-check bench-draft TARGET DRAFT     tokens/s with a draft model on the GPU
 //! ```
 //! Each prints its lines and exits 1 if a check failed.
 
@@ -131,14 +131,15 @@ fn main() -> Result<()> {
         }
         "bench" => {
             bench(&gpu, Path::new(arg(1)))?;
-            if !arg(2).is_empty() {
-                bench_draft(&gpu, Path::new(arg(1)), Path::new(arg(2)))?;
-            }
+            Report::default()
+        }
+        "bench-draft" => {
+            bench_draft(&gpu, Path::new(arg(1)), Path::new(arg(2)))?;
             Report::default()
         }
         other => {
             bail!(
-                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, synth, bench)"
+                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, synth, bench, bench-draft)"
             )
         }
     };
