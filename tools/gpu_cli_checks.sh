@@ -5,7 +5,8 @@
 # prompt lookup on the GPU, with a draft model on the GPU (`--draft`: the Q4_0 file drafting
 # for the f32 one, or a model drafting for itself), the device named in the statistics, and
 # `serve --device cuda`
-# against `serve --device cpu` (streamed and plain chat completions, greedy and sampled).
+# against `serve --device cpu` (streamed and plain chat completions, greedy and sampled),
+# also with a draft model on the GPU.
 # Usage: bash cli_checks.sh STAGE_DIR
 G=$1
 K=$G/kasoku
@@ -73,16 +74,21 @@ check "MTP drafting on --device cuda is refused with the reason" \
   "$(echo "$err" | grep -q "prompt lookup only" && echo 1)"
 # serve: the same fixture served on the GPU and on the CPU, the same requests to both.
 m=$G/fixtures/qwen2/tiny/model-f32.gguf
-serve() {  # device port -> pid; waits (10 s at most) for the banner
-  $K serve --model "$m" --device "$1" --port "$2" > /tmp/serve-$1.log 2>&1 &
+serve() {  # device port [flags...] -> pid; waits (10 s at most) for the banner
+  local dev=$1 port=$2; shift 2
+  $K serve --model "$m" --device "$dev" --port "$port" "$@" > /tmp/serve-$port.log 2>&1 &
   local pid=$! i
-  for i in $(seq 50); do grep -q " on http://" /tmp/serve-$1.log && break; sleep 0.2; done
+  for i in $(seq 50); do grep -q " on http://" /tmp/serve-$port.log && break; sleep 0.2; done
   echo $pid
 }
 gpid=$(serve cuda 18431); cpid=$(serve cpu 18432)
-grep -h "kasoku serve:" /tmp/serve-cuda.log /tmp/serve-cpu.log | cut -c1-160
+# The model drafting for itself on the GPU (the qwen2 fixture has no smaller file).
+dpid=$(serve cuda 18433 --spec draft --draft "$m")
+grep -h "kasoku serve:" /tmp/serve-18431.log /tmp/serve-18432.log /tmp/serve-18433.log | cut -c1-160
 check "serve --device cuda starts and names the device" \
-  "$(grep -q "(device cuda:0," /tmp/serve-cuda.log && echo 1)"
+  "$(grep -q "(device cuda:0," /tmp/serve-18431.log && echo 1)"
+check "serve --device cuda --draft loads the draft on the GPU" \
+  "$(grep -q "loaded draft" /tmp/serve-18433.log && grep -q "(device cuda:0," /tmp/serve-18433.log && echo 1)"
 ask() {  # port stream(0|1) temperature -> the answer's text (or ERROR ...)
   timeout 60 python3 - "$@" <<'PY'
 import json, sys, urllib.request
@@ -111,9 +117,13 @@ for mode in "0 0" "1 0" "0 0.8" "1 0.8"; do
   check "serve cuda == cpu (stream $1, temperature $2): $(short "$a")" \
     "$([ "$a" = "$b" ] && [ "${a:0:5}" != ERROR ] && echo 1)"
   [ "$a" = "$b" ] || echo "     cuda: [$a]"$'\n'"     cpu:  [$b]"
+  c=$(ask 18433 $1 $2)
+  check "serve cuda with a draft model == cpu (stream $1, temperature $2): $(short "$c")" \
+    "$([ "$c" = "$b" ] && [ "${c:0:5}" != ERROR ] && echo 1)"
+  [ "$c" = "$b" ] || echo "     cuda+draft: [$c]"$'\n'"     cpu:  [$b]"
 done
 check "serve --device cuda: /metrics names the device" \
   "$(curl -s -m 5 http://127.0.0.1:18431/metrics | grep -q 'kasoku_device_info{device="cuda:0"} 1' && echo 1)"
-kill $gpid $cpid 2>/dev/null; wait $gpid $cpid 2>/dev/null
-grep -h -i "error\|panic" /tmp/serve-cuda.log | head -3
+kill $gpid $cpid $dpid 2>/dev/null; wait $gpid $cpid $dpid 2>/dev/null
+grep -h -i "error\|panic" /tmp/serve-18431.log /tmp/serve-18433.log | head -3
 echo "$checks checks, $fails failed"

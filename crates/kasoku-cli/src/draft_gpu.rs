@@ -1,7 +1,7 @@
 //! A draft model beside the target on the GPU (`--draft MODEL.gguf` with speculation `draft`
 //! or `auto` on `--device cuda`): which drafts the GPU takes, loading one onto the target's
-//! device with its vocabulary checked against the target's, and the device session's
-//! speculator drafting with it. The draft keeps its file's weight formats there
+//! device with its vocabulary checked against the target's, and the drafters made with it
+//! (`run`'s session speculator, `serve`'s drafter per session). The draft keeps its file's weight formats there
 //! (`--draft-format` requantizes for the CPU's kernels only).
 
 use std::path::Path;
@@ -65,6 +65,17 @@ pub fn load(target: &GpuModel, name: &str, quiet: bool) -> Result<Arc<CudaModel>
         );
     }
     Ok(Arc::new(draft))
+}
+
+/// What makes `serve`'s sessions a drafter with `draft` on `target`'s GPU (one draft state
+/// per session, of the session's context).
+pub fn session_drafter(target: &GpuModel, draft: Arc<CudaModel>) -> kasoku_server::DeviceDrafter {
+    let vocab = target.device.model().config.vocab;
+    Arc::new(move |ctx| {
+        let drafter =
+            CudaDraftDrafter::on_gpu(draft.clone(), ctx, vocab, DraftModelConfig::default())?;
+        Ok(Box::new(drafter) as Box<dyn kasoku::spec::Drafter>)
+    })
 }
 
 /// The speculator of a session of `ctx` tokens on `target`: with `draft` (loaded by [`load`])

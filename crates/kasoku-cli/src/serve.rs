@@ -150,7 +150,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             path,
             args.spec.spec,
             args.spec.draft.as_deref(),
-            false,
+            true,
             args.cache_type,
             args.quantize.is_some(),
         )
@@ -161,12 +161,20 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     })?;
     let server = match gpu {
         Some(m) => {
+            let drafter = match &args.spec.draft {
+                Some(name) if crate::draft_gpu::drafts_with_model(args.spec.spec, Some(name)) => {
+                    let draft = crate::draft_gpu::load(&m, name, false)?;
+                    Some(crate::draft_gpu::session_drafter(&m, draft))
+                }
+                _ => None,
+            };
             let served = DeviceServed {
                 path: m.path.clone(),
                 tokenizer: m.tokenizer.clone(),
                 template: m.template.clone(),
                 defaults: None,
                 model: m.device.clone(),
+                drafter,
             };
             Server::on_device(
                 served,

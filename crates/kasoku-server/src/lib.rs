@@ -57,7 +57,7 @@ use kasoku::model::footprint;
 use tokio::sync::watch;
 
 pub use config::{PrefixCacheConfig, ServerConfig, Speculation};
-pub use target::DeviceServed;
+pub use target::{DeviceDrafter, DeviceServed};
 
 use pool::{Engine, Pool};
 use routes::App;
@@ -165,18 +165,23 @@ impl Server {
     /// `default_context`; its cache is allocated now, so one that does not fit fails here.
     /// With a prefix cache configured, each request reuses the prefix the device's state
     /// already holds (the shared cache of CPU states is not kept). Speculation must be prompt
-    /// lookup (`ngram`, or `auto` without a draft) or none; it drafts greedy requests.
+    /// lookup (`ngram`, or `auto` without a draft), the device's own drafter
+    /// ([`DeviceServed::drafter`], for `draft` and `auto`) or none; a draft for the CPU
+    /// ([`Speculation::draft`], `dflash`) is refused.
     pub fn on_device(
         model: DeviceServed,
         config: ServerConfig,
         default_context: usize,
     ) -> Result<Server, ServerError> {
         let spec = &config.speculation;
-        kasoku::engine::device_speculator(
-            spec.kind,
-            spec.draft.is_some() || spec.dflash.is_some(),
-            spec.policy,
-        )?;
+        let draft_given = spec.draft.is_some() || spec.dflash.is_some();
+        if model.drafter.is_none() {
+            kasoku::engine::device_speculator(spec.kind, draft_given, spec.policy)?;
+        } else if draft_given {
+            return Err(ServerError::Config(
+                "a device server drafts with the device's own drafter, not a CPU draft".into(),
+            ));
+        }
         if let Some(n) = config.sessions.filter(|&n| n > 1) {
             return Err(ServerError::Config(format!(
                 "{} serves one request at a time ({n} sessions asked for); the others wait in the queue",
@@ -198,6 +203,21 @@ impl Server {
                     model.model.device()
                 ))
             })?;
+            // So is the drafter's (a draft model's cache of the same context).
+            let spec = &config.speculation;
+            target::device_session_speculator(
+                spec.kind,
+                model.drafter.as_ref(),
+                false,
+                spec.policy,
+                ctx,
+            )
+            .map_err(|e| {
+                ServerError::Config(format!(
+                    "the drafter for a context of {ctx} tokens on {}: {e}",
+                    model.model.device()
+                ))
+            })?;
         }
         let text = TextSide {
             vocab: model.model.vocab(),
@@ -210,7 +230,8 @@ impl Server {
         let cache = config
             .prefix_cache
             .map(|c| PrefixCache::new(0, c.block_tokens.max(1)));
-        Server::build(text, Target::Device(model.model), config, ctx, None, cache)
+        let target = Target::Device(model.model, model.drafter);
+        Server::build(text, target, config, ctx, None, cache)
     }
 
     /// The checks and the engine every target shares.

@@ -2,8 +2,9 @@
 //! sessions) and by `Server::on_device` over `HostDevice` (a CPU model behind the device
 //! interface, handing back only ids and, when asked, logits) answer every kind of request
 //! alike: greedy and sampled, streamed or not, stop strings, max_tokens, logprobs, constrained
-//! JSON, and prompt lookup; the device is named in /metrics and /v1/models; settings the
-//! device path cannot honour are refused at startup with the reason.
+//! JSON, prompt lookup and a drafter on the device (a draft model; here the CPU's draft-model
+//! drafter stands in); the device is named in /metrics and /v1/models; settings the device
+//! path cannot honour are refused at startup with the reason.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::Arc;
 
 use common::{fixture, Running};
 use kasoku::engine::{HostDevice, LoadedModel, SpecKind};
-use kasoku_server::{DeviceServed, Server, ServerConfig, ServerError, Speculation};
+use kasoku_server::{DeviceDrafter, DeviceServed, Server, ServerConfig, ServerError, Speculation};
 use serde_json::{json, Value};
 
 const MODEL: &str = "llama/tiny/model-f32.gguf";
@@ -30,6 +31,14 @@ fn config(kind: SpecKind) -> ServerConfig {
 
 /// The device server over `HostDevice` and a handle on the device (its logits counter).
 fn device_server(config: ServerConfig) -> Result<(Server, Arc<HostDevice>), ServerError> {
+    device_server_drafting(config, None)
+}
+
+/// [`device_server`] with a drafter on the device.
+fn device_server_drafting(
+    config: ServerConfig,
+    drafter: Option<DeviceDrafter>,
+) -> Result<(Server, Arc<HostDevice>), ServerError> {
     let loaded = LoadedModel::load(fixture(MODEL)).unwrap();
     let device = Arc::new(HostDevice::new(loaded.model.clone(), "host:0"));
     let served = DeviceServed {
@@ -38,6 +47,7 @@ fn device_server(config: ServerConfig) -> Result<(Server, Arc<HostDevice>), Serv
         template: loaded.template.clone(),
         defaults: loaded.defaults.clone(),
         model: device.clone(),
+        drafter,
     };
     Ok((Server::on_device(served, config, 4096)?, device))
 }
@@ -229,6 +239,63 @@ fn prompt_lookup_on_the_device_answers_like_plain_decoding_in_fewer_passes_greed
         again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),
         "{again}"
     );
+}
+
+/// What a GPU's draft model would be: the Q4_0 file drafting for the f32 one, a drafter per
+/// session (the CPU's draft-model drafter standing in).
+fn q4_drafter(made: Arc<std::sync::atomic::AtomicUsize>) -> DeviceDrafter {
+    use kasoku::spec::{draft_model::DraftModelConfig, DraftModelDrafter, Drafter};
+    let draft = LoadedModel::load(fixture("llama/tiny/model-q4_0.gguf"))
+        .unwrap()
+        .model;
+    Arc::new(move |ctx| {
+        made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let vocab = draft.config.vocab;
+        let d = DraftModelDrafter::new(draft.clone(), ctx, vocab, DraftModelConfig::default())?;
+        Ok(Box::new(d) as Box<dyn Drafter>)
+    })
+}
+
+#[test]
+fn a_drafter_on_the_device_answers_like_plain_decoding() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let made = Arc::new(AtomicUsize::new(0));
+    let (plain, _) = device_server(config(SpecKind::None)).unwrap();
+    let (drafted, _) =
+        device_server_drafting(config(SpecKind::Draft), Some(q4_drafter(made.clone()))).unwrap();
+    // One drafter proved at startup.
+    assert_eq!(made.load(Ordering::Relaxed), 1);
+    let (plain, drafted) = (Running::serve(plain), Running::serve(drafted));
+    let body = json!({"model": "tiny", "prompt": "one two three one two", "max_tokens": 40, "temperature": 0, "ignore_eos": true});
+    let a = post(&plain, "/v1/completions", &body);
+    let b = post(&drafted, "/v1/completions", &body);
+    assert_eq!(answer(&a), answer(&b));
+    assert!(b["usage"]["spec_verify_ct"].as_u64() > Some(0), "{b}");
+    assert!(
+        made.load(Ordering::Relaxed) >= 2,
+        "the session made its own"
+    );
+    let mut hot = body.clone();
+    hot["temperature"] = json!(0.7);
+    hot["seed"] = json!(9);
+    assert_eq!(
+        answer(&post(&plain, "/v1/completions", &hot)),
+        answer(&post(&drafted, "/v1/completions", &hot))
+    );
+    // A drafter on the device with a CPU draft as well is a contradiction.
+    let both = ServerConfig {
+        speculation: Speculation {
+            kind: SpecKind::Draft,
+            draft: Some(LoadedModel::load(fixture(MODEL)).unwrap().model),
+            ..Speculation::default()
+        },
+        ..config(SpecKind::Draft)
+    };
+    let e = device_server_drafting(both, Some(q4_drafter(made)))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("own drafter"), "{e}");
 }
 
 #[test]
