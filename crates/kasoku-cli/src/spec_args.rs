@@ -21,7 +21,8 @@ pub struct SpecArgs {
     /// present, else prompt lookup; drafting turns itself off when it does not pay).
     #[arg(long, default_value = "auto")]
     pub spec: SpecKind,
-    /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer),
+    /// Draft model for --spec draft (GGUF file, HF directory or known name; same tokenizer;
+    /// with the target on a GPU, a GGUF file loaded on the same GPU),
     /// or a DFlash checkpoint directory for --spec dflash (config.json naming
     /// DFlashDraftModel + model.safetensors; it drafts with the target's embedding and head).
     #[arg(long)]
@@ -38,7 +39,8 @@ pub struct SpecArgs {
     pub fixed_budget: bool,
     /// Format of the draft model's matrices that its file stores in heavier ones, requantized
     /// at load (a drafter only guesses; the target's check keeps the output exact, and fewer
-    /// bytes make each guess cheaper): q4_0, q8_0, or none to keep the file's formats.
+    /// bytes make each guess cheaper): q4_0, q8_0, or none to keep the file's formats. On a
+    /// GPU the draft keeps its file's formats.
     #[arg(long, default_value = "q4_0")]
     pub draft_format: DraftFormat,
 }

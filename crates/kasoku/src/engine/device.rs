@@ -10,7 +10,8 @@
 //! same logits give the same tokens on either. What crosses from the device per token:
 //!
 //! - greedy requests without penalties, constraint or log-probabilities: the device's argmax
-//!   (4 bytes), and with a speculator (prompt lookup) one id per node of each verified tree;
+//!   (4 bytes), and with a speculator (prompt lookup, or a drafter on the device such as a
+//!   draft model on the same GPU) one id per node of each verified tree;
 //! - sampled top-k requests without constraint or log-probabilities, on a device that
 //!   selects ([`DeviceState::max_top_logits`]): the row's `top_k` largest logits, one more
 //!   per penalized token, and the penalized tokens' own logits (8 and 4 bytes each), from
@@ -148,7 +149,7 @@ pub fn device_speculator(
         SpecKind::Auto if !draft_given => {}
         _ => {
             return Err(EngineError::Draft(
-                "the GPU drafts with prompt lookup only (speculation ngram, auto without a draft, or none)"
+                "the GPU drafts with prompt lookup only, or a draft model its caller loads on it (speculation ngram, auto without a draft, none, or draft and auto with a GGUF draft model where the caller supports it); MTP and DFlash drafters run on the CPU"
                     .into(),
             ))
         }
