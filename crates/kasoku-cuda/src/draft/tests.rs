@@ -174,6 +174,49 @@ fn the_tree_policy_drafts_the_cpu_drafters_trees() {
     );
 }
 
+/// A drafter reused for another prompt (a shared prefix, then other tokens, as a server
+/// session's next request) rewinds to the common prefix and drafts the CPU drafter's trees;
+/// a gap of many undrafted tokens is fed by catching up.
+#[test]
+fn a_new_prompt_rewinds_the_draft_state_and_a_long_gap_is_caught_up() {
+    let draft = Arc::new(Model::load(fixture("llama/tiny/model-f32.gguf")).unwrap());
+    let config = DraftModelConfig::default();
+    let vocab = draft.config.vocab;
+    let mut cpu = DraftModelDrafter::new(draft.clone(), 128, vocab, config).unwrap();
+    let passes = CpuPasses {
+        state: draft.new_state(128),
+        model: draft.clone(),
+        out: Output::default(),
+    };
+    let mut ours = TreeDrafter::new(passes, config);
+    let first: Vec<u32> = (0..30u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut second = first[..12].to_vec();
+    second.extend((0..20u32).map(|i| (i * 11 + 3) % vocab as u32));
+    for prompt in [&first, &second, &first] {
+        cpu.start(prompt, Features::default()).unwrap();
+        ours.start(prompt, Features::default()).unwrap();
+        assert_eq!(ours.fed(), &prompt[..prompt.len() - 1]);
+        let mut history = prompt.clone();
+        history.push(7);
+        // Twenty tokens more, decoded without drafting: all but the leading chain are fed.
+        history.extend((0..20u32).map(|i| (i * 5 + 1) % vocab as u32));
+        for d in [&mut cpu as &mut dyn Drafter, &mut ours] {
+            d.catch_up(&history).unwrap();
+        }
+        assert_eq!(ours.fed(), &history[..history.len() - LEADING_CHAIN]);
+        let req = DraftRequest {
+            tokens: &history,
+            budget: 10,
+            max_depth: 5,
+        };
+        let (want, got) = (cpu.draft(&req).unwrap(), ours.draft(&req).unwrap());
+        assert_eq!(
+            (got.tokens(), got.parents()),
+            (want.tokens(), want.parents())
+        );
+    }
+}
+
 #[test]
 fn vocabularies_must_match_and_drafts_stay_inside_both() {
     assert!(check_vocabularies(151_936, 151_665).is_ok());
