@@ -151,6 +151,10 @@ pub struct MatArgs {
     pub norm_s: u64,
     pub norm_eps: f32,
     pub norm_pad: i32,
+    /// Weights streamed through shared memory ([`stream_layout`]): stages per block (0: the
+    /// plain kernel) and the bytes of one.
+    pub stream_stages: i32,
+    pub stream_stage_bytes: i32,
 }
 
 /// Where a gate|up product with SwiGLU fused in ([`Kernels::matvec_swiglu`]) keeps its
@@ -351,6 +355,56 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
     Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
+/// Most stages a streamed product keeps in flight per block (STREAM_MAX_STAGES in matvec.cu).
+pub const STREAM_MAX_STAGES: usize = 8;
+
+/// Most dynamic shared memory a streamed product's block takes.
+pub const STREAM_SHARED_MAX: usize = 100 * 1024;
+
+/// How a product streams its weights through shared memory (`KASOKU_CUDA_STREAM=1` on
+/// compute capability 9.0; matvec_stream in matvec.cu): stages per block, the bytes of one
+/// stage (a block's tile of rows widened to 16-byte bounds), and the persistent grid
+/// (`blocks_per_sm` blocks per multiprocessor, at most one per tile). About `budget` bytes of
+/// stages per block, at least 2 stages; `None` where two stages would not fit
+/// [`STREAM_SHARED_MAX`] (the plain kernel then runs: the same bits).
+pub fn stream_layout(
+    args: &MatArgs,
+    multiprocessors: usize,
+    blocks_per_sm: usize,
+    budget: usize,
+) -> Option<(i32, i32, u32)> {
+    let pairs_per_tile = MATVEC_WARPS / args.split.max(1) as usize;
+    let segs = &args.seg[..args.nseg as usize];
+    let stage = segs
+        .iter()
+        .map(|s| (2 * pairs_per_tile * s.row_bytes as usize).next_multiple_of(16) + 32)
+        .max()?;
+    let stages = (budget / stage).clamp(2, STREAM_MAX_STAGES);
+    if stages * stage > STREAM_SHARED_MAX {
+        return None;
+    }
+    let tiles: usize = segs
+        .iter()
+        .map(|s| (s.rows as usize).div_ceil(2).div_ceil(pairs_per_tile))
+        .sum();
+    let grid = tiles.min(multiprocessors * blocks_per_sm.max(1));
+    Some((stages as i32, stage as i32, grid as u32))
+}
+
+/// Whether products stream their weights in this process, and how (see [`stream_layout`]).
+#[derive(Clone, Copy, Debug)]
+struct StreamPlan {
+    blocks_per_sm: usize,
+    budget: usize,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Warps per 16-row tile of the tensor-core kernel: one per `subs` of the row's 32-value
 /// blocks (4 unless `KASOKU_CUDA_MMA_SUBS` says otherwise, for measuring), 1 to
 /// [`MMA_MAX_SPLIT`]. Depends only on the width, never on the number of activation rows, so a
@@ -416,6 +470,9 @@ pub struct Kernels {
     /// `KASOKU_CUDA_MMA=1`: until its one-row speed matches matvec.cu's it is opt-in); the
     /// choice holds for the process, so every row of a format is always computed the same way.
     mma: bool,
+    /// Products stream their weights through shared memory (`KASOKU_CUDA_STREAM=1`, compute
+    /// capability 9.0; until measured on a GPU it is opt-in).
+    stream: Option<StreamPlan>,
 }
 
 /// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
@@ -429,10 +486,20 @@ impl Kernels {
         let cubin = compile_cached(&source(), &arch_of(gpu.capability))?;
         let module = Module::load(gpu, &cubin, &NAMES)?;
         let mma = gpu.capability.0 >= 8 && std::env::var("KASOKU_CUDA_MMA").is_ok_and(|v| v == "1");
+        let stream = (gpu.capability.0 >= 9 && stream_asked()).then(|| StreamPlan {
+            blocks_per_sm: env_usize("KASOKU_CUDA_STREAM_BLOCKS", 4),
+            budget: env_usize("KASOKU_CUDA_STREAM_KB", 48) * 1024,
+        });
+        if stream.is_some() {
+            for name in ["matvec_1", "matvec_2", "matvec_4", "matvec_8"] {
+                gpu.allow_shared(module.function(name), STREAM_SHARED_MAX as u32)?;
+            }
+        }
         Ok(Kernels {
             gpu: gpu.clone(),
             module,
             mma,
+            stream,
         })
     }
 
@@ -445,6 +512,32 @@ impl Kernels {
     ) -> Result<()> {
         self.gpu
             .launch(self.module.function(name), grid, block, params)
+    }
+
+    /// Launches the `n`-row product kernel on `args` (built by [`matvec_args`] with `grid`),
+    /// streamed when this process streams products and the tiles fit.
+    fn launch_matvec(&self, n: usize, mut args: MatArgs, grid: u32) -> Result<()> {
+        let (mut grid, mut shared) = (grid, 0);
+        if let Some(plan) = self.stream {
+            if let Some((stages, bytes, g)) = stream_layout(
+                &args,
+                self.gpu.multiprocessors,
+                plan.blocks_per_sm,
+                plan.budget,
+            ) {
+                args.stream_stages = stages;
+                args.stream_stage_bytes = bytes;
+                grid = g;
+                shared = (stages * bytes) as u32;
+            }
+        }
+        self.gpu.launch_shared(
+            self.module.function(matvec_kernel(n)),
+            (grid, 1, 1),
+            (MATVEC_WARPS * 32) as u32,
+            shared,
+            &mut [p(&args)],
+        )
     }
 
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.
@@ -476,12 +569,7 @@ impl Kernels {
                 args.pre[i] = m.buf.ptr();
                 args.pre_len[i] = m.buf.len() as i64;
             }
-            self.launch(
-                matvec_kernel(n),
-                (grid, 1, 1),
-                (MATVEC_WARPS * 32) as u32,
-                &mut [p(&args)],
-            )?;
+            self.launch_matvec(n, args, grid)?;
         }
         if !blocks.is_empty() {
             let (args, grid) = mma_args(&blocks, x, n, cols)?;
@@ -529,12 +617,7 @@ impl Kernels {
         args.glu_count = counts;
         args.glu_q = xq;
         args.glu_s = xs;
-        self.launch(
-            matvec_kernel(n),
-            (grid, 1, 1),
-            (MATVEC_WARPS * 32) as u32,
-            &mut [p(&args)],
-        )
+        self.launch_matvec(n, args, grid)
     }
 
     /// `seg.y (+)= x·Wᵀ`, then the RMSNorm of every activation row of `seg.y` into
@@ -571,12 +654,12 @@ impl Kernels {
         args.norm_q = xq;
         args.norm_s = xs;
         args.norm_eps = norm.eps;
-        self.launch(
-            matvec_kernel(n),
-            (grid, 1, 1),
-            (MATVEC_WARPS * 32) as u32,
-            &mut [p(&args)],
-        )
+        self.launch_matvec(n, args, grid)
+    }
+
+    /// Whether products stream their weights through shared memory in this process.
+    pub fn streams(&self) -> bool {
+        self.stream.is_some()
     }
 
     /// Whether block formats run on the tensor-core kernel in this process.
@@ -971,3 +1054,9 @@ pub struct AttnCall {
 
 #[cfg(test)]
 mod tests;
+
+/// `KASOKU_CUDA_STREAM=1`: products stream their weights through shared memory (opt-in until
+/// measured on a GPU).
+pub fn stream_asked() -> bool {
+    std::env::var("KASOKU_CUDA_STREAM").is_ok_and(|v| v == "1")
+}

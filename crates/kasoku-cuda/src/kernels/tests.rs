@@ -9,7 +9,7 @@ fn parameter_blocks_have_the_cuda_layout() {
     // 3 pointers, 5 ints (4 bytes of padding), 3 pointers, 3 long longs = 264 bytes, 8-aligned.
     assert_eq!(std::mem::size_of::<MatSeg>(), 56);
     assert_eq!(std::mem::offset_of!(MatSeg, best), 48);
-    assert_eq!(std::mem::size_of::<MatArgs>(), 336);
+    assert_eq!(std::mem::size_of::<MatArgs>(), 344);
     assert_eq!(std::mem::offset_of!(MatArgs, norm_count), 288);
     assert_eq!(std::mem::offset_of!(MatArgs, norm_eps), 328);
     assert_eq!(std::mem::offset_of!(MatArgs, glu_count), 264);
