@@ -363,16 +363,11 @@ pub const STREAM_SHARED_MAX: usize = 100 * 1024;
 
 /// How a product streams its weights through shared memory (`KASOKU_CUDA_STREAM=1` on
 /// compute capability 9.0; matvec_stream in matvec.cu): stages per block, the bytes of one
-/// stage (a block's tile of rows widened to 16-byte bounds), and the persistent grid
-/// (`blocks_per_sm` blocks per multiprocessor, at most one per tile). About `budget` bytes of
+/// stage (a block's tile of rows widened to 16-byte bounds), and the number of tiles (the
+/// launcher's persistent grid takes at most one block per tile). About `budget` bytes of
 /// stages per block, at least 2 stages; `None` where two stages would not fit
 /// [`STREAM_SHARED_MAX`] (the plain kernel then runs: the same bits).
-pub fn stream_layout(
-    args: &MatArgs,
-    multiprocessors: usize,
-    blocks_per_sm: usize,
-    budget: usize,
-) -> Option<(i32, i32, u32)> {
+pub fn stream_layout(args: &MatArgs, budget: usize) -> Option<(i32, i32, usize)> {
     let pairs_per_tile = MATVEC_WARPS / args.split.max(1) as usize;
     let segs = &args.seg[..args.nseg as usize];
     let stage = segs
@@ -387,8 +382,7 @@ pub fn stream_layout(
         .iter()
         .map(|s| (s.rows as usize).div_ceil(2).div_ceil(pairs_per_tile))
         .sum();
-    let grid = tiles.min(multiprocessors * blocks_per_sm.max(1));
-    Some((stages as i32, stage as i32, grid as u32))
+    Some((stages as i32, stage as i32, tiles))
 }
 
 /// Whether products stream their weights in this process, and how (see [`stream_layout`]).
@@ -517,27 +511,24 @@ impl Kernels {
     /// Launches the `n`-row product kernel on `args` (built by [`matvec_args`] with `grid`),
     /// streamed when this process streams products and the tiles fit.
     fn launch_matvec(&self, n: usize, mut args: MatArgs, grid: u32) -> Result<()> {
+        let f = self.module.function(matvec_kernel(n));
+        let block = (MATVEC_WARPS * 32) as u32;
         let (mut grid, mut shared) = (grid, 0);
         if let Some(plan) = self.stream {
-            if let Some((stages, bytes, g)) = stream_layout(
-                &args,
-                self.gpu.multiprocessors,
-                plan.blocks_per_sm,
-                plan.budget,
-            ) {
+            if let Some((stages, bytes, tiles)) = stream_layout(&args, plan.budget) {
                 args.stream_stages = stages;
                 args.stream_stage_bytes = bytes;
-                grid = g;
                 shared = (stages * bytes) as u32;
+                // A persistent grid of resident blocks only: a block that waited for another
+                // to finish would take its tiles late.
+                let per_sm = plan
+                    .blocks_per_sm
+                    .min(self.gpu.resident_blocks(f, block, shared)?);
+                grid = tiles.min(self.gpu.multiprocessors * per_sm) as u32;
             }
         }
-        self.gpu.launch_shared(
-            self.module.function(matvec_kernel(n)),
-            (grid, 1, 1),
-            (MATVEC_WARPS * 32) as u32,
-            shared,
-            &mut [p(&args)],
-        )
+        self.gpu
+            .launch_shared(f, (grid, 1, 1), block, shared, &mut [p(&args)])
     }
 
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.

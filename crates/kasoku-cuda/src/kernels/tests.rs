@@ -20,6 +20,7 @@ fn parameter_blocks_have_the_cuda_layout() {
     assert_eq!(std::mem::offset_of!(MatArgs, split), 208);
     assert_eq!(std::mem::offset_of!(MatArgs, pre), 216);
     assert_eq!(std::mem::offset_of!(MatArgs, pre_len), 240);
+    assert_eq!(std::mem::offset_of!(MatArgs, stream_stages), 336);
     assert_eq!(std::mem::size_of::<BatchDesc>(), 16);
     // struct PostArgs: 5 pointers, 6 ints/floats = 64 bytes.
     assert_eq!(std::mem::size_of::<PostArgs>(), 64);
@@ -297,4 +298,40 @@ fn the_radix_select_of_sample_cu_selects_as_the_host_sampler() {
             }
         }
     }
+}
+
+#[test]
+fn streamed_products_take_tiles_of_a_blocks_rows_in_as_many_stages_as_fit() {
+    let seg = |fmt: i32, rows: i32, row_bytes: i64| MatSeg {
+        fmt,
+        rows,
+        row_bytes,
+        ..MatSeg::default()
+    };
+    let args = |segs: &[MatSeg], split: i32| {
+        let mut a = MatArgs {
+            nseg: segs.len() as i32,
+            split,
+            ..MatArgs::default()
+        };
+        a.seg[..segs.len()].copy_from_slice(segs);
+        a
+    };
+    // gate|up of the 1.5B (Q4_K, 1536 columns: 864 bytes a row), a pair per warp: tiles of 8
+    // rows (6,912 bytes, + 32 for the 16-byte widening), 7 stages in 48 KiB, 2 × 1,120 tiles.
+    let gate_up = args(&[seg(12, 8960, 864), seg(12, 8960, 864)], 1);
+    assert_eq!(stream_layout(&gate_up, 48 * 1024), Some((7, 6944, 2240)));
+    // Its Q6_K down projection (8,960 columns: 7,350 bytes a row), 2 warps a pair: 4-row tiles
+    // of 29,400 bytes take 2 stages even past the budget; an odd row count rounds up.
+    let down = args(&[seg(14, 1535, 7350)], 2);
+    assert_eq!(stream_layout(&down, 48 * 1024), Some((2, 29440, 384)));
+    // Rows too long for two stages: the plain kernel.
+    let wide = args(&[seg(0, 64, 4 * 18944)], 4);
+    assert_eq!(stream_layout(&wide, 48 * 1024), None);
+    // Stages never exceed what matvec.cu has barriers for.
+    let tiny = args(&[seg(8, 64, 34)], 1);
+    assert_eq!(
+        stream_layout(&tiny, 48 * 1024).map(|l| l.0),
+        Some(STREAM_MAX_STAGES as i32)
+    );
 }

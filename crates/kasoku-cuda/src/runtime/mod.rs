@@ -310,6 +310,27 @@ impl Gpu {
 }
 
 impl Gpu {
+    /// How many blocks of `block` threads and `shared` bytes of dynamic shared memory of `f`
+    /// one multiprocessor holds at once.
+    pub(crate) fn resident_blocks(
+        &self,
+        f: sys::CUfunction,
+        block: u32,
+        shared: u32,
+    ) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: out-pointer to a local; `f` is a function of a module loaded in this context.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                f,
+                block as i32,
+                shared as usize,
+            )
+        })?;
+        Ok(n.max(1) as usize)
+    }
+
     /// Lets `f` take up to `bytes` of dynamic shared memory per block (the default limit is
     /// 48 KiB).
     pub(crate) fn allow_shared(&self, f: sys::CUfunction, bytes: u32) -> Result<()> {
