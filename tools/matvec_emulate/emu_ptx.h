@@ -31,6 +31,7 @@ static void block_start() {
     g_mbar.clear();  // shared memory starts undefined: a wait before init is caught
     memset(g_dyn_smem, 0xA5, sizeof g_dyn_smem);
     memset(g_spin, 0, sizeof g_spin);
+    for (auto& s : g_shared) memset(s.first, 0xFF, s.second);
 }
 static void block_end() {
     for (auto& [p, m] : g_mbar)

@@ -37,6 +37,7 @@ mv = sub(r'asm volatile\("\{\\n \.reg \.pred p;\\n mbarrier\.try_wait\.parity.*?
 mv = sub(r'asm volatile\("mbarrier\.init\.shared::cta\.b64 \[%0\], 1;" ::"r"\(smem_u32\(full \+ i\)\) : "memory"\);',
          "emu_mbar_init(full + i, 1);", mv)
 mv = sub(r'asm volatile\("fence\.mbarrier_init\.release\.cluster;" ::: "memory"\);', ";", mv)
+mv = sub(r"(\n\s*)__shared__ ([^;\n]*?)(\w+)(\[[^\]\n]*\])?;", r"\1__shared__ \2\3\4; emu_shared(&\3, sizeof(\3));", mv, 8)
 mv = sub(r"extern __shared__ __align__\(16\) u8 stream_buf\[\];", "u8* stream_buf = g_dyn_smem;", mv)
 mv = sub(r"#define LDW\(p\) \(\*\(p\)\)", "#define LDW(p) ldw_chk(p)", mv)
 mv = sub(r"\(const (int4|float4|uint4)\*\)\(", r"al16<\1>(", mv, 5)

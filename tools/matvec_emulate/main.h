@@ -132,6 +132,9 @@ static void host_quant32(const float* v, i8* q, float4* s) {  // quant_block32's
 }
 static bool same_bits(const void* a, const void* b, size_t n) { return memcmp(a, b, n) == 0; }
 static int g_fails = 0, g_checks = 0;
+// No read outside the weights (+64), the activations' n rows or the stages, no misaligned
+// 16-byte vector (and resets the counts).
+static bool reads_ok() { bool ok = g_bad_reads == 0 && g_misaligned == 0; g_bad_reads = g_misaligned = 0; return ok; }
 static void report(bool ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static void report(bool ok, const char* fmt, ...) {
     g_checks++; if (!ok) g_fails++;
@@ -175,20 +178,27 @@ static double act_value(const Acts& A, int fmt, int r, int c) {
 }
 
 // ---- (a) + (b): products of 1..3 segments
-struct SegSpec { int rows, ldy_extra; bool bias, acc; };
+struct SegSpec { int rows, ldy_extra; bool bias, acc; int fmt = -1; };  // fmt -1: the case's
 struct Prod {
     int fmt, cols, ldx; std::vector<SegSpec> specs;
     std::vector<std::unique_ptr<WBuf>> w; std::vector<long long> rb;
     std::vector<std::vector<float>> bias, init, y;
     Acts A;
+    int fmt_i(size_t i) const { return specs[i].fmt >= 0 ? specs[i].fmt : fmt; }
+    std::vector<float> xn; std::vector<i8> qn; std::vector<float4> sn;
     MatArgs args(int n) {
         MatArgs a{};
         for (size_t i = 0; i < specs.size(); i++) {
             y[i] = init[i];
-            a.seg[i] = {w[i]->p, y[i].data(), specs[i].bias ? bias[i].data() : nullptr, rb[i], fmt, specs[i].rows,
+            a.seg[i] = {w[i]->p, y[i].data(), specs[i].bias ? bias[i].data() : nullptr, rb[i], fmt_i(i), specs[i].rows,
                         specs[i].rows + specs[i].ldy_extra, specs[i].acc ? 1 : 0, nullptr};
         }
-        a.x = A.x.data(); a.xq = A.q.data(); a.xs = A.s.data();
+        // exactly n rows of activations (a read past them is caught)
+        xn.assign(A.x.begin(), A.x.begin() + (size_t)n * ldx);
+        qn.assign(A.q.begin(), A.q.begin() + (size_t)n * ldx);
+        sn.assign(A.s.begin(), A.s.begin() + (size_t)n * ldx / 32);
+        g_acts = {{(const u8*)xn.data(), xn.size() * 4}, {(const u8*)qn.data(), qn.size()}, {(const u8*)sn.data(), sn.size() * 16}};
+        a.x = xn.data(); a.xq = qn.data(); a.xs = sn.data();
         a.nseg = specs.size(); a.cols = cols; a.n = n; a.ldx = ldx;
         return a;
     }
@@ -197,7 +207,7 @@ static const int NMAX = 9;
 static void setup(Prod& P, int fmt, int cols, int ldx, std::vector<SegSpec> specs, int nmax, bool same = false) {
     P.fmt = fmt; P.cols = cols; P.ldx = ldx; P.specs = specs;
     for (auto& s : specs) {
-        long long rb; P.w.push_back(make_weights(fmt, s.rows, cols, &rb, same)); P.rb.push_back(rb);
+        long long rb; P.w.push_back(make_weights(s.fmt >= 0 ? s.fmt : fmt, s.rows, cols, &rb, same)); P.rb.push_back(rb);
         std::vector<float> b(s.rows), in((size_t)nmax * (s.rows + s.ldy_extra));
         for (auto& v : b) v = frand(); for (auto& v : in) v = frand() * 3;
         P.bias.push_back(b); P.init.push_back(in); P.y.push_back(in);
@@ -213,10 +223,10 @@ static double check_ref(Prod& P, int n, bool* untouched) {
     for (size_t i = 0; i < P.specs.size(); i++) {
         const SegSpec& s = P.specs[i]; int ldy = s.rows + s.ldy_extra;
         for (int j = 0; j < s.rows; j++) {
-            for (int c = 0; c < P.cols; c++) wd[c] = dequant_one(P.w[i]->p + (size_t)j * P.rb[i], P.fmt, c);
+            for (int c = 0; c < P.cols; c++) wd[c] = dequant_one(P.w[i]->p + (size_t)j * P.rb[i], P.fmt_i(i), c);
             for (int r = 0; r < n; r++) {
                 double sum = 0, mag = 0;
-                for (int c = 0; c < P.cols; c++) { double t = wd[c] * act_value(P.A, P.fmt, r, c); sum += t; mag += fabs(t); }
+                for (int c = 0; c < P.cols; c++) { double t = wd[c] * act_value(P.A, P.fmt_i(i), r, c); sum += t; mag += fabs(t); }
                 double init = P.init[i][(size_t)r * ldy + j], b = s.bias ? P.bias[i][j] : 0;
                 double want = sum + b + (s.acc ? init : 0);
                 mag += fabs(b) + (s.acc ? fabs(init) : 0);
@@ -240,7 +250,8 @@ static bool same_outputs(const std::vector<std::vector<float>>& a, const std::ve
 static std::string describe(const std::vector<SegSpec>& specs) {
     std::string s;
     for (auto& x : specs) {
-        char b[64]; snprintf(b, sizeof b, "%s%d%s%s", s.empty() ? "" : "+", x.rows, x.bias ? "b" : "", x.acc ? "a" : "");
+        char b[64]; snprintf(b, sizeof b, "%s%s%s%d%s%s", s.empty() ? "" : "+", x.fmt >= 0 ? fmt_of(x.fmt).name : "", x.fmt >= 0 ? ":" : "",
+                             x.rows, x.bias ? "b" : "", x.acc ? "a" : "");
         s += b; if (x.ldy_extra) { snprintf(b, sizeof b, "(ldy+%d)", x.ldy_extra); s += b; }
     }
     return s;
@@ -278,11 +289,11 @@ static void product_case(int fmt, int cols, int ldx, std::vector<SegSpec> specs,
     bool ok = ok_ref && ok_untouched && ok_inv && ok_rev && stream_same == stream_runs && g_bad_reads == 0 && g_misaligned == 0;
     if (STREAMED)
         report(ok, "%-4s %5d cols (ldx %d) split %d, segs %s, n=%s: rel err %.1e%s%s%s%s; streamed %d/%d bit-identical (grid x stages:%s)",
-               fmt_of(fmt).name, cols, ldx, a0.split, describe(specs).c_str(), nl.c_str(), worst, ok_untouched ? "" : ", WROTE OUTSIDE its outputs",
+               P.specs[0].fmt >= 0 ? "mix" : fmt_of(fmt).name, cols, ldx, a0.split, describe(specs).c_str(), nl.c_str(), worst, ok_untouched ? "" : ", WROTE OUTSIDE its outputs",
                ok_inv ? "" : ", rows differ between n", ok_rev ? "" : ", fiber order changes bits", (g_bad_reads || g_misaligned) ? ", BAD READS" : "",
                stream_same, stream_runs, stream_runs ? stream_desc.c_str() : " none fit");
     else
-        report(ok, "%-4s %5d cols (ldx %d) split %d, segs %s, n=%s: rel err %.1e%s%s%s%s", fmt_of(fmt).name, cols, ldx, a0.split,
+        report(ok, "%-4s %5d cols (ldx %d) split %d, segs %s, n=%s: rel err %.1e%s%s%s%s", P.specs[0].fmt >= 0 ? "mix" : fmt_of(fmt).name, cols, ldx, a0.split,
                describe(specs).c_str(), nl.c_str(), worst, ok_untouched ? "" : ", WROTE OUTSIDE its outputs",
                ok_inv ? "" : ", rows differ between n", ok_rev ? "" : ", fiber order changes bits", (g_bad_reads || g_misaligned) ? ", BAD READS" : "");
     g_bad_reads = 0; g_misaligned = 0;
@@ -313,9 +324,8 @@ static void swiglu_case(int fmt, int cols, int rows, std::vector<int> ns) {
             all &= ok;
             what += k < 0 ? "plain" : " streamed"; if (!ok) what += "(DIFFERS)";
         }
-        report(all && g_bad_reads == 0, "SwiGLU fused %s %d cols, %d gate|up rows, n=%d: %s == product, silu(g)*u, quant (bits), counts back to 0",
+        report(all & reads_ok(), "SwiGLU fused %s %d cols, %d gate|up rows, n=%d: %s == product, silu(g)*u, quant (bits), counts back to 0",
                fmt_of(fmt).name, cols, rows, n, what.c_str());
-        g_bad_reads = 0;
     }
 }
 // RMSNorm of segment 0's output (a residual product: accumulate), with norm_count.
@@ -357,9 +367,8 @@ static void norm_case(int fmt, int cols, int dim, bool bias, std::vector<int> ns
             all &= ok;
             what += k < 0 ? "plain" : " streamed"; if (!ok) what += "(DIFFERS)";
         }
-        report(all && g_bad_reads == 0, "RMSNorm fused %s %d cols, dim %d%s, n=%d: %s == product then rms_row at 256 threads (bits; that vs f64 %.1e, its quant %d bad), count back to 0",
+        report(all & reads_ok(), "RMSNorm fused %s %d cols, dim %d%s, n=%d: %s == product then rms_row at 256 threads (bits; that vs f64 %.1e, its quant %d bad), count back to 0",
                fmt_of(fmt).name, cols, dim, bias ? " +bias" : "", n, what.c_str(), err, qbad);
-        g_bad_reads = 0;
     }
 }
 // Argmax: one segment with seg.best; `same`: every weight row identical (every output equal:
@@ -388,10 +397,9 @@ static void argmax_case(int fmt, int cols, int rows, bool bias, bool acc, bool s
             all &= ok;
             what += k < 0 ? "plain" : " streamed"; if (!ok) what += "(DIFFERS)";
         }
-        report(all && g_bad_reads == 0, "argmax fused %s %d cols, %d rows%s%s%s, n=%d: %s == argmax of the product%s", fmt_of(fmt).name, cols, rows,
+        report(all & reads_ok(), "argmax fused %s %d cols, %d rows%s%s%s, n=%d: %s == argmax of the product%s", fmt_of(fmt).name, cols, rows,
                bias ? " +bias" : "", acc ? " +acc" : "", same ? " (identical rows)" : "", n, what.c_str(),
                same ? (equal ? ", all outputs equal" : ", IDENTICAL ROWS GIVE DIFFERENT BITS") : "");
-        g_bad_reads = 0;
     }
 }
 
@@ -420,6 +428,10 @@ int main(int argc, char** argv) {
             }
         }
     }
+    // segments of different formats in one call (a Q4_K_M model's Q4_K / Q6_K / Q8_0 mix)
+    product_case(FMT_Q4_K, 4096, 4096, {{7, 0, true, false, FMT_Q4_K}, {6, 1, false, true, FMT_Q6_K}, {9, 0, true, true, FMT_Q8_0}}, {9, 3, 1});
+    product_case(FMT_Q5_K, 8448, 8448, {{5, 0, false, false, FMT_Q5_K}, {11, 0, true, false, FMT_Q6_K}}, {8, 2});
+    product_case(FMT_F16, 8192, 8192, {{3, 0, true, true, FMT_F16}, {6, 0, false, false, FMT_Q5_1}, {5, 0, false, false, FMT_BF16}}, {9, 1});
     swiglu_case(FMT_Q8_0, 256, 64, {1, 3, 9});
     swiglu_case(FMT_Q4_K, 4352, 64, {2, 9});
     swiglu_case(FMT_F16, 2048, 32, {1, 8});

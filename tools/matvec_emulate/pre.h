@@ -64,6 +64,14 @@ static void chk_read(const void* p, size_t n) {
     for (auto& r : g_weights) if (b >= r.p && b + n <= r.p + r.len) return;
     if (g_bad_reads++ < 5) fprintf(stderr, "weight read of %zu bytes at %p outside every weight buffer (+64 slack)\n", n, p);
 }
+// Activation rows of the running product (exactly its n rows): 16-byte vector reads must land
+// in them, the weights or the dynamic shared memory.
+static std::vector<Range> g_acts;
+static void chk_any(const void* p, size_t n) {
+    const unsigned char* b = (const unsigned char*)p;
+    for (auto& r : g_acts) if (b >= r.p && b + n <= r.p + r.len) return;
+    chk_read(p, n);
+}
 template <class T> static T __ldg(const T* p) { chk_read(p, sizeof(T)); return *p; }
 template <class T> static T ldw_chk(const T* p) { chk_read(p, sizeof(T)); return *p; }
 template <class T> static T __ldcg(const T* p) { return *p; }
@@ -71,6 +79,7 @@ template <class T> static T __ldcg(const T* p) { return *p; }
 static long long g_misaligned = 0;
 template <class T> static const T* al16(const void* p) {
     if ((size_t)p & 15) { if (g_misaligned++ < 5) fprintf(stderr, "misaligned 16-byte vector load at %p\n", p); }
+    chk_any(p, 16);
     return (const T*)p;
 }
 
@@ -166,6 +175,13 @@ template <class T> static T __shfl_xor_sync(unsigned mask, T v, int o) {
 template <class T> static T __shfl_sync(unsigned mask, T v, int src) {
     if (mask != 0xffffffffu) EMU_FAIL("partial shuffle mask");
     return shfl_from(v, src);
+}
+// __shared__ variables (statics): registered where declared, poisoned (0xFF) at every block's
+// start, as a block's shared memory starts undefined.
+static std::vector<std::pair<void*, size_t>> g_shared;
+static void emu_shared(void* p, size_t n) {
+    for (auto& s : g_shared) if (s.first == p) return;
+    g_shared.push_back({p, n});
 }
 static void block_start();  // emu_ptx.h: per-block state of the emulated mbarriers
 static void block_end();
