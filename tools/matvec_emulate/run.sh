@@ -9,12 +9,13 @@
 # tails against the separate computations. Needs python3 and g++ with C++20 and _Float16
 # (GCC 12), x86-64 (the fiber switch is a few lines of x86-64 assembly).
 # Usage: bash tools/matvec_emulate/run.sh [quick]   (prints ok/FAIL lines, exits 1 on a FAIL)
+# EMU_DEFINES="-DKASOKU_MATVEC_V2" adds defines to both builds (e.g. the v2 Q4_K/Q5_K loads).
 set -euo pipefail
 D=$(cd "$(dirname "$0")" && pwd)
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 python3 "$D/gen.py" "$T/k.cpp"
-FLAGS="-O2 -std=c++20 -w -ffp-contract=off -fno-strict-aliasing"
+FLAGS="-O2 -std=c++20 -w -ffp-contract=off -fno-strict-aliasing ${EMU_DEFINES:-}"
 grep -qw fma /proc/cpuinfo && FLAGS="$FLAGS -mfma"  # fmaf inline (still no contraction)
 g++ $FLAGS -I"$D" "$T/k.cpp" -o "$T/plain" &
 g++ $FLAGS -DKASOKU_MATVEC_STREAM -I"$D" "$T/k.cpp" -o "$T/stream" &
