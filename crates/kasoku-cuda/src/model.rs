@@ -196,6 +196,20 @@ fn norm_vector(
     gpu.upload_f32(&v)
 }
 
+/// The rows of a matrix stored as, per head, `head_dim` query rows then `head_dim` gate rows
+/// (`row_bytes` each): (every query row, every gate row), in order.
+pub fn query_and_gate_rows(bytes: &[u8], row_bytes: usize, head_dim: usize) -> (Vec<u8>, Vec<u8>) {
+    let (mut query, mut gate) = (Vec::new(), Vec::new());
+    for (r, row) in bytes.chunks_exact(row_bytes).enumerate() {
+        if (r / head_dim).is_multiple_of(2) {
+            query.extend_from_slice(row);
+        } else {
+            gate.extend_from_slice(row);
+        }
+    }
+    (query, gate)
+}
+
 /// Qwen3.5's `attn_q`: per head `head_dim` query rows then `head_dim` gate rows. Returns the
 /// query rows and the gate rows as two matrices (each `n_heads·head_dim × hidden`).
 fn split_query_gate(
@@ -215,15 +229,7 @@ fn split_query_gate(
         )));
     }
     let row_bytes = crate::kernels::check_matrix(t.dtype, 2 * q_dim, c.hidden, t.data.len())?;
-    let bytes = t.data.as_slice();
-    let (mut query, mut gate) = (Vec::new(), Vec::new());
-    for (r, row) in bytes.chunks_exact(row_bytes).enumerate() {
-        if (r / hd).is_multiple_of(2) {
-            query.extend_from_slice(row);
-        } else {
-            gate.extend_from_slice(row);
-        }
-    }
+    let (query, gate) = query_and_gate_rows(t.data.as_slice(), row_bytes, hd);
     let up = |b: &[u8]| {
         DeviceMatrix::upload(gpu, t.dtype, q_dim, c.hidden, b)
             .map_err(|e| Error::Invalid(format!("{name}: {e}")))
@@ -1759,6 +1765,45 @@ mod tests {
         // Verification and decode passes never reach it: their bits stay batch-invariant.
         assert!(default_gemm_rows(Some("1")).unwrap() > MAX_TREE);
         const { assert!(PREFILL_ROWS > MAX_TREE) };
+    }
+
+    #[test]
+    fn qwen3_5_runs_on_the_gpu_and_unsupported_shapes_say_why() {
+        use kasoku::format::gguf::GgufFile;
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/qwen3_5/tiny/model-f32.gguf");
+        let c = ModelConfig::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        check_config(&c).unwrap();
+        let s = gdn_shape(&c);
+        assert_eq!(
+            (s.nk, s.nv, s.dk, s.dv, s.kernel, s.grouped),
+            (2, 4, 16, 16, 4, 0)
+        );
+        // Key heads past what the recurrence holds in registers.
+        let mut big = c.clone();
+        big.linear_key_head_dim = 256;
+        let e = check_config(&big).unwrap_err().to_string();
+        assert!(e.contains("key heads of at most 128"), "{e}");
+        // Value widths the output's int8 blocks cannot cover.
+        let mut odd = c.clone();
+        odd.linear_value_head_dim = 12;
+        assert!(check_config(&odd)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 32"));
+        // Gated DeltaNet layers in another family.
+        let mut llama = c.clone();
+        llama.arch = Arch::Llama;
+        assert!(check_config(&llama).is_err());
+    }
+
+    #[test]
+    fn qwen3_5_query_rows_and_gate_rows_are_split_per_head() {
+        // 2 heads of head_dim 2: rows q0 q0 g0 g0 q1 q1 g1 g1 (one byte each).
+        let rows = [10u8, 11, 20, 21, 12, 13, 22, 23];
+        let (q, g) = query_and_gate_rows(&rows, 1, 2);
+        assert_eq!(q, [10, 11, 12, 13]);
+        assert_eq!(g, [20, 21, 22, 23]);
     }
 
     #[test]
