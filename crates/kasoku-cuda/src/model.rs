@@ -100,7 +100,7 @@ impl Layer {
     fn first_matrices(&self) -> Vec<&DeviceMatrix> {
         match &self.mixer {
             Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv],
-            Mixer::DeltaNet(d, _) => d.first_matrices().to_vec(),
+            Mixer::DeltaNet(d, _) => d.first_matrices(),
         }
     }
 
@@ -112,7 +112,7 @@ impl Layer {
                 v.extend(&a.wg);
                 v
             }
-            Mixer::DeltaNet(d, _) => d.matrices().to_vec(),
+            Mixer::DeltaNet(d, _) => d.matrices(),
         };
         v.extend([&self.gate, &self.up, &self.down]);
         v
@@ -664,11 +664,11 @@ impl CudaState {
         // The GEMM's scratch only where it can run.
         let gemm_bufs = if m.kernels.has_gemm() && gemm_rows.is_some() {
             let (w, x, part) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
-            // Qwen3.5's products: the q|k|v|z|β in-projection of a Gated DeltaNet layer and
+            // Qwen3.5's products: the q|k|v|z|β|α in-projection of a Gated DeltaNet layer and
             // its output projection.
             let (w, x, part) = match gdn {
                 Some(s) => {
-                    let rows_in = s.conv_dim() + s.value_dim() + s.nv as usize;
+                    let rows_in = s.conv_dim() + s.value_dim() + 2 * s.nv as usize;
                     (
                         w.max(gemm_scratch_bytes(rows_in, 0, h).0)
                             .max(gemm_scratch_bytes(h, 0, s.value_dim()).0),

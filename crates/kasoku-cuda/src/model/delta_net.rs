@@ -22,7 +22,7 @@ use kasoku::format::gguf::GgufFile;
 use kasoku::model::{ModelConfig, SourceKind};
 
 use super::{matrix, vector_f32, CudaState, NormTail, MAX_TREE};
-use crate::kernels::{Acts, DeviceMatrix, GdnCommit, GdnConv, GdnRecurrence, GdnShape, MatSeg};
+use crate::kernels::{Acts, DeviceMatrix, GdnCommit, GdnConv, GdnRecurrence, GdnShape};
 use crate::runtime::{DeviceBuffer, Error, Gpu, Result};
 
 /// The geometry of a model's Gated DeltaNet layers.
@@ -43,9 +43,8 @@ pub(super) struct DeltaNetLayer {
     qkv: DeviceMatrix,
     /// `attn_gate` (z): `nv·dv × hidden`.
     gate: DeviceMatrix,
-    /// `ssm_beta`, `ssm_alpha`: `nv × hidden` each.
-    beta: DeviceMatrix,
-    alpha: DeviceMatrix,
+    /// `ssm_beta` and `ssm_alpha` (`nv × hidden` each).
+    beta_alpha: BetaAlpha,
     /// Conv taps, channel-major `conv_dim × K`.
     taps: DeviceBuffer,
     /// `−exp(A_log)` per value head.
@@ -78,8 +77,7 @@ impl DeltaNetLayer {
         Ok(DeltaNetLayer {
             qkv: matrix(gpu, file, &n("attn_qkv.weight"), cd, h)?,
             gate: matrix(gpu, file, &n("attn_gate.weight"), vd, h)?,
-            beta: matrix(gpu, file, &n("ssm_beta.weight"), nv, h)?,
-            alpha: matrix(gpu, file, &n("ssm_alpha.weight"), nv, h)?,
+            beta_alpha: BetaAlpha::load(gpu, file, i, nv, h)?,
             taps: gpu.upload_f32(&taps)?,
             ssm_a: gpu.upload_f32(&ssm_a)?,
             dt_bias: gpu.upload_f32(&vector_f32(file, &n("ssm_dt.bias"), nv)?)?,
@@ -89,13 +87,52 @@ impl DeltaNetLayer {
     }
 
     /// The matrices a decode step reads, in order.
-    pub(super) fn matrices(&self) -> [&DeviceMatrix; 5] {
-        [&self.qkv, &self.gate, &self.beta, &self.alpha, &self.out]
+    pub(super) fn matrices(&self) -> Vec<&DeviceMatrix> {
+        let mut v = vec![&self.qkv, &self.gate];
+        v.extend(self.beta_alpha.matrices());
+        v.push(&self.out);
+        v
     }
 
     /// The matrices of the layer's first product (what the product before it prefetches).
-    pub(super) fn first_matrices(&self) -> [&DeviceMatrix; 3] {
-        [&self.qkv, &self.gate, &self.beta]
+    pub(super) fn first_matrices(&self) -> Vec<&DeviceMatrix> {
+        let mut v = vec![&self.qkv, &self.gate];
+        v.extend(self.beta_alpha.matrices().into_iter().take(1));
+        v
+    }
+}
+
+/// The β and α projections: one matrix of `2·nv` rows where their formats agree (one product
+/// with q|k|v and z), else two.
+enum BetaAlpha {
+    Stacked(DeviceMatrix),
+    Separate(DeviceMatrix, DeviceMatrix),
+}
+
+impl BetaAlpha {
+    fn load(gpu: &Arc<Gpu>, file: &GgufFile, i: usize, nv: usize, h: usize) -> Result<BetaAlpha> {
+        let (b, a) = (
+            format!("blk.{i}.ssm_beta.weight"),
+            format!("blk.{i}.ssm_alpha.weight"),
+        );
+        let (tb, ta) = (super::tensor(file, &b)?, super::tensor(file, &a)?);
+        if tb.dtype == ta.dtype && tb.shape == [nv, h] && ta.shape == [nv, h] {
+            let bytes = [tb.data.as_slice(), ta.data.as_slice()].concat();
+            let m = DeviceMatrix::upload(gpu, tb.dtype, 2 * nv, h, &bytes)
+                .map_err(|e| Error::Invalid(format!("{b} and {a}: {e}")))?;
+            return Ok(BetaAlpha::Stacked(m));
+        }
+        Ok(BetaAlpha::Separate(
+            matrix(gpu, file, &b, nv, h)?,
+            matrix(gpu, file, &a, nv, h)?,
+        ))
+    }
+
+    fn matrices(&self) -> Vec<&DeviceMatrix> {
+        match self {
+            BetaAlpha::Stacked(m) => vec![m],
+            BetaAlpha::Separate(b, a) => vec![b, a],
+        }
     }
 }
 
@@ -254,20 +291,20 @@ impl CudaState {
         let layer_state = g.state.at(gi * s.state_len() * 4);
         let conv_state = g.conv.at(gi * s.conv_state_len() * 4);
         if !skip(super::Skip::PRODUCTS) {
-            self.product(
-                m,
-                &[
-                    d.qkv.seg(rows.mixed, cd, None, false),
-                    d.gate.seg(g.z.ptr(), vd, None, false),
-                    d.beta.seg(g.ba.ptr(), 2 * nv, None, false),
-                ],
-                normed,
-                n,
-                h,
-                &[],
-            )?;
-            let alpha: MatSeg = d.alpha.seg(g.ba.at(nv * 4), 2 * nv, None, false);
-            self.product(m, &[alpha], normed, n, h, &[])?;
+            // Per row b then a: `2·nv` values.
+            let (beta, alpha) = match &d.beta_alpha {
+                BetaAlpha::Stacked(ba) => (ba.seg(g.ba.ptr(), 2 * nv, None, false), None),
+                BetaAlpha::Separate(b, a) => (
+                    b.seg(g.ba.ptr(), 2 * nv, None, false),
+                    Some(a.seg(g.ba.at(nv * 4), 2 * nv, None, false)),
+                ),
+            };
+            let qkv = d.qkv.seg(rows.mixed, cd, None, false);
+            let z = d.gate.seg(g.z.ptr(), vd, None, false);
+            self.product(m, &[qkv, z, beta], normed, n, h, &[])?;
+            if let Some(alpha) = alpha {
+                self.product(m, &[alpha], normed, n, h, &[])?;
+            }
         }
         if !skip(super::Skip::ATTENTION) {
             k.gdn_conv(&GdnConv {
