@@ -190,27 +190,34 @@ static void check_shape(GdnShape s, const char* name) {
   }
   snprintf(line, sizeof line, "%s: passes of 3, 1 and 7 rows give one pass's bits (outputs and states)", name);
   report(same_bits(ys, one.y) && same_bits(st2.ssm, st.ssm) && same_bits(st2.conv, st.conv), line);
-  // A tree after a committed prefix of 5: each node against decoding its path.
-  std::vector<int> parents = {-1, 0, 0, 1, 1, 2, 3, 6, 4, 7};
-  int nodes = parents.size();
+  // Trees after a committed prefix of 5: each node against decoding its path (a branching
+  // tree, whose nodes step from the running state or rebuild it; a chain of nodes).
   State base = fresh(L);
   Tokens prefix = random_tokens(L, 5);
   run_pass(L, base, prefix, chain_meta(0, 5));
-  Tokens tree_tokens = random_tokens(L, nodes);
+  std::vector<int> chain_tree = {-1, 0, 1, 2, 3, 4};
+  for (const std::vector<int>& shape : {std::vector<int>{-1, 0, 0, 1, 1, 2, 3, 6, 4, 7}, chain_tree}) {
+    int count = shape.size();
+    Tokens tt = random_tokens(L, count);
+    State ts = base;
+    Pass p = run_pass(L, ts, tt, tree_meta(5, shape));
+    report(same_bits(ts.ssm, base.ssm) && same_bits(ts.conv, base.conv),
+           (std::string(name) + ": a tree pass leaves the states as they were").c_str());
+    bool same = true;
+    for (int i = 0; i < count; i++) {
+      std::vector<int> path; for (int a = i; a >= 0; a = shape[a]) path.insert(path.begin(), a);
+      State dec = base;
+      V last;
+      for (int r : path) { Pass q = run_pass(L, dec, pick(L, tt, {r}), chain_meta(0, 1)); last = q.y; }
+      if (!same_bits(row_of(p.y, i, L.vd), last)) { same = false; printf("     node %d differs from decoding its path\n", i); }
+    }
+    snprintf(line, sizeof line, "%s: each of a %d-node %s's outputs has the bits of decoding its path one row at a time", name, count, shape == chain_tree ? "chain tree" : "branching tree");
+    report(same, line);
+  }
+  std::vector<int> parents = {-1, 0, 0, 1, 1, 2, 3, 6, 4, 7};
+  Tokens tree_tokens = random_tokens(L, parents.size());
   State tree_state = base;
   Pass tp = run_pass(L, tree_state, tree_tokens, tree_meta(5, parents));
-  report(same_bits(tree_state.ssm, base.ssm) && same_bits(tree_state.conv, base.conv),
-         (std::string(name) + ": a tree pass leaves the states as they were").c_str());
-  bool all_same = true;
-  for (int i = 0; i < nodes; i++) {
-    std::vector<int> path; for (int a = i; a >= 0; a = parents[a]) path.insert(path.begin(), a);
-    State dec = base;
-    V last;
-    for (int r : path) { Pass p = run_pass(L, dec, pick(L, tree_tokens, {r}), chain_meta(0, 1)); last = p.y; }
-    if (!same_bits(row_of(tp.y, i, L.vd), last)) { all_same = false; printf("     node %d differs from decoding its path\n", i); }
-  }
-  snprintf(line, sizeof line, "%s: each of a %d-node tree's outputs has the bits of decoding its path one row at a time", name, nodes);
-  report(all_same, line);
   // Commits: a deep path, and one shorter than the conv's history (reaching into the old state).
   for (std::vector<int> path : {std::vector<int>{0, 1, 3, 6, 7, 9}, std::vector<int>{0, 2}, std::vector<int>{0}}) {
     State c = base;

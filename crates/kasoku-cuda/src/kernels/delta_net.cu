@@ -162,10 +162,12 @@ __device__ __forceinline__ void gdn_update(float* st, const float* k, int dk, in
 
 // The gated delta rule over a pass's rows: grid (nv, ceil(dv / 4)), block 128, a warp per
 // state column j of value head blockIdx.x. A chain runs its rows in order from the layer's
-// state and leaves the state after the last; a tree reads the state only: each node starts
-// from it, replays its ancestors' updates (their deltas, written by this warp for earlier
-// nodes: a parent comes before its children) and takes its own step. Writes each row's output
-// `out` [n][nv·dv] and delta `deltas` [n][nv·dv].
+// state and leaves the state after the last; a tree reads the state only: a node steps from
+// its parent's state, which is the warp's running state when the parent is the node before
+// it, else rebuilt from the committed state by replaying the node's ancestors' updates (their
+// deltas, written by this warp for earlier nodes: a parent comes before its children). A chain
+// of nodes costs a step and an update each. Writes each row's output `out` [n][nv·dv] and
+// delta `deltas` [n][nv·dv].
 extern "C" __global__ void __launch_bounds__(128) gdn_recurrence(
     GdnShape s, const float* qkv, const float* gates, float* state, const Batch* batch, const int* pos,
     const int* path, float* out, float* deltas) {
@@ -204,29 +206,40 @@ extern "C" __global__ void __launch_bounds__(128) gdn_recurrence(
         }
         return;
     }
-    int width = batch->max_depth + 1;
-    for (int t = 0; t < n; t++) {
-        float cur[GDN_PER_LANE];
+    // `cur` holds the state after node `at` (-1: the committed state). A node whose parent is
+    // `at` (the next node of a chain, a first child) steps from it; another rebuilds its
+    // parent's state from the committed one by replaying its ancestors' updates.
+    int width = batch->max_depth + 1, at = -1;
+    float cur[GDN_PER_LANE];
 #pragma unroll
-        for (int r = 0; r < GDN_PER_LANE; r++) cur[r] = st[r];
+    for (int r = 0; r < GDN_PER_LANE; r++) cur[r] = st[r];
+    for (int t = 0; t < n; t++) {
         int depth = pos[t] - batch->past;
-        for (int e = 0; e < depth; e++) {
-            int a = path[t * width + e];
-            const float* ka = qkv + (size_t)a * cd + kd + kh * dk;
-            float alpha_a = expf(gates[(size_t)a * 2 * s.nv + h]);
-            gdn_update(cur, ka, dk, lane, alpha_a, deltas[(size_t)a * vd + h * s.dv + j]);
+        int parent = depth == 0 ? -1 : path[t * width + depth - 1];
+        if (parent != at) {
+#pragma unroll
+            for (int r = 0; r < GDN_PER_LANE; r++) cur[r] = st[r];
+            for (int e = 0; e < depth; e++) {
+                int a = path[t * width + e];
+                const float* ka = qkv + (size_t)a * cd + kd + kh * dk;
+                float alpha_a = expf(gates[(size_t)a * 2 * s.nv + h]);
+                gdn_update(cur, ka, dk, lane, alpha_a, deltas[(size_t)a * vd + h * s.dv + j]);
+            }
         }
         const float* row = qkv + (size_t)t * cd;
+        const float* k = row + kd + kh * dk;
         float alpha = expf(gates[(size_t)t * 2 * s.nv + h]);
         float beta = gates[(size_t)t * 2 * s.nv + s.nv + h];
         float o, d;
-        gdn_step(cur, row + kh * dk, row + kd + kh * dk, dk, lane, row[2 * kd + h * s.dv + j], alpha, beta, &o, &d);
+        gdn_step(cur, row + kh * dk, k, dk, lane, row[2 * kd + h * s.dv + j], alpha, beta, &o, &d);
         if (lane == 0) {
             out[(size_t)t * vd + h * s.dv + j] = o;
             deltas[(size_t)t * vd + h * s.dv + j] = d;
         }
-        // The delta is read back by this warp's later nodes.
+        // The delta is read back by this warp when a later node replays this one.
         __syncwarp();
+        gdn_update(cur, k, dk, lane, alpha, d);
+        at = t;
     }
 }
 
