@@ -102,7 +102,8 @@ static Pass run_pass(const Layer& L, State& st, const Tokens& t, const Meta& m) 
   launch({(unsigned)s.nv, (unsigned)((s.dv + 3) / 4), 1}, 128, [&] {
     gdn_recurrence(s, p.qkv.data(), p.gates.data(), st.ssm.data(), b, pos, path, p.y.data(), p.deltas.data());
   });
-  launch({(unsigned)n, 1, 1}, 128, [&] {
+  // As the launcher: a block per head where heads hold whole int8 blocks, else per row.
+  launch({(unsigned)n, s.dv % 32 == 0 ? (unsigned)s.nv : 1u, 1}, 128, [&] {
     // int8 blocks only of whole blocks (the launcher refuses others).
     bool blocks = L.vd % 32 == 0;
     gdn_out(s, p.y.data(), t.z.data(), L.norm.data(), 1e-6f, blocks ? (i8*)p.q.data() : nullptr, blocks ? (float4*)p.qs.data() : nullptr);

@@ -244,16 +244,18 @@ extern "C" __global__ void __launch_bounds__(128) gdn_recurrence(
 }
 
 // The output of a row: per value head, RMSNorm over dv with the plain weight w, times
-// silu(z); in place in `o` [n][nv·dv], then its int8 blocks when xq is set (nv·dv a multiple
-// of 32). Grid (n), block 128.
+// silu(z); in place in `o` [n][nv·dv], then its int8 blocks when xq is set. Grid (n, nv) when
+// dv is a multiple of 32 (a block per head, its own int8 blocks), else (n, 1) (a block per row,
+// its heads in turn; nv·dv a multiple of 32). Block 128.
 extern "C" __global__ void __launch_bounds__(128) gdn_out(GdnShape s, float* o, const float* z, const float* w,
                                                          float eps, i8* xq, float4* xs) {
     wait_for_predecessor();
     __shared__ float red[32];
     int i = blockIdx.x, dv = s.dv, vd = s.nv * s.dv;
+    int first = gridDim.y == 1 ? 0 : blockIdx.y, last = gridDim.y == 1 ? s.nv : blockIdx.y + 1;
     float* orow = o + (size_t)i * vd;
     const float* zrow = z + (size_t)i * vd;
-    for (int h = 0; h < s.nv; h++) {
+    for (int h = first; h < last; h++) {
         float ss = 0.0f;
         for (int c = threadIdx.x; c < dv; c += blockDim.x) {
             float x = orow[h * dv + c];
@@ -269,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_out(GdnShape s, float* o, 
     __syncthreads();
     if (!xq) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int b = warp; b < vd / 32; b += nw)
+    for (int b = first * dv / 32 + warp; b < last * dv / 32; b += nw)
         quant_block32(orow[32 * b + lane], xq + (size_t)i * vd + 32 * b, xs + (size_t)i * (vd / 32) + b);
 }
 

@@ -137,6 +137,16 @@ pub struct GdnCommit {
     pub len: usize,
 }
 
+/// Blocks per row of `gdn_out`: one per value head where heads hold whole int8 blocks of 32
+/// (each normalizes and quantizes its own), else one for the row.
+pub fn gdn_out_blocks_per_row(shape: GdnShape) -> usize {
+    if shape.dv % 32 == 0 {
+        shape.nv as usize
+    } else {
+        1
+    }
+}
+
 impl Kernels {
     /// The conv + SiLU of a pass's rows and their heads' preparation (see delta_net.cu
     /// `gdn_conv`).
@@ -228,7 +238,7 @@ impl Kernels {
         }
         self.launch(
             "gdn_out",
-            (n as u32, 1, 1),
+            (n as u32, gdn_out_blocks_per_row(shape) as u32, 1),
             128,
             &mut [p(&shape), p(&o), p(&z), p(&w), p(&eps), p(&xq), p(&xs)],
         )
