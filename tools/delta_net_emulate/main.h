@@ -1,5 +1,5 @@
 // The host emulation's driver: runs delta_net.cu's kernels (the real source, see gen.py) as a
-// pass of the GPU model runs them (gdn_conv, gdn_conv_advance, gdn_recurrence, gdn_out; the
+// pass of the GPU model runs them (gdn_conv, gdn_recurrence, gdn_out; the
 // commit's two kernels) on random projections, against an f64 reference written from
 // qwen35.md §5, and checks bit-for-bit batch invariance: chains split anywhere, tree nodes
 // against decoding their paths, a committed path against decoding it.
@@ -98,9 +98,9 @@ static Pass run_pass(const Layer& L, State& st, const Tokens& t, const Meta& m) 
   launch({(unsigned)n, (unsigned)(2 * s.nk + s.nv), 1}, 128, [&] {
     gdn_conv(s, t.mixed.data(), L.taps.data(), st.conv.data(), t.ba.data(), L.ssm_a.data(), L.dt_bias.data(), q_scale, b, pos, path, p.qkv.data(), p.gates.data());
   });
-  launch({(unsigned)((L.cd + 127) / 128), 1, 1}, 128, [&] { gdn_conv_advance(s, t.mixed.data(), st.conv.data(), b); });
-  launch({(unsigned)s.nv, (unsigned)((s.dv + 3) / 4), 1}, 128, [&] {
-    gdn_recurrence(s, p.qkv.data(), p.gates.data(), st.ssm.data(), b, pos, path, p.y.data(), p.deltas.data());
+  launch({(unsigned)s.nv + 1, (unsigned)((s.dv + 3) / 4), 1}, 128, [&] {
+    gdn_recurrence(s, p.qkv.data(), p.gates.data(), st.ssm.data(), b, pos, path, p.y.data(), p.deltas.data(),
+                   t.mixed.data(), st.conv.data());
   });
   // As the launcher: a block per head where heads hold whole int8 blocks, else per row.
   launch({(unsigned)n, s.dv % 32 == 0 ? (unsigned)s.nv : 1u, 1}, 128, [&] {

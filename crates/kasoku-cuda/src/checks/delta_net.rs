@@ -147,7 +147,6 @@ fn pass(
         qkv: qkv.ptr(),
         gates: gates.ptr(),
     })?;
-    k.gdn_conv_advance(s, mixed.ptr(), st.conv.ptr(), meta.ptr())?;
     k.gdn_recurrence(&GdnRecurrence {
         shape: s,
         qkv: qkv.ptr(),
@@ -158,6 +157,8 @@ fn pass(
         path: meta.at(layout.path * 4),
         out: o.ptr(),
         deltas: deltas.ptr(),
+        mixed: mixed.ptr(),
+        conv_state: st.conv.ptr(),
     })?;
     let raw = o.read_f32(n * vd)?;
     k.gdn_out(s, o.ptr(), z.ptr(), norm.ptr(), 1e-6, n, Acts::default())?;

@@ -1,7 +1,7 @@
 // Gated DeltaNet, Qwen3.5's linear-attention layers (shared/research/qwen35.md §5): the short
 // causal conv with SiLU and each head's preparation (q/k l2 norms, the gates), the gated delta
-// rule over a chain or a tree of rows, the gated RMSNorm of its output, and the commit of a
-// verified tree's accepted path.
+// rule over a chain or a tree of rows (with a chain's conv-state advance), the gated RMSNorm of
+// its output, and the commit of a verified tree's accepted path.
 //
 // One layer: nk key heads of dk values, nv value heads of dv, conv_dim = 2·nk·dk + nv·dv
 // channels [q | k | v]. Layouts:
@@ -111,19 +111,17 @@ extern "C" __global__ void __launch_bounds__(128) gdn_conv(
 }
 
 // After a chain pass's gdn_conv: the conv state becomes the last K-1 inputs of [state | rows]
-// (a tree pass leaves it; its commit moves it). Grid (ceil(conv_dim / 128)), block 128: a
-// thread per channel, rows in order (each reads a later row than it writes).
-extern "C" __global__ void gdn_conv_advance(GdnShape s, const float* mixed, float* conv_state,
-                                            const Batch* batch) {
-    wait_for_predecessor();
+// (a tree pass leaves it; its commit moves it). Channels first..last by a block, a thread per
+// channel, rows in order (each reads a later row than it writes).
+__device__ void gdn_conv_advance(const GdnShape& s, const float* mixed, float* conv_state, int n, int first,
+                                 int last) {
     int cd = gdn_conv_dim(s), hist = s.kernel - 1;
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (!batch->is_chain || c >= cd) return;
-    int n = batch->n;
-    for (int r = 0; r < hist; r++) {
-        int v = n + r;
-        conv_state[(size_t)r * cd + c] = v < hist ? conv_state[(size_t)v * cd + c] : mixed[(size_t)(v - hist) * cd + c];
-    }
+    for (int c = first + threadIdx.x; c < last && c < cd; c += blockDim.x)
+        for (int r = 0; r < hist; r++) {
+            int v = n + r;
+            conv_state[(size_t)r * cd + c] =
+                v < hist ? conv_state[(size_t)v * cd + c] : mixed[(size_t)(v - hist) * cd + c];
+        }
 }
 
 // Column j's part of one recurrent step (a warp; lane l holds state rows l, l + 32, …):
@@ -160,8 +158,9 @@ __device__ __forceinline__ void gdn_update(float* st, const float* k, int dk, in
     }
 }
 
-// The gated delta rule over a pass's rows: grid (nv, ceil(dv / 4)), block 128, a warp per
-// state column j of value head blockIdx.x. A chain runs its rows in order from the layer's
+// The gated delta rule over a pass's rows: grid (nv + 1, ceil(dv / 4)), block 128, a warp per
+// state column j of value head blockIdx.x; the blocks of x = nv advance a chain's conv state
+// past its rows `mixed` (gdn_conv, the kernel before, has read it). A chain runs its rows in order from the layer's
 // state and leaves the state after the last; a tree reads the state only: a node steps from
 // its parent's state, which is the warp's running state when the parent is the node before
 // it, else rebuilt from the committed state by replaying the node's ancestors' updates (their
@@ -170,8 +169,14 @@ __device__ __forceinline__ void gdn_update(float* st, const float* k, int dk, in
 // delta `deltas` [n][nv·dv].
 extern "C" __global__ void __launch_bounds__(128) gdn_recurrence(
     GdnShape s, const float* qkv, const float* gates, float* state, const Batch* batch, const int* pos,
-    const int* path, float* out, float* deltas) {
+    const int* path, float* out, float* deltas, const float* mixed, float* conv_state) {
     wait_for_predecessor();
+    if ((int)blockIdx.x == s.nv) {
+        if (!batch->is_chain) return;
+        int per = (gdn_conv_dim(s) + gridDim.y - 1) / gridDim.y;
+        gdn_conv_advance(s, mixed, conv_state, batch->n, blockIdx.y * per, (blockIdx.y + 1) * per);
+        return;
+    }
     int h = blockIdx.x, lane = threadIdx.x & 31;
     int j = blockIdx.y * 4 + (threadIdx.x >> 5);
     if (j >= s.dv) return;

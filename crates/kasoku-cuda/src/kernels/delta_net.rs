@@ -1,6 +1,6 @@
 //! Launchers of the Gated DeltaNet kernels (`delta_net.cu`): the conv and head preparation,
-//! the conv state's advance after a chain, the recurrence over a chain or a tree, the gated
-//! output norm, and the commit of an accepted tree path. Shapes are checked before anything
+//! the recurrence over a chain or a tree (with a chain's conv-state advance), the gated output
+//! norm, and the commit of an accepted tree path. Shapes are checked before anything
 //! is queued.
 
 use super::{p, quant_targets, Acts, Kernels};
@@ -112,6 +112,9 @@ pub struct GdnRecurrence {
     /// Out: `n × nv·dv` each.
     pub out: u64,
     pub deltas: u64,
+    /// The pass's conv inputs and the layer's conv state (a chain advances it past them).
+    pub mixed: u64,
+    pub conv_state: u64,
 }
 
 /// Parameters of [`Kernels::gdn_commit`]: every GDN layer's states and the rows of the tree
@@ -178,31 +181,14 @@ impl Kernels {
         )
     }
 
-    /// After a chain pass's [`Kernels::gdn_conv`]: the conv state moves past the pass's rows
-    /// `mixed` (a tree pass leaves it: the batch description says which).
-    pub fn gdn_conv_advance(
-        &self,
-        shape: GdnShape,
-        mixed: u64,
-        conv_state: u64,
-        batch: u64,
-    ) -> Result<()> {
-        shape.check()?;
-        self.launch(
-            "gdn_conv_advance",
-            (shape.conv_dim().div_ceil(128) as u32, 1, 1),
-            128,
-            &mut [p(&shape), p(&mixed), p(&conv_state), p(&batch)],
-        )
-    }
-
-    /// The gated delta rule over a pass's rows (see delta_net.cu `gdn_recurrence`).
+    /// The gated delta rule over a pass's rows, and a chain's conv-state advance past them
+    /// (see delta_net.cu `gdn_recurrence`; after [`Kernels::gdn_conv`] of the same rows).
     pub fn gdn_recurrence(&self, a: &GdnRecurrence) -> Result<()> {
         a.shape.check()?;
         let s = a.shape;
         self.launch(
             "gdn_recurrence",
-            (s.nv as u32, (s.dv as u32).div_ceil(4), 1),
+            (s.nv as u32 + 1, (s.dv as u32).div_ceil(4), 1),
             128,
             &mut [
                 p(&s),
@@ -214,6 +200,8 @@ impl Kernels {
                 p(&a.path),
                 p(&a.out),
                 p(&a.deltas),
+                p(&a.mixed),
+                p(&a.conv_state),
             ],
         )
     }

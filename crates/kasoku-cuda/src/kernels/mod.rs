@@ -48,7 +48,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 28] = [
+pub const NAMES: [&str; 27] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -72,7 +72,6 @@ pub const NAMES: [&str; 28] = [
     "gemm_reduce",
     "sigmoid_gate",
     "gdn_conv",
-    "gdn_conv_advance",
     "gdn_recurrence",
     "gdn_out",
     "gdn_commit_state",

@@ -3,10 +3,10 @@
 //!
 //! ```text
 //! mixed = h·W_qkvᵀ  z = h·W_gateᵀ  b = h·W_betaᵀ  a = h·W_alphaᵀ      (matvec)
-//! q,k,v = silu(conv(mixed)); q,k l2-normed, q /= sqrt(dk); g, β     (gdn_conv; a chain
-//!                                                                    then advances the conv
-//!                                                                    state: gdn_conv_advance)
-//! o = gated delta rule(q, k, v, g, β)                               (gdn_recurrence)
+//! q,k,v = silu(conv(mixed)); q,k l2-normed, q /= sqrt(dk); g, β     (gdn_conv)
+//! o = gated delta rule(q, k, v, g, β)                               (gdn_recurrence; a chain
+//!                                                                    also advances the conv
+//!                                                                    state past its rows)
 //! o = rmsnorm(o per value head) · silu(z)                           (gdn_out)
 //! x += o·W_outᵀ                                                     (matvec)
 //! ```
@@ -323,7 +323,6 @@ impl CudaState {
                 qkv: rows.qkv,
                 gates: rows.gates,
             })?;
-            k.gdn_conv_advance(s, rows.mixed, conv_state, self.meta.ptr())?;
             k.gdn_recurrence(&GdnRecurrence {
                 shape: s,
                 qkv: rows.qkv,
@@ -334,6 +333,8 @@ impl CudaState {
                 path: word(self.layout.path),
                 out: g.o.ptr(),
                 deltas: rows.deltas,
+                mixed: rows.mixed,
+                conv_state,
             })?;
         }
         let o = Acts {
