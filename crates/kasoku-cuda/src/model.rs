@@ -1469,6 +1469,16 @@ impl CudaModel {
             seg.best = st.best.ptr();
             k.matvec(&[seg], normed, 1, h)
         })?;
+        // Qwen3.5: the first Gated DeltaNet layer's kernels (its state is overwritten).
+        let first_gdn = self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::DeltaNet(d, gi) => Some((d, *gi)),
+            Mixer::Attention(_) => None,
+        });
+        if let Some((d, gi)) = first_gdn {
+            for (what, bytes, f) in st.delta_net_steps(self, d, gi, normed)? {
+                time(what, bytes, &*f)?;
+            }
+        }
         for n in [2usize, 4, 8, 16, 32, 64] {
             time(
                 &format!("matvec gate|up at {n} rows"),

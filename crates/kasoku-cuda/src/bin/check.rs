@@ -353,7 +353,10 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         };
         println!("  kernel {what}: {us:.1} us{bw}");
     }
-    println!("  per step: {} layers of the above", m.config.n_layers);
+    println!(
+        "  per step: {} layers of the above ({} attention, {} Gated DeltaNet)",
+        m.config.n_layers, m.attn_layers, m.gdn_layers
+    );
 
     // The verify curve: a chain of k tokens after `depth` committed positions.
     for depth in [1usize, 512, 4000] {

@@ -361,6 +361,103 @@ impl CudaState {
         }
     }
 
+    /// Gated DeltaNet layer `gi`'s kernels for a one-row chain over `normed` (the batch
+    /// description already in place), each as (what, weight bytes it reads, a launch), for
+    /// timing them apart (`CudaModel::profile_step`). They overwrite the layer's state.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn delta_net_steps<'a>(
+        &'a self,
+        m: &'a super::CudaModel,
+        d: &'a DeltaNetLayer,
+        gi: usize,
+        normed: Acts,
+    ) -> Result<Vec<(&'static str, usize, Box<dyn Fn() -> Result<()> + 'a>)>> {
+        let g = self
+            .delta
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("a Gated DeltaNet layer without its state".into()))?;
+        let (k, c, s) = (&m.kernels, &m.config, g.shape);
+        let (h, cd, vd, nv) = (c.hidden, s.conv_dim(), s.value_dim(), s.nv as usize);
+        let rows = g.rows(gi, 1);
+        let word = move |w: usize| self.meta.at(w * 4);
+        let layer_state = g.state.at(gi * s.state_len() * 4);
+        let conv_state = g.conv.at(gi * s.conv_state_len() * 4);
+        let mut segs = vec![
+            d.qkv.seg(rows.mixed, cd, None, false),
+            d.gate.seg(g.z.ptr(), vd, None, false),
+        ];
+        let mut in_bytes = d.qkv.buf.len() + d.gate.buf.len();
+        if let BetaAlpha::Stacked(ba) = &d.beta_alpha {
+            segs.push(ba.seg(g.ba.ptr(), 2 * nv, None, false));
+            in_bytes += ba.buf.len();
+        }
+        let o = Acts {
+            x: g.o.ptr(),
+            xq: self.xq.ptr(),
+            xs: self.xs.ptr(),
+            ld: vd,
+        };
+        let conv = GdnConv {
+            shape: s,
+            n: 1,
+            mixed: rows.mixed,
+            taps: d.taps.ptr(),
+            conv_state,
+            ba: g.ba.ptr(),
+            ssm_a: d.ssm_a.ptr(),
+            dt_bias: d.dt_bias.ptr(),
+            q_scale: 1.0 / (s.dk as f32).sqrt(),
+            batch: self.meta.ptr(),
+            pos: word(self.layout.pos),
+            path: word(self.layout.path),
+            qkv: rows.qkv,
+            gates: rows.gates,
+        };
+        let rec = GdnRecurrence {
+            shape: s,
+            qkv: rows.qkv,
+            gates: rows.gates,
+            state: layer_state,
+            batch: self.meta.ptr(),
+            pos: word(self.layout.pos),
+            path: word(self.layout.path),
+            out: g.o.ptr(),
+            deltas: rows.deltas,
+            mixed: rows.mixed,
+            conv_state,
+        };
+        let out = d.out.seg(self.x.ptr(), h, None, true);
+        let (state_bytes, out_bytes) = (s.state_len() * 4, d.out.buf.len());
+        let (norm, z, eps) = (d.norm.ptr(), g.z.ptr(), c.rms_eps);
+        Ok(vec![
+            (
+                "gdn matvec q|k|v|z|b|a",
+                in_bytes,
+                Box::new(move || k.matvec(&segs, normed, 1, h)),
+            ),
+            (
+                "gdn conv + q/k norms + gates",
+                0,
+                Box::new(move || k.gdn_conv(&conv)),
+            ),
+            (
+                "gdn recurrence (state read and written)",
+                2 * state_bytes,
+                Box::new(move || k.gdn_recurrence(&rec)),
+            ),
+            (
+                "gdn gated norm (+int8)",
+                0,
+                Box::new(move || k.gdn_out(s, o.x, z, norm, eps, 1, o)),
+            ),
+            (
+                "gdn matvec out (+residual)",
+                out_bytes,
+                Box::new(move || k.matvec(&[out], o, 1, vd)),
+            ),
+        ])
+    }
+
     /// Queues the commit of the accepted `len`-node path (device i32s at `path`) into every
     /// Gated DeltaNet layer's states.
     pub(super) fn commit_delta_net(
