@@ -21,6 +21,9 @@ use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
 use crate::synth::{random_tensor, Rng};
 
+mod delta_net;
+pub use delta_net::delta_net_checks;
+
 /// The outcome of a group of checks.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -1152,6 +1155,7 @@ pub fn kernels(k: &Kernels) -> R<Report> {
     rep.merge(gemm(k)?);
     rep.merge(elementwise(k)?);
     rep.merge(attention_checks(k)?);
+    rep.merge(delta_net_checks(k)?);
     rep.merge(top_k_checks(k)?);
     Ok(rep)
 }

@@ -12,6 +12,9 @@
 //!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
 //! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
 //!   pass ([`Kernels::gemm`], launchers in `gemm.rs`).
+//! - `delta_net.cu`: Qwen3.5's Gated DeltaNet layers (conv, head preparation, the recurrence
+//!   over a chain or a tree, the gated output norm, the commit of an accepted path; launchers
+//!   in `delta_net.rs`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -21,7 +24,9 @@ use kasoku::quant::DType;
 use crate::runtime::compile::{arch_of, compile_cached, Module};
 use crate::runtime::{Error, Gpu, Result};
 
+mod delta_net;
 mod gemm;
+pub use delta_net::{GdnCommit, GdnConv, GdnRecurrence, GdnShape, GDN_MAX_DK, GDN_MAX_HEAD};
 pub use gemm::{
     gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
     product_args, DequantSeg, GemmArgs, GemmOut, GemmScratch, GemmTile, PrepArgs, GEMM_MAX_SPLITS,
@@ -37,12 +42,13 @@ pub fn source() -> String {
         include_str!("attention.cu"),
         include_str!("sample.cu"),
         include_str!("gemm.cu"),
+        include_str!("delta_net.cu"),
     ]
     .join("\n")
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 21] = [
+pub const NAMES: [&str; 27] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -64,6 +70,12 @@ pub const NAMES: [&str; 21] = [
     "gemm_128x128",
     "gemm_64x64",
     "gemm_reduce",
+    "sigmoid_gate",
+    "gdn_conv",
+    "gdn_recurrence",
+    "gdn_out",
+    "gdn_commit_state",
+    "gdn_commit_conv",
 ];
 
 /// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the
@@ -729,6 +741,24 @@ impl Kernels {
             ((len / 32).div_ceil(4) as u32, 1, 1),
             128,
             &mut [p(&g), p(&u), p(&blocks), p(&xq), p(&xs)],
+        )
+    }
+
+    /// `x = x · sigmoid(gate)` over `len` values (a multiple of 32; Qwen3.5's attention output
+    /// gate), and the int8 blocks of the result into `q` when set.
+    pub fn sigmoid_gate(&self, x: u64, gate: u64, len: usize, q: Acts) -> Result<()> {
+        if !len.is_multiple_of(32) {
+            return Err(Error::Invalid(format!(
+                "sigmoid gate of {len} values (whole blocks of 32)"
+            )));
+        }
+        let (xq, xs) = quant_targets(q, len)?;
+        let blocks = (len / 32) as i64;
+        self.launch(
+            "sigmoid_gate",
+            ((len / 32).div_ceil(4) as u32, 1, 1),
+            128,
+            &mut [p(&x), p(&gate), p(&blocks), p(&xq), p(&xs)],
         )
     }
 

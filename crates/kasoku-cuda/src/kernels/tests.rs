@@ -26,6 +26,74 @@ fn parameter_blocks_have_the_cuda_layout() {
     assert_eq!(std::mem::size_of::<PostArgs>(), 64);
     assert_eq!(std::mem::offset_of!(PostArgs, kv_ld), 40);
     assert_eq!(std::mem::offset_of!(PostArgs, on), 56);
+    // struct GdnShape: 6 ints.
+    assert_eq!(std::mem::size_of::<GdnShape>(), 24);
+    assert_eq!(std::mem::offset_of!(GdnShape, grouped), 20);
+}
+
+#[test]
+fn gated_delta_net_shapes_the_kernels_cannot_take_are_refused_with_the_reason() {
+    let qwen35_9b = GdnShape {
+        nk: 16,
+        nv: 32,
+        dk: 128,
+        dv: 128,
+        kernel: 4,
+        grouped: 0,
+    };
+    qwen35_9b.check().unwrap();
+    assert_eq!(qwen35_9b.conv_dim(), 8192);
+    assert_eq!(qwen35_9b.state_len(), 32 * 128 * 128);
+    assert_eq!(qwen35_9b.conv_state_len(), 3 * 8192);
+    for bad in [
+        GdnShape {
+            dk: 256,
+            ..qwen35_9b
+        },
+        GdnShape {
+            nv: 24,
+            nk: 16,
+            ..qwen35_9b
+        },
+        GdnShape {
+            kernel: 1,
+            ..qwen35_9b
+        },
+        GdnShape {
+            dv: 512,
+            ..qwen35_9b
+        },
+    ] {
+        let e = bad.check().unwrap_err().to_string();
+        assert!(e.contains("Gated DeltaNet geometry"), "{e}");
+    }
+}
+
+#[test]
+fn every_kernel_name_is_a_kernel_of_the_source_and_every_kernel_is_named() {
+    // The identifier before the parameters of each `extern "C" __global__` definition.
+    let src = source();
+    let kernels: Vec<String> = src
+        .split("extern \"C\" __global__")
+        .skip(1)
+        .map(|rest| {
+            let rest = match rest.find("__launch_bounds__(") {
+                Some(at) if at < rest.find('{').unwrap_or(usize::MAX) => {
+                    let after = &rest[at..];
+                    &after[after.find(')').unwrap() + 1..]
+                }
+                _ => rest,
+            };
+            let head = &rest[..rest.find('(').unwrap()];
+            head.split_whitespace().last().unwrap().to_string()
+        })
+        .collect();
+    for name in NAMES {
+        assert!(kernels.iter().any(|k| k == name), "{name} is not a kernel");
+    }
+    for k in &kernels {
+        assert!(NAMES.contains(&k.as_str()), "kernel {k} is not loaded");
+    }
 }
 
 #[test]
