@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (staged by tools/gpu_run.sh as .gpu/cli_checks.sh): the kasoku binary
-# on the transformers fixtures, `run --device cuda` against `run --device cpu` (the same greedy
+# on the transformers fixtures (Qwen3.5's hybrid included), `run --device cuda` against `run --device cpu` (the same greedy
 # text; the same sampled text for the same seed, as far as the logits agree), with and without
 # prompt lookup on the GPU, with a draft model on the GPU (`--draft`: the Q4_0 file drafting
 # for the f32 one, or a model drafting for itself), the device named in the statistics, and
@@ -17,7 +17,7 @@ check() {  # what, ok?
   if [ "$2" = 1 ]; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
 }
 prompt="def add(a, b): return a + b. def add(a, b): return"
-for f in llama/tiny qwen2/tiny qwen3/tiny; do
+for f in llama/tiny qwen2/tiny qwen3/tiny qwen3_5/tiny; do
   m=$G/fixtures/$f/model-f32.gguf
   gpu=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec none --device cuda -q 2>&1)
   cpu=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec none --device cpu -q 2>&1)
@@ -64,6 +64,10 @@ stats=$($K run --model "$m" -m "hello" -n 8 2>&1)
 check "the default device is the GPU and the statistics say so" \
   "$(echo "$stats" | grep -q "device cuda:0" && echo 1)"
 echo "$stats" | tail -2
+# Qwen3.5's hybrid takes the GPU only when asked for, until it has been verified on one.
+q35=$($K run --model "$G/fixtures/qwen3_5/tiny/model-f32.gguf" -m "hello" -n 8 --spec none 2>&1)
+check "Qwen3.5 by default: the CPU, with the reason" \
+  "$(echo "$q35" | grep -q "not verified on a GPU yet" && echo 1)"
 hot1=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --seed 7 --device cuda -q 2>&1)
 hot2=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --seed 7 --device cuda -q 2>&1)
 greedy=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --device cuda -q 2>&1)

@@ -29,7 +29,7 @@ if [ -d "$LLAMA_SRC" ] && [ ! -f "$STAGE/llama/llama-src.tar.xz" ]; then
     --exclude='tools/server/public*' --exclude='*.png' \
     CMakeLists.txt cmake common ggml include src tools vendor LICENSE
 fi
-for f in llama/tiny llama/tiny_rope_llama3 qwen2/tiny qwen3/tiny; do
+for f in llama/tiny llama/tiny_rope_llama3 qwen2/tiny qwen3/tiny qwen3_5/tiny; do
   mkdir -p "$STAGE/fixtures/$f"
   cp tests/fixtures/$f/reference.json tests/fixtures/$f/*.gguf "$STAGE/fixtures/$f/"
 done

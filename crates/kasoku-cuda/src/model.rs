@@ -1,17 +1,23 @@
-//! A dense decoder (llama, qwen2, qwen3) on the GPU: weights uploaded once from the GGUF's
-//! memory map, a KV cache of f16, and forward passes that run as one CUDA graph per batch
-//! size, so a decode step or a whole draft tree costs one launch and one synchronisation.
+//! A decoder on the GPU (llama, qwen2, qwen3, and Qwen3.5's hybrid of Gated DeltaNet and
+//! gated attention layers): weights uploaded once from the GGUF's memory map, a KV cache of
+//! f16 for the attention layers (recurrent and conv states in f32 for the Gated DeltaNet ones,
+//! `model/delta_net.rs`), and forward passes that run as one CUDA graph per batch size, so a
+//! decode step or a whole draft tree costs one launch and one synchronisation.
 //!
 //! ```text
 //! x = embed(tokens)
-//! per layer: h = norm(x); q,k,v = h·[Wq|Wk|Wv]ᵀ (+bias); per-head norm, RoPE, cache write;
-//!            x += attention(q)·Woᵀ;  h = norm(x);  x += (silu(h·Wgᵀ) · h·Wuᵀ)·Wdᵀ
+//! per layer: h = norm(x)
+//!            attention: q,k,v = h·[Wq|Wk|Wv]ᵀ (+bias); per-head norm, RoPE, cache write;
+//!                       a = attention(q) (· sigmoid(h·Wgᵀ), Qwen3.5's gate); x += a·Woᵀ
+//!            Gated DeltaNet (Qwen3.5): x += delta_net(h)
+//!            h = norm(x);  x += (silu(h·Wgᵀ) · h·Wuᵀ)·Wdᵀ
 //! logits = norm(x)·Headᵀ;  ids = argmax(logits)
 //! ```
 //! A pass describes its rows on the device (`BatchDesc`, tokens, positions, tree paths), filled
 //! by a copy from pinned memory captured into the graph; the ids come back the same way.
 //! Verification places tree node `i` at `len + depth(i)` and writes its keys and values at
-//! slot `len + i`; [`CudaState::commit`] moves the accepted path's slots into place.
+//! slot `len + i`; [`CudaState::commit`] moves the accepted path's slots into place and
+//! replays its recurrent updates.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -40,8 +46,31 @@ pub const MAX_TREE: usize = 64;
 /// block normalizes the rows one after another; more rows take the rmsnorm kernel).
 pub const NORM_FUSE_ROWS: usize = 4;
 
+mod delta_net;
+pub use delta_net::shape_of as gdn_shape;
+use delta_net::{DeltaNetLayer, DeltaNetState};
+
+/// One layer: its norm, token mixer, and MLP.
 struct Layer {
     attn_norm: DeviceBuffer,
+    mixer: Mixer,
+    /// The norm before the MLP (`ffn_norm`; Qwen3.5's `post_attention_norm`).
+    ffn_norm: DeviceBuffer,
+    gate: DeviceMatrix,
+    up: DeviceMatrix,
+    down: DeviceMatrix,
+}
+
+/// A layer's token mixer.
+enum Mixer {
+    Attention(Attention),
+    /// Qwen3.5's linear-attention layers (`model/delta_net.rs`); the index among them.
+    DeltaNet(DeltaNetLayer, usize),
+}
+
+/// An attention layer's weights.
+struct Attention {
+    /// The query rows of `attn_q` (Qwen3.5: without its gate rows).
     wq: DeviceMatrix,
     wk: DeviceMatrix,
     wv: DeviceMatrix,
@@ -51,10 +80,43 @@ struct Layer {
     q_norm: Option<DeviceBuffer>,
     k_norm: Option<DeviceBuffer>,
     wo: DeviceMatrix,
-    ffn_norm: DeviceBuffer,
-    gate: DeviceMatrix,
-    up: DeviceMatrix,
-    down: DeviceMatrix,
+    /// Qwen3.5's output gate: the gate rows of `attn_q` (per head, the `head_dim` rows after
+    /// its query rows), applied as `sigmoid(h·Wgᵀ)` to the attention output.
+    wg: Option<DeviceMatrix>,
+    /// Its KV cache among the attention layers'.
+    cache: usize,
+}
+
+impl Layer {
+    /// The attention weights (none for other mixers).
+    fn attention(&self) -> Option<&Attention> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(..) => None,
+        }
+    }
+
+    /// The matrices of the layer's first product (what the product before prefetches).
+    fn first_matrices(&self) -> Vec<&DeviceMatrix> {
+        match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv],
+            Mixer::DeltaNet(d, _) => d.first_matrices(),
+        }
+    }
+
+    /// Every matrix a decode step reads.
+    fn matrices(&self) -> Vec<&DeviceMatrix> {
+        let mut v = match &self.mixer {
+            Mixer::Attention(a) => {
+                let mut v = vec![&a.wq, &a.wk, &a.wv, &a.wo];
+                v.extend(&a.wg);
+                v
+            }
+            Mixer::DeltaNet(d, _) => d.matrices(),
+        };
+        v.extend([&self.gate, &self.up, &self.down]);
+        v
+    }
 }
 
 /// A model's weights on one GPU.
@@ -69,6 +131,10 @@ pub struct CudaModel {
     inv_freq: DeviceBuffer,
     /// Bytes of weights a decode step reads (every matrix once, the embedding row aside).
     pub weight_bytes: usize,
+    /// Attention layers (each with a KV cache) and Gated DeltaNet layers (each with a
+    /// recurrent and a conv state).
+    pub attn_layers: usize,
+    pub gdn_layers: usize,
 }
 
 fn tensor(file: &GgufFile, name: &str) -> Result<RawTensor> {
@@ -114,9 +180,67 @@ fn vector(gpu: &Arc<Gpu>, file: &GgufFile, name: &str, len: usize) -> Result<Dev
     gpu.upload_f32(&vector_f32(file, name, len)?)
 }
 
+/// An RMSNorm weight vector: `w`, or `1 + w` where the checkpoint stores Qwen3.5's
+/// zero-centred norms unfolded (`norm_offset_one`; GGUF converters fold the 1 in).
+fn norm_vector(
+    gpu: &Arc<Gpu>,
+    file: &GgufFile,
+    name: &str,
+    len: usize,
+    offset_one: bool,
+) -> Result<DeviceBuffer> {
+    let mut v = vector_f32(file, name, len)?;
+    if offset_one {
+        v.iter_mut().for_each(|w| *w += 1.0);
+    }
+    gpu.upload_f32(&v)
+}
+
+/// The rows of a matrix stored as, per head, `head_dim` query rows then `head_dim` gate rows
+/// (`row_bytes` each): (every query row, every gate row), in order.
+pub fn query_and_gate_rows(bytes: &[u8], row_bytes: usize, head_dim: usize) -> (Vec<u8>, Vec<u8>) {
+    let (mut query, mut gate) = (Vec::new(), Vec::new());
+    for (r, row) in bytes.chunks_exact(row_bytes).enumerate() {
+        if (r / head_dim).is_multiple_of(2) {
+            query.extend_from_slice(row);
+        } else {
+            gate.extend_from_slice(row);
+        }
+    }
+    (query, gate)
+}
+
+/// Qwen3.5's `attn_q`: per head `head_dim` query rows then `head_dim` gate rows. Returns the
+/// query rows and the gate rows as two matrices (each `n_heads·head_dim × hidden`).
+fn split_query_gate(
+    gpu: &Arc<Gpu>,
+    file: &GgufFile,
+    name: &str,
+    c: &ModelConfig,
+) -> Result<(DeviceMatrix, DeviceMatrix)> {
+    let (hd, q_dim) = (c.head_dim, c.n_heads * c.head_dim);
+    let t = tensor(file, name)?;
+    if t.shape != [2 * q_dim, c.hidden] {
+        return Err(Error::Invalid(format!(
+            "{name}: shape {:?}, expected [{}, {}] (query and gate rows)",
+            t.shape,
+            2 * q_dim,
+            c.hidden
+        )));
+    }
+    let row_bytes = crate::kernels::check_matrix(t.dtype, 2 * q_dim, c.hidden, t.data.len())?;
+    let (query, gate) = query_and_gate_rows(t.data.as_slice(), row_bytes, hd);
+    let up = |b: &[u8]| {
+        DeviceMatrix::upload(gpu, t.dtype, q_dim, c.hidden, b)
+            .map_err(|e| Error::Invalid(format!("{name}: {e}")))
+    };
+    Ok((up(&query)?, up(&gate)?))
+}
+
 impl CudaModel {
-    /// Loads a GGUF file onto `gpu`. Dense attention models only (llama, qwen2, qwen3);
-    /// others are an `Invalid` error naming what is missing.
+    /// Loads a GGUF file onto `gpu`: dense attention models (llama, qwen2, qwen3) and Qwen3.5
+    /// hybrids (Gated DeltaNet and gated attention layers; its MTP head is not loaded); others
+    /// are an `Invalid` error naming what is missing.
     pub fn load(gpu: &Arc<Gpu>, path: impl AsRef<Path>) -> Result<CudaModel> {
         let path = path.as_ref();
         let file = GgufFile::open(path).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -128,6 +252,8 @@ impl CudaModel {
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
         let embed = matrix(gpu, &file, "token_embd.weight", c.vocab, h)?;
         let mut layers = Vec::with_capacity(c.n_layers);
+        let (mut attn_layers, mut gdn_layers) = (0, 0);
+        let one = c.norm_offset_one;
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let bias = |s: &str, len| -> Result<Option<DeviceBuffer>> {
@@ -139,29 +265,54 @@ impl CudaModel {
             };
             let qk = |s: &str| -> Result<Option<DeviceBuffer>> {
                 if c.qk_norm {
-                    vector(gpu, &file, &n(s), hd).map(Some)
+                    norm_vector(gpu, &file, &n(s), hd, one).map(Some)
                 } else {
                     Ok(None)
                 }
             };
+            let mixer = match c.layer_kinds[i] {
+                LayerKind::GatedDeltaNet => {
+                    gdn_layers += 1;
+                    Mixer::DeltaNet(DeltaNetLayer::load(gpu, &file, c, i)?, gdn_layers - 1)
+                }
+                LayerKind::Attention => {
+                    let (wq, wg) = if c.attn_output_gate {
+                        let (q, g) = split_query_gate(gpu, &file, &n("attn_q.weight"), c)?;
+                        (q, Some(g))
+                    } else {
+                        (matrix(gpu, &file, &n("attn_q.weight"), q_dim, h)?, None)
+                    };
+                    attn_layers += 1;
+                    Mixer::Attention(Attention {
+                        wq,
+                        wk: matrix(gpu, &file, &n("attn_k.weight"), kv_dim, h)?,
+                        wv: matrix(gpu, &file, &n("attn_v.weight"), kv_dim, h)?,
+                        bq: bias("attn_q.bias", q_dim)?,
+                        bk: bias("attn_k.bias", kv_dim)?,
+                        bv: bias("attn_v.bias", kv_dim)?,
+                        q_norm: qk("attn_q_norm.weight")?,
+                        k_norm: qk("attn_k_norm.weight")?,
+                        wo: matrix(gpu, &file, &n("attn_output.weight"), h, q_dim)?,
+                        wg,
+                        cache: attn_layers - 1,
+                    })
+                }
+            };
+            let ffn_norm = if c.arch == Arch::Qwen35 {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            };
             layers.push(Layer {
-                attn_norm: vector(gpu, &file, &n("attn_norm.weight"), h)?,
-                wq: matrix(gpu, &file, &n("attn_q.weight"), q_dim, h)?,
-                wk: matrix(gpu, &file, &n("attn_k.weight"), kv_dim, h)?,
-                wv: matrix(gpu, &file, &n("attn_v.weight"), kv_dim, h)?,
-                bq: bias("attn_q.bias", q_dim)?,
-                bk: bias("attn_k.bias", kv_dim)?,
-                bv: bias("attn_v.bias", kv_dim)?,
-                q_norm: qk("attn_q_norm.weight")?,
-                k_norm: qk("attn_k_norm.weight")?,
-                wo: matrix(gpu, &file, &n("attn_output.weight"), h, q_dim)?,
-                ffn_norm: vector(gpu, &file, &n("ffn_norm.weight"), h)?,
+                attn_norm: norm_vector(gpu, &file, &n("attn_norm.weight"), h, one)?,
+                mixer,
+                ffn_norm: norm_vector(gpu, &file, &n(ffn_norm), h, one)?,
                 gate: matrix(gpu, &file, &n("ffn_gate.weight"), c.ffn, h)?,
                 up: matrix(gpu, &file, &n("ffn_up.weight"), c.ffn, h)?,
                 down: matrix(gpu, &file, &n("ffn_down.weight"), h, c.ffn)?,
             });
         }
-        let output_norm = vector(gpu, &file, "output_norm.weight", h)?;
+        let output_norm = norm_vector(gpu, &file, "output_norm.weight", h, one)?;
         let head = if file.tensor_info("output.weight").is_some() {
             Some(matrix(gpu, &file, "output.weight", c.vocab, h)?)
         } else {
@@ -184,7 +335,7 @@ impl CudaModel {
         let inv_freq = gpu.upload_f32(&inv)?;
         let mut weight_bytes = head.as_ref().unwrap_or(&embed).buf.len();
         for l in &layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
+            for m in l.matrices() {
                 weight_bytes += m.buf.len();
             }
         }
@@ -198,6 +349,8 @@ impl CudaModel {
             head,
             inv_freq,
             weight_bytes,
+            attn_layers,
+            gdn_layers,
         })
     }
 
@@ -215,19 +368,29 @@ impl CudaModel {
     }
 }
 
-/// What this backend runs: dense attention layers, the kernels' head size.
+/// What this backend runs: attention layers (plain, or Qwen3.5's gated ones) and Qwen3.5's
+/// Gated DeltaNet layers, at widths the kernels take.
 pub fn check_config(c: &ModelConfig) -> Result<()> {
-    if c.arch == Arch::Qwen35 || c.layer_kinds.iter().any(|k| *k != LayerKind::Attention) {
+    if c.arch != Arch::Qwen35 && c.layer_kinds.iter().any(|k| *k != LayerKind::Attention) {
         return Err(Error::Invalid(format!(
-            "{:?}: the CUDA backend runs dense attention models (llama, qwen2, qwen3); Gated \
-             DeltaNet layers are not implemented on the GPU yet",
+            "{:?}: Gated DeltaNet layers run on the GPU only in Qwen3.5 models",
             c.arch
         )));
     }
-    if c.attn_output_gate || c.norm_offset_one {
+    if c.attn_output_gate && c.qkv_bias {
         return Err(Error::Invalid(
-            "gated attention / (1 + w) norms are not implemented on the GPU".into(),
+            "gated attention with q/k/v biases is not implemented on the GPU".into(),
         ));
+    }
+    if c.layer_kinds.contains(&LayerKind::GatedDeltaNet) {
+        let s = gdn_shape(c);
+        s.check()?;
+        if !s.value_dim().is_multiple_of(32) {
+            return Err(Error::Invalid(format!(
+                "Gated DeltaNet value width {} (nv·dv): the GPU kernels need a multiple of 32",
+                s.value_dim()
+            )));
+        }
     }
     let widths = [c.hidden, c.n_heads * c.head_dim, c.ffn];
     if widths.iter().any(|w| !w.is_multiple_of(32)) || !c.head_dim.is_multiple_of(8) {
@@ -406,6 +569,10 @@ pub struct CudaState {
     pub gemm_rows: Option<usize>,
     /// The prefill products' f16 scratch (compute capability 8.0 or later).
     gemm_bufs: Option<GemmBufs>,
+    /// The Gated DeltaNet layers' states and pass buffers (Qwen3.5).
+    delta: Option<DeltaNetState>,
+    /// Qwen3.5's attention output gates of a pass (`rows × n_heads·head_dim`).
+    attn_gate: Option<DeviceBuffer>,
     /// Token ids whose logits the head computes: `0..head_rows` (the whole vocabulary unless
     /// [`CudaState::set_head_rows`] narrowed it, as a draft model's state does).
     head_rows: usize,
@@ -490,14 +657,30 @@ impl CudaState {
         let (h, hd) = (c.hidden, c.head_dim);
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
         let f = |n: usize| gpu.alloc(n * 4);
-        let max_width = h.max(q_dim).max(c.ffn).next_multiple_of(32);
-        let kv = gpu.alloc(c.n_layers * 2 * kv_dim * max_slots * 2)?;
+        let gdn = (m.gdn_layers > 0).then(|| gdn_shape(c));
+        let value_dim = gdn.map_or(0, |s| s.value_dim());
+        let max_width = h.max(q_dim).max(c.ffn).max(value_dim).next_multiple_of(32);
+        let kv = gpu.alloc(m.attn_layers.max(1) * 2 * kv_dim * max_slots * 2)?;
         kv.fill(0)?;
         let layout = MetaLayout::new(rows);
         let gemm_rows = default_gemm_rows(std::env::var("KASOKU_CUDA_GEMM").ok().as_deref());
         // The GEMM's scratch only where it can run.
         let gemm_bufs = if m.kernels.has_gemm() && gemm_rows.is_some() {
             let (w, x, part) = gemm_scratch_size(h, q_dim, kv_dim, c.ffn, rows);
+            // Qwen3.5's products: the q|k|v|z|β|α in-projection of a Gated DeltaNet layer and
+            // its output projection.
+            let (w, x, part) = match gdn {
+                Some(s) => {
+                    let rows_in = s.conv_dim() + s.value_dim() + 2 * s.nv as usize;
+                    (
+                        w.max(gemm_scratch_bytes(rows_in, 0, h).0)
+                            .max(gemm_scratch_bytes(h, 0, s.value_dim()).0),
+                        x.max(gemm_scratch_bytes(0, rows, s.value_dim()).1),
+                        part.max(gemm_part_bytes(rows_in, rows, GEMM_MAX_SPLITS)),
+                    )
+                }
+                None => (w, x, part),
+            };
             Some(GemmBufs {
                 w16: gpu.alloc(w)?,
                 x16: gpu.alloc(x)?,
@@ -561,6 +744,15 @@ impl CudaState {
             skip: 0,
             gemm_rows,
             gemm_bufs,
+            delta: match gdn {
+                Some(s) => Some(DeltaNetState::new(&gpu, s, m.gdn_layers, rows)?),
+                None => None,
+            },
+            attn_gate: if c.attn_output_gate {
+                Some(f(rows * q_dim)?)
+            } else {
+                None
+            },
             head_rows: c.vocab,
             gpu,
         };
@@ -572,17 +764,47 @@ impl CudaState {
         self.graphs.clear();
     }
 
-    /// Forgets everything (the cache is overwritten by later passes).
+    /// Forgets everything (the cache is overwritten by later passes; recurrent states start
+    /// from zero again at the next pass).
     pub fn reset(&mut self) {
         self.len = 0;
         self.pending = None;
     }
 
-    /// Keeps the first `len` committed positions (attention-only: later slots are simply
-    /// overwritten by the next passes); a pending tree is dropped.
+    /// Keeps the first `len` committed positions (attention caches: later slots are simply
+    /// overwritten by the next passes); a pending tree is dropped. A model with recurrent
+    /// (Gated DeltaNet) layers cannot rewind them: keeping fewer positions than it holds
+    /// forgets everything, as [`CudaState::reset`] (see [`CudaState::len`] after).
     pub fn truncate(&mut self, len: usize) {
+        if len < self.len && self.delta.is_some() {
+            self.reset();
+            return;
+        }
         self.len = self.len.min(len);
         self.pending = None;
+    }
+
+    /// Whether [`CudaState::truncate`] keeps a prefix (no recurrent layers).
+    pub fn is_rewindable(&self) -> bool {
+        self.delta.is_none()
+    }
+
+    /// Queues the zeroing of the recurrent states before a pass over an empty state.
+    fn start_if_empty(&self) -> Result<()> {
+        match &self.delta {
+            Some(d) if self.len == 0 => d.zero(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Gated DeltaNet layer `gi`'s recurrent state (`nv × dv × dk`, each value head's state
+    /// column by column) and conv state (`(K−1) × conv_dim`), for checks; `None` without such
+    /// layers.
+    pub fn delta_net_state(&self, gi: usize) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        match &self.delta {
+            Some(d) => d.read_layer(gi).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn check_tokens(&self, m: &CudaModel, tokens: &[u32], extra: usize) -> Result<()> {
@@ -686,88 +908,128 @@ impl CudaState {
             if !normed_ready && !skip(Skip::ELEMENTWISE) {
                 k.rmsnorm(self.x.ptr(), l.attn_norm.ptr(), c.rms_eps, h, n, normed)?;
             }
-            if !skip(Skip::PRODUCTS) {
-                self.product(
-                    m,
-                    &[
-                        l.wq.seg(self.q.ptr(), q_dim, opt(&l.bq), false),
-                        l.wk.seg(self.k.ptr(), kv_dim, opt(&l.bk), false),
-                        l.wv.seg(self.v.ptr(), kv_dim, opt(&l.bv), false),
-                    ],
-                    normed,
-                    n,
-                    h,
-                    &next(prefetch, &[&l.wo]),
-                )?;
-            }
-            let k_cache = self.kv.at(li * 2 * layer_elems * 2);
-            let v_cache = self.kv.at((li * 2 + 1) * layer_elems * 2);
-            let att = acts(&self.att, q_dim);
-            let post = QkvPost {
-                q: self.q.ptr(),
-                k: self.k.ptr(),
-                v: self.v.ptr(),
-                n,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                rot_dim: c.rope_dim,
-                interleaved: c.rope_layout == kasoku::kernels::rope::RopeLayout::Interleaved,
-                inv_freq: m.inv_freq.ptr(),
-                q_norm: opt(&l.q_norm).unwrap_or(0),
-                k_norm: opt(&l.k_norm).unwrap_or(0),
-                eps: c.rms_eps,
-                batch: self.meta.ptr(),
-                pos: word(self.layout.pos),
-                k_cache,
-                v_cache,
-                max_slots: self.max_slots,
-            };
-            // A one-row pass rotates q and writes the new key inside attention.
-            let fused = n == 1 && self.fuse_post && !skip(Skip::QKV_EPILOGUE);
-            if !fused && !skip(Skip::ATTENTION | Skip::QKV_EPILOGUE) {
-                k.qkv_post(&post)?;
-            }
-            if !skip(Skip::ATTENTION) {
-                k.attention(&AttnCall {
-                    q: self.q.ptr(),
-                    k_cache,
-                    v_cache,
-                    max_slots: self.max_slots,
-                    n,
-                    n_heads: c.n_heads,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    batch: self.meta.ptr(),
-                    pos: word(self.layout.pos),
-                    path: word(self.layout.path),
-                    part_ml: self.part_ml.ptr(),
-                    part_o: self.part_o.ptr(),
-                    chunks: self.chunks,
-                    arrivals: self.arrivals.ptr(),
-                    out: self.att.ptr(),
-                    out_q: if fused_merge { att.xq } else { 0 },
-                    out_s: if fused_merge { att.xs } else { 0 },
-                    post: if fused {
-                        PostArgs::fused(&post)
+            match &l.mixer {
+                Mixer::DeltaNet(d, gi) => {
+                    let tail = fuse_norm.then(|| norm_tail(&l.ffn_norm));
+                    let normed_by_tail = self.record_delta_net(m, d, *gi, normed, n, tail)?;
+                    if !normed_by_tail && !skip(Skip::ELEMENTWISE) {
+                        k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
+                    }
+                }
+                Mixer::Attention(a) => {
+                    if !skip(Skip::PRODUCTS) {
+                        self.product(
+                            m,
+                            &[
+                                a.wq.seg(self.q.ptr(), q_dim, opt(&a.bq), false),
+                                a.wk.seg(self.k.ptr(), kv_dim, opt(&a.bk), false),
+                                a.wv.seg(self.v.ptr(), kv_dim, opt(&a.bv), false),
+                            ],
+                            normed,
+                            n,
+                            h,
+                            &next(prefetch, &[&a.wo]),
+                        )?;
+                    }
+                    // Qwen3.5's output gate: its own product (the q|k|v call takes three matrices).
+                    let gate_out = match (&a.wg, &self.attn_gate) {
+                        (Some(wg), Some(buf)) => {
+                            if !skip(Skip::PRODUCTS) {
+                                self.product(
+                                    m,
+                                    &[wg.seg(buf.ptr(), q_dim, None, false)],
+                                    normed,
+                                    n,
+                                    h,
+                                    &[],
+                                )?;
+                            }
+                            Some(buf.ptr())
+                        }
+                        _ => None,
+                    };
+                    // Attention writes its int8 blocks itself unless a gate comes after it.
+                    let merge_quant = fused_merge && gate_out.is_none();
+                    let k_cache = self.kv.at(a.cache * 2 * layer_elems * 2);
+                    let v_cache = self.kv.at((a.cache * 2 + 1) * layer_elems * 2);
+                    let att = acts(&self.att, q_dim);
+                    let post = QkvPost {
+                        q: self.q.ptr(),
+                        k: self.k.ptr(),
+                        v: self.v.ptr(),
+                        n,
+                        n_heads: c.n_heads,
+                        n_kv_heads: c.n_kv_heads,
+                        head_dim: hd,
+                        rot_dim: c.rope_dim,
+                        interleaved: c.rope_layout
+                            == kasoku::kernels::rope::RopeLayout::Interleaved,
+                        inv_freq: m.inv_freq.ptr(),
+                        q_norm: opt(&a.q_norm).unwrap_or(0),
+                        k_norm: opt(&a.k_norm).unwrap_or(0),
+                        eps: c.rms_eps,
+                        batch: self.meta.ptr(),
+                        pos: word(self.layout.pos),
+                        k_cache,
+                        v_cache,
+                        max_slots: self.max_slots,
+                    };
+                    // A one-row pass rotates q and writes the new key inside attention.
+                    let fused = n == 1 && self.fuse_post && !skip(Skip::QKV_EPILOGUE);
+                    if !fused && !skip(Skip::ATTENTION | Skip::QKV_EPILOGUE) {
+                        k.qkv_post(&post)?;
+                    }
+                    if !skip(Skip::ATTENTION) {
+                        k.attention(&AttnCall {
+                            q: self.q.ptr(),
+                            k_cache,
+                            v_cache,
+                            max_slots: self.max_slots,
+                            n,
+                            n_heads: c.n_heads,
+                            n_kv_heads: c.n_kv_heads,
+                            head_dim: hd,
+                            scale: 1.0 / (hd as f32).sqrt(),
+                            batch: self.meta.ptr(),
+                            pos: word(self.layout.pos),
+                            path: word(self.layout.path),
+                            part_ml: self.part_ml.ptr(),
+                            part_o: self.part_o.ptr(),
+                            chunks: self.chunks,
+                            arrivals: self.arrivals.ptr(),
+                            out: self.att.ptr(),
+                            out_q: if merge_quant { att.xq } else { 0 },
+                            out_s: if merge_quant { att.xs } else { 0 },
+                            post: if fused {
+                                PostArgs::fused(&post)
+                            } else {
+                                PostArgs::default()
+                            },
+                        })?;
+                        match gate_out {
+                            Some(gate) => k.sigmoid_gate(self.att.ptr(), gate, n * q_dim, att)?,
+                            None if !fused_merge => k.quantize(att, n * q_dim)?,
+                            None => {}
+                        }
+                    }
+                    let wo = a.wo.seg(self.x.ptr(), h, None, true);
+                    if fuse_norm {
+                        k.matvec_norm(wo, att, n, q_dim, norm_tail(&l.ffn_norm))?;
                     } else {
-                        PostArgs::default()
-                    },
-                })?;
-                if !fused_merge {
-                    k.quantize(att, n * q_dim)?;
-                }
-            }
-            let wo = l.wo.seg(self.x.ptr(), h, None, true);
-            if fuse_norm {
-                k.matvec_norm(wo, att, n, q_dim, norm_tail(&l.ffn_norm))?;
-            } else {
-                if !skip(Skip::PRODUCTS) {
-                    self.product(m, &[wo], att, n, q_dim, &next(prefetch, &[&l.gate, &l.up]))?;
-                }
-                if !skip(Skip::ELEMENTWISE) {
-                    k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
+                        if !skip(Skip::PRODUCTS) {
+                            self.product(
+                                m,
+                                &[wo],
+                                att,
+                                n,
+                                q_dim,
+                                &next(prefetch, &[&l.gate, &l.up]),
+                            )?;
+                        }
+                        if !skip(Skip::ELEMENTWISE) {
+                            k.rmsnorm(self.x.ptr(), l.ffn_norm.ptr(), c.rms_eps, h, n, normed)?;
+                        }
+                    }
                 }
             }
             let g = acts(&self.g, c.ffn);
@@ -811,7 +1073,7 @@ impl CudaState {
                 _ => {
                     if !skip(Skip::PRODUCTS) {
                         let after: Vec<&DeviceMatrix> = match m.layers.get(li + 1) {
-                            Some(nl) => next(prefetch, &[&nl.wq, &nl.wk, &nl.wv]),
+                            Some(nl) => next(prefetch, &nl.first_matrices()),
                             None => Vec::new(),
                         };
                         self.product(m, &[down], g, n, c.ffn, &after)?;
@@ -865,6 +1127,7 @@ impl CudaState {
             )));
         }
         m.gpu().bind()?;
+        self.start_if_empty()?;
         let layout = self.layout;
         let mut words = vec![0u32; layout.words];
         fill_meta(&layout, self.len, tokens, tree, &mut words);
@@ -1016,7 +1279,8 @@ impl CudaState {
     }
 
     /// Keeps the root-to-node `path` of the pending tree: its keys and values move into
-    /// place (queued; no synchronisation) and the state grows by its length.
+    /// place, Gated DeltaNet layers replay its updates (queued; no synchronisation) and the
+    /// state grows by its length.
     pub fn commit(&mut self, m: &CudaModel, path: &[usize]) -> Result<()> {
         let tree = self
             .pending
@@ -1035,13 +1299,15 @@ impl CudaState {
         m.kernels.kv_commit(&KvCommit {
             cache: self.kv.ptr(),
             head_elems: self.max_slots * c.head_dim,
-            layers: c.n_layers,
+            layers: m.attn_layers,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
             past: self.len,
             path: self.path_dev.ptr(),
             len: path.len(),
         })?;
+        // Gated DeltaNet layers replay the path's updates (Qwen3.5).
+        self.commit_delta_net(m, self.path_dev.ptr(), path.len())?;
         self.len += path.len();
         Ok(())
     }
@@ -1054,6 +1320,7 @@ impl CudaState {
         let vocab = m.config.vocab;
         let mut out = Vec::with_capacity(tokens.len() * vocab);
         for chunk in tokens.chunks(MAX_TREE) {
+            self.start_if_empty()?;
             let n = chunk.len();
             let mut words = vec![0u32; self.layout.words];
             fill_meta(&self.layout, self.len, chunk, None, &mut words);
@@ -1103,7 +1370,12 @@ impl CudaModel {
         let c = &self.config;
         let (h, hd) = (c.hidden, c.head_dim);
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let l = &self.layers[0];
+        // The first attention layer (Qwen3.5's first layers are Gated DeltaNet ones).
+        let (l, a) = self
+            .layers
+            .iter()
+            .find_map(|l| l.attention().map(|a| (l, a)))
+            .ok_or_else(|| Error::Invalid("profile_step: no attention layer".into()))?;
         let mut words = vec![0u32; st.layout.words];
         fill_meta(&st.layout, st.len, &[1], None, &mut words);
         st.meta_host.put_u32s(0, &words);
@@ -1134,13 +1406,13 @@ impl CudaModel {
         })?;
         time(
             "matvec q|k|v",
-            l.wq.buf.len() + l.wk.buf.len() + l.wv.buf.len(),
+            a.wq.buf.len() + a.wk.buf.len() + a.wv.buf.len(),
             &|| {
                 k.matvec(
                     &[
-                        l.wq.seg(st.q.ptr(), q_dim, None, false),
-                        l.wk.seg(st.k.ptr(), kv_dim, None, false),
-                        l.wv.seg(st.v.ptr(), kv_dim, None, false),
+                        a.wq.seg(st.q.ptr(), q_dim, None, false),
+                        a.wk.seg(st.k.ptr(), kv_dim, None, false),
+                        a.wv.seg(st.v.ptr(), kv_dim, None, false),
                     ],
                     normed,
                     1,
@@ -1199,8 +1471,8 @@ impl CudaModel {
                 })
             },
         )?;
-        time("matvec o (+residual)", l.wo.buf.len(), &|| {
-            k.matvec(&[l.wo.seg(st.normed.ptr(), h, None, true)], att, 1, q_dim)
+        time("matvec o (+residual)", a.wo.buf.len(), &|| {
+            k.matvec(&[a.wo.seg(st.normed.ptr(), h, None, true)], att, 1, q_dim)
         })?;
         time("matvec gate|up", l.gate.buf.len() + l.up.buf.len(), &|| {
             k.matvec(
@@ -1226,6 +1498,16 @@ impl CudaModel {
             seg.best = st.best.ptr();
             k.matvec(&[seg], normed, 1, h)
         })?;
+        // Qwen3.5: the first Gated DeltaNet layer's kernels (its state is overwritten).
+        let first_gdn = self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::DeltaNet(d, gi) => Some((d, *gi)),
+            Mixer::Attention(_) => None,
+        });
+        if let Some((d, gi)) = first_gdn {
+            for (what, bytes, f) in st.delta_net_steps(self, d, gi, normed)? {
+                time(what, bytes, &*f)?;
+            }
+        }
         for n in [2usize, 4, 8, 16, 32, 64] {
             time(
                 &format!("matvec gate|up at {n} rows"),
@@ -1522,6 +1804,45 @@ mod tests {
         // Verification and decode passes never reach it: their bits stay batch-invariant.
         assert!(default_gemm_rows(Some("1")).unwrap() > MAX_TREE);
         const { assert!(PREFILL_ROWS > MAX_TREE) };
+    }
+
+    #[test]
+    fn qwen3_5_runs_on_the_gpu_and_unsupported_shapes_say_why() {
+        use kasoku::format::gguf::GgufFile;
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/qwen3_5/tiny/model-f32.gguf");
+        let c = ModelConfig::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        check_config(&c).unwrap();
+        let s = gdn_shape(&c);
+        assert_eq!(
+            (s.nk, s.nv, s.dk, s.dv, s.kernel, s.grouped),
+            (2, 4, 16, 16, 4, 0)
+        );
+        // Key heads past what the recurrence holds in registers.
+        let mut big = c.clone();
+        big.linear_key_head_dim = 256;
+        let e = check_config(&big).unwrap_err().to_string();
+        assert!(e.contains("key heads of at most 128"), "{e}");
+        // Value widths the output's int8 blocks cannot cover.
+        let mut odd = c.clone();
+        odd.linear_value_head_dim = 12;
+        assert!(check_config(&odd)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 32"));
+        // Gated DeltaNet layers in another family.
+        let mut llama = c.clone();
+        llama.arch = Arch::Llama;
+        assert!(check_config(&llama).is_err());
+    }
+
+    #[test]
+    fn qwen3_5_query_rows_and_gate_rows_are_split_per_head() {
+        // 2 heads of head_dim 2: rows q0 q0 g0 g0 q1 q1 g1 g1 (one byte each).
+        let rows = [10u8, 11, 20, 21, 12, 13, 22, 23];
+        let (q, g) = query_and_gate_rows(&rows, 1, 2);
+        assert_eq!(q, [10, 11, 12, 13]);
+        assert_eq!(g, [20, 21, 22, 23]);
     }
 
     #[test]

@@ -2,11 +2,15 @@
 //! files are too large to carry: every tensor has the shape and the per-tensor type llama.cpp's
 //! quantizer gives the real file, filled with random valid blocks (small finite scales), so a
 //! decode step reads the same bytes as with trained weights. Norm weights are 1, biases small.
+//! Dense qwen2 shapes here; Qwen3.5 hybrid shapes in `synth/hybrid.rs`.
 
 use std::path::Path;
 
 use kasoku::format::{write_gguf, MetaValue};
 use kasoku::quant::DType;
+
+pub mod hybrid;
+pub use hybrid::{HybridShape, QWEN35_2B};
 
 /// A dense qwen2-family shape.
 #[derive(Clone, Debug, PartialEq)]

@@ -50,6 +50,7 @@ fn fixtures_through_the_gpu() {
             ("llama/tiny", "model-f32.gguf"),
             ("qwen2/tiny", "model-f32.gguf"),
             ("qwen3/tiny", "model-f32.gguf"),
+            ("qwen3_5/tiny", "model-f32.gguf"),
         ] {
             assert_ok(checks::fixture(&g, &fixtures().join(sub), file, 5e-3).unwrap());
         }
@@ -63,8 +64,10 @@ fn speculative_equals_plain_on_the_gpu() {
             .chain(0..30)
             .map(|i| (i * 37 + 5) % 384)
             .collect();
-        let model = fixtures().join("llama/tiny/model-f32.gguf");
-        assert_ok(checks::speculative(&g, &model, &prompt, 40).unwrap());
+        for rel in ["llama/tiny/model-f32.gguf", "qwen3_5/tiny/model-f32.gguf"] {
+            let model = fixtures().join(rel);
+            assert_ok(checks::speculative(&g, &model, &prompt, 40).unwrap());
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
 //! kasoku-cuda-check spec-draft TARGET DRAFT [N]  the same with a draft model on the GPU
 //! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
-//! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b)
+//! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b,
+//!                                                qwen3.5-2b)
 //! kasoku-cuda-check bench MODEL.gguf             tg128, pp512, verify curve k = 1..64
 //! kasoku-cuda-check bench-draft TARGET DRAFT     tokens/s with a draft model on the GPU
 //! ```
@@ -29,18 +30,27 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
     if arg(0) == "synth" {
-        let shape = match arg(1) {
-            "1.5b" => synth::QWEN25_15B,
-            "0.5b" => synth::QWEN25_05B,
-            s => bail!("unknown shape {s}"),
-        };
         let scheme: synth::Scheme = arg(2).parse().map_err(anyhow::Error::msg)?;
         let t = Instant::now();
-        let bytes =
-            synth::write(Path::new(arg(3)), &shape, scheme, 1).map_err(anyhow::Error::msg)?;
+        let out = Path::new(arg(3));
+        let (name, bytes) = match arg(1) {
+            "1.5b" => (
+                synth::QWEN25_15B.name,
+                synth::write(out, &synth::QWEN25_15B, scheme, 1),
+            ),
+            "0.5b" => (
+                synth::QWEN25_05B.name,
+                synth::write(out, &synth::QWEN25_05B, scheme, 1),
+            ),
+            "qwen3.5-2b" => (
+                synth::QWEN35_2B.name,
+                synth::hybrid::write(out, &synth::QWEN35_2B, scheme, 1),
+            ),
+            s => bail!("unknown shape {s} (1.5b, 0.5b, qwen3.5-2b)"),
+        };
+        let bytes = bytes.map_err(anyhow::Error::msg)?;
         println!(
-            "synth {} {:?}: {bytes} tensor bytes in {:.1} s",
-            shape.name,
+            "synth {name} {:?}: {bytes} tensor bytes in {:.1} s",
             scheme,
             t.elapsed().as_secs_f64()
         );
@@ -79,6 +89,7 @@ fn main() -> Result<()> {
                 ("llama/tiny_rope_llama3", "model-f32.gguf", 5e-3),
                 ("qwen2/tiny", "model-f32.gguf", 5e-3),
                 ("qwen3/tiny", "model-f32.gguf", 5e-3),
+                ("qwen3_5/tiny", "model-f32.gguf", 5e-3),
             ] {
                 let d = dir.join(sub);
                 if !d.join(file).exists() {
@@ -358,7 +369,10 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         };
         println!("  kernel {what}: {us:.1} us{bw}");
     }
-    println!("  per step: {} layers of the above", m.config.n_layers);
+    println!(
+        "  per step: {} layers of the above ({} attention, {} Gated DeltaNet)",
+        m.config.n_layers, m.attn_layers, m.gdn_layers
+    );
 
     // The verify curve: a chain of k tokens after `depth` committed positions.
     for depth in [1usize, 512, 4000] {

@@ -24,8 +24,9 @@ pub trait DraftPasses: Send {
     fn max_len(&self) -> usize;
     /// Nodes one verification takes at most (the leading chain included).
     fn max_tree(&self) -> usize;
-    /// Forgets every position from `len` on (a pending tree too).
-    fn truncate(&mut self, len: usize);
+    /// Forgets every position from `len` on (a pending tree too) and returns the positions
+    /// kept: `len`, or 0 where the state cannot rewind (recurrent layers start over).
+    fn truncate(&mut self, len: usize) -> usize;
     /// Appends `tokens` (their logits are not needed).
     fn feed(&mut self, tokens: &[u32]) -> Result<(), DraftError>;
     /// Runs every node of `tree` (its root the first token not in the state) and leaves
@@ -109,8 +110,9 @@ impl DraftPasses for CudaDraftPasses {
         MAX_TREE
     }
 
-    fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) -> usize {
         self.state.truncate(len);
+        self.state.len
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<(), DraftError> {

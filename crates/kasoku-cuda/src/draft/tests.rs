@@ -36,8 +36,11 @@ impl DraftPasses for CpuPasses {
     fn max_tree(&self) -> usize {
         MAX_TREE
     }
-    fn truncate(&mut self, len: usize) {
-        assert!(self.state.truncate(len), "attention-only fixtures rewind");
+    fn truncate(&mut self, len: usize) -> usize {
+        if !self.state.truncate(len) {
+            self.state = self.model.new_state(self.state.max_len());
+        }
+        self.state.len()
     }
     fn feed(&mut self, tokens: &[u32]) -> Result<(), DraftError> {
         let batch = Batch::chain(tokens).logits(Logits::None);
@@ -172,6 +175,9 @@ fn the_tree_policy_drafts_the_cpu_drafters_trees() {
         eager,
         48,
     );
+    // A hybrid draft model (Gated DeltaNet layers: its state cannot rewind).
+    let hybrid = "qwen3_5/tiny/model-f32.gguf";
+    same_trees(hybrid, hybrid, eager, 8);
 }
 
 /// A drafter reused for another prompt (a shared prefix, then other tokens, as a server
@@ -179,7 +185,14 @@ fn the_tree_policy_drafts_the_cpu_drafters_trees() {
 /// a gap of many undrafted tokens is fed by catching up.
 #[test]
 fn a_new_prompt_rewinds_the_draft_state_and_a_long_gap_is_caught_up() {
-    let draft = Arc::new(Model::load(fixture("llama/tiny/model-f32.gguf")).unwrap());
+    // An attention model rewinds; a hybrid one starts over and feeds the prompt again.
+    for rel in ["llama/tiny/model-f32.gguf", "qwen3_5/tiny/model-f32.gguf"] {
+        new_prompts(rel);
+    }
+}
+
+fn new_prompts(rel: &str) {
+    let draft = Arc::new(Model::load(fixture(rel)).unwrap());
     let config = DraftModelConfig::default();
     let vocab = draft.config.vocab;
     let mut cpu = DraftModelDrafter::new(draft.clone(), 128, vocab, config).unwrap();

@@ -53,7 +53,8 @@ impl<P: DraftPasses> TreeDrafter<P> {
         &self.fed
     }
 
-    /// Makes `fed` a prefix of `tokens` shorter than it (rewinding the state), then feeds
+    /// Makes `fed` a prefix of `tokens` shorter than it (rewinding the state, or starting
+    /// over where it cannot rewind), then feeds
     /// all of `tokens` but the last `keep` (at least one is always left: the root).
     fn sync(&mut self, tokens: &[u32], keep: usize) -> Result<(), DraftError> {
         let common = self
@@ -65,8 +66,8 @@ impl<P: DraftPasses> TreeDrafter<P> {
             .min(tokens.len().saturating_sub(1));
         if common < self.fed.len() {
             self.last_tree = None;
-            self.passes.truncate(common);
-            self.fed.truncate(common);
+            let kept = self.passes.truncate(common);
+            self.fed.truncate(kept);
         }
         let upto = tokens.len().saturating_sub(keep.max(1));
         if upto > self.fed.len() {

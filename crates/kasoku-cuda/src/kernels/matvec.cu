@@ -16,6 +16,15 @@
 // Most activation rows one matvec call takes (the model's largest pass of tree rows).
 #define MATVEC_MAX_ROWS 64
 
+// How a product reads weight bytes: through the read-only cache from device memory, or (with
+// KASOKU_MATVEC_STREAM, where rows may sit in shared memory: see matvec_stream) with plain
+// loads, which reach either space.
+#ifdef KASOKU_MATVEC_STREAM
+#define LDW(p) (*(p))
+#else
+#define LDW(p) __ldg(p)
+#endif
+
 struct MatSeg {
     const u8* w;        // rows × row_bytes, GGUF layout
     float* y;           // output: y[r * ldy + j]
@@ -50,6 +59,8 @@ struct MatArgs {
     float4* norm_s;
     float norm_eps;
     int norm_pad;
+    int stream_stages;       // > 0: weights streamed through shared memory (matvec_stream)
+    int stream_stage_bytes;  // bytes of one stage (a tile's rows, 16-byte aligned, + 32)
 };
 
 // Brings `len` bytes at `p` into L2 without waiting for them: the pass's next matrices stream
@@ -161,8 +172,8 @@ __device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lan
 #pragma unroll
         for (int w = 0; w < 2; w++) {
             const float* wr = (const float*)rows[w];
-            float4 a = __ldg((const float4*)(wr + 8 * u));
-            float4 b = __ldg((const float4*)(wr + 8 * u + 4));
+            float4 a = LDW((const float4*)(wr + 8 * u));
+            float4 b = LDW((const float4*)(wr + 8 * u + 4));
             wv[w][0] = a.x; wv[w][1] = a.y; wv[w][2] = a.z; wv[w][3] = a.w;
             wv[w][4] = b.x; wv[w][5] = b.y; wv[w][6] = b.z; wv[w][7] = b.w;
         }
@@ -185,7 +196,7 @@ __device__ __forceinline__ void dot_f16(const u8* const* rows, int cols, int lan
         float wv[2][8];
 #pragma unroll
         for (int w = 0; w < 2; w++) {
-            uint4 raw = __ldg((const uint4*)(rows[w] + 16 * u));
+            uint4 raw = LDW((const uint4*)(rows[w] + 16 * u));
             u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -213,7 +224,7 @@ __device__ __forceinline__ void ld16B(const u8* p, u32* out) {
     const u32* b = (const u32*)((size_t)p & ~(size_t)3);
     u32 w[5];
 #pragma unroll
-    for (int i = 0; i < 5; i++) w[i] = __ldg(b + i);
+    for (int i = 0; i < 5; i++) w[i] = LDW(b + i);
     int sh = ((size_t)p & 3) * 8;
 #pragma unroll
     for (int i = 0; i < 4; i++) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
@@ -300,11 +311,11 @@ __device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int la
             float sc0, m0, sc1, m1;
             scale_min_k4(2 * j, blk + 4, &sc0, &m0);
             scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-            uint4 raw = __ldg((const uint4*)(blk + qoff + 32 * j + l0));
+            uint4 raw = LDW((const uint4*)(blk + qoff + 32 * j + l0));
             u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
             u32 hw[4] = {0, 0, 0, 0};
             if (Q5) {
-                uint4 h = __ldg((const uint4*)(blk + 16 + l0));
+                uint4 h = LDW((const uint4*)(blk + 16 + l0));
                 hw[0] = h.x; hw[1] = h.y; hw[2] = h.z; hw[3] = h.w;
             }
 #pragma unroll
@@ -374,9 +385,9 @@ __device__ __forceinline__ void dot_q45k_v2(const u8* const* rows, int cols, int
 #pragma unroll
             for (int w = 0; w < 2; w++) {
                 const u8* blk = rows[w] + (size_t)sb * bb;
-                hdr[k][w] = __ldg((const uint4*)blk);
-                qw[k][w] = __ldg((const uint4*)(blk + qoff + 32 * j + l0));
-                if (Q5) hw4[k][w] = __ldg((const uint4*)(blk + 16 + l0));
+                hdr[k][w] = LDW((const uint4*)blk);
+                qw[k][w] = LDW((const uint4*)(blk + qoff + 32 * j + l0));
+                if (Q5) hw4[k][w] = LDW((const uint4*)(blk + 16 + l0));
             }
         }
 #pragma unroll
@@ -517,14 +528,14 @@ __device__ __forceinline__ u64 argmax_key(float v, int j) {
 // of the block calls this the same number of times (`valid` false: a warp past the last row
 // only joins the block's synchronisations).
 template <int NR>
-__device__ __forceinline__ void row_tile(const MatSeg& s, int j0, bool pair, bool valid, const MatArgs& a, int r0, int nr,
+__device__ __forceinline__ void row_tile(const MatSeg& s, const u8* w_j0, int j0, bool pair, bool valid, const MatArgs& a, int r0, int nr,
                                          int lane, int part, int split, float* partial, u64* block_best) {
     float acc[2 * NR];
 #pragma unroll
     for (int i = 0; i < 2 * NR; i++) acc[i] = 0.0f;
     if (valid) {
         // Without a partner, the warp computes row j0 twice and keeps one.
-        const u8* rows[2] = {s.w + (size_t)j0 * s.row_bytes, s.w + (size_t)(pair ? j0 + 1 : j0) * s.row_bytes};
+        const u8* rows[2] = {w_j0, pair ? w_j0 + s.row_bytes : w_j0};
         row_dot<NR>(rows, s.fmt, a, r0, nr, lane + 32 * part, 32 * split, acc);
     }
 #pragma unroll
@@ -669,7 +680,8 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     int j0 = 2 * g;
     bool pair = valid && j0 + 1 < s.rows;
     for (int r0 = 0; r0 < a.n; r0 += NR)
-        row_tile<NR>(s, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+        row_tile<NR>(s, s.w + (size_t)j0 * s.row_bytes, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial,
+                     block_best);
     if (a.glu_count && valid && part == 0)
         glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane);
     if (a.norm_count)
@@ -681,27 +693,151 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) {
+#ifdef KASOKU_MATVEC_STREAM
+// Weights streamed through shared memory (compute capability 9.0: bulk asynchronous copies).
+// A block's tile is the rows its warps take in matvec_body (4 / split pairs of one segment);
+// a persistent grid walks the tiles (block b takes tiles b, b + grid, ...), and each block
+// keeps `stream_stages` tiles in flight: one thread asks the copy engine for a tile's bytes
+// (one contiguous range of the matrix, widened to 16-byte bounds; the buffers carry slack
+// past their end) with an mbarrier counting them in, the warps compute from shared memory
+// when it completes, and the stage is refilled with the tile `stages` further on. The first
+// tiles are asked for before the wait for the predecessor (weights are never written), so
+// with early launch they stream in while the kernels before this one finish. A row's
+// arithmetic is row_tile's, reading the same bytes from another place: the same bits.
+#define STREAM_MAX_STAGES 8
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void stream_fetch(u64* bar, u8* dst, const u8* src, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void stream_wait(u64* bar, u32 parity) {
+#if __CUDA_ARCH__ >= 900
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// Where tile t lies: its segment, its first pair, and the byte range it copies.
+struct StreamTile {
+    int seg, pair0;
+    const u8* src;    // 16-byte aligned start of the copy
+    u32 bytes;        // a multiple of 16
+    int lead;         // bytes from src to the tile's first row
+};
+
+__device__ __forceinline__ StreamTile stream_tile(const MatArgs& a, int t, int ppt) {
+    StreamTile x = {-1, 0, 0, 0, 0};
+    for (int si = 0; si < a.nseg; si++) {
+        int pairs = (a.seg[si].rows + 1) / 2, tiles = (pairs + ppt - 1) / ppt;
+        if (t < tiles) {
+            const MatSeg& s = a.seg[si];
+            int j = 2 * t * ppt, rows = min(s.rows - j, 2 * ppt);
+            const u8* first = s.w + (size_t)j * s.row_bytes;
+            const u8* end = first + (size_t)rows * s.row_bytes;
+            x.seg = si;
+            x.pair0 = t * ppt;
+            x.src = (const u8*)((size_t)first & ~(size_t)15);
+            x.lead = (int)(first - x.src);
+            x.bytes = (u32)((((size_t)end + 15) & ~(size_t)15) - (size_t)x.src);
+            return x;
+        }
+        t -= tiles;
+    }
+    return x;
+}
+
+template <int NR>
+__device__ __forceinline__ void matvec_stream(const MatArgs& a) {
+#if __CUDA_ARCH__ < 900
+    __trap();
+#else
+    extern __shared__ __align__(16) u8 stream_buf[];
+    __shared__ __align__(8) u64 full[STREAM_MAX_STAGES];
+    __shared__ u64 block_best[MATVEC_MAX_ROWS];
+    __shared__ float partial[4 * 2 * NR];
+    const int split = a.split, ppt = 4 / split, stages = a.stream_stages, stage_bytes = a.stream_stage_bytes;
+    int total = 0;
+    for (int si = 0; si < a.nseg; si++) total += ((a.seg[si].rows + 1) / 2 + ppt - 1) / ppt;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < stages; i++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + i)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int i = 0; i < stages; i++) {
+            int t = blockIdx.x + i * gridDim.x;
+            if (t >= total) break;
+            StreamTile x = stream_tile(a, t, ppt);
+            stream_fetch(full + i, stream_buf + i * stage_bytes, x.src, x.bytes);
+        }
+    }
+    wait_for_predecessor();
+    const bool best = a.nseg == 1 && a.seg[0].best;
+    if (best)
+        for (int r = threadIdx.x; r < a.n; r += blockDim.x) block_best[r] = 0;
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = warp % split;
+    int k = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x, k++) {
+        int stage = k % stages;
+        stream_wait(full + stage, (u32)((k / stages) & 1));
+        StreamTile x = stream_tile(a, t, ppt);
+        const MatSeg& s = a.seg[x.seg];
+        int g = x.pair0 + warp / split;
+        bool valid = g < (s.rows + 1) / 2;
+        int j0 = 2 * g;
+        bool pair = valid && j0 + 1 < s.rows;
+        const u8* w_j0 = stream_buf + stage * stage_bytes + x.lead + (size_t)(j0 - 2 * x.pair0) * s.row_bytes;
+        if (!valid) w_j0 = stream_buf + stage * stage_bytes + x.lead;
+        for (int r0 = 0; r0 < a.n; r0 += NR)
+            row_tile<NR>(s, w_j0, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+        if (a.glu_count && valid && part == 0)
+            glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane);
+        __syncthreads();  // every warp is done with this stage's bytes
+        int next = t + stages * gridDim.x;
+        if (threadIdx.x == 0 && next < total) {
+            StreamTile y = stream_tile(a, next, ppt);
+            stream_fetch(full + stage, stream_buf + stage * stage_bytes, y.src, y.bytes);
+        }
+    }
+    if (a.norm_count)
+        norm_tail(a.norm_count, a.seg[0].y, a.seg[0].rows, a.n, a.norm_w, a.norm_eps, a.norm_y, a.norm_q, a.norm_s);
+    if (best) {
+        __syncthreads();
+        for (int r = threadIdx.x; r < a.n; r += blockDim.x)
+            if (block_best[r]) atomicMax(a.seg[0].best + r, block_best[r]);
+    }
+#endif
+}
+#endif
+
+// A product kernel's entry: streamed (when the launcher asked for it) or matvec_body.
+template <int NR>
+__device__ __forceinline__ void matvec_entry(const MatArgs& a) {
+#ifdef KASOKU_MATVEC_STREAM
+    if (a.stream_stages > 0) {
+        matvec_stream<NR>(a);
+        return;
+    }
+#endif
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
     prefetch_own_rows(a);
     wait_for_predecessor();
-    matvec_body<1>(a);
+    matvec_body<NR>(a);
 }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) {
-    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
-    prefetch_own_rows(a);
-    wait_for_predecessor();
-    matvec_body<2>(a);
-}
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) {
-    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
-    prefetch_own_rows(a);
-    wait_for_predecessor();
-    matvec_body<4>(a);
-}
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) {
-    for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
-    prefetch_own_rows(a);
-    wait_for_predecessor();
-    matvec_body<8>(a);
-}
+
+extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) { matvec_entry<1>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) { matvec_entry<2>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_entry<4>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_entry<8>(a); }

@@ -12,6 +12,9 @@
 //!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
 //! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
 //!   pass ([`Kernels::gemm`], launchers in `gemm.rs`).
+//! - `delta_net.cu`: Qwen3.5's Gated DeltaNet layers (conv, head preparation, the recurrence
+//!   over a chain or a tree, the gated output norm, the commit of an accepted path; launchers
+//!   in `delta_net.rs`).
 //! - `draft_top.cu`: each row's best two logits and softmax mass, for a draft model's trees
 //!   ([`Kernels::row_top2`], launcher in `draft_top.rs`).
 
@@ -23,8 +26,10 @@ use kasoku::quant::DType;
 use crate::runtime::compile::{arch_of, compile_cached, Module};
 use crate::runtime::{Error, Gpu, Result};
 
+mod delta_net;
 mod draft_top;
 mod gemm;
+pub use delta_net::{GdnCommit, GdnConv, GdnRecurrence, GdnShape, GDN_MAX_DK, GDN_MAX_HEAD};
 pub use draft_top::{RowTop2, TOP2_WORDS};
 pub use gemm::{
     gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
@@ -41,13 +46,14 @@ pub fn source() -> String {
         include_str!("attention.cu"),
         include_str!("sample.cu"),
         include_str!("gemm.cu"),
+        include_str!("delta_net.cu"),
         include_str!("draft_top.cu"),
     ]
     .join("\n")
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 22] = [
+pub const NAMES: [&str; 28] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -69,6 +75,12 @@ pub const NAMES: [&str; 22] = [
     "gemm_128x128",
     "gemm_64x64",
     "gemm_reduce",
+    "sigmoid_gate",
+    "gdn_conv",
+    "gdn_recurrence",
+    "gdn_out",
+    "gdn_commit_state",
+    "gdn_commit_conv",
     "row_top2",
 ];
 
@@ -157,6 +169,10 @@ pub struct MatArgs {
     pub norm_s: u64,
     pub norm_eps: f32,
     pub norm_pad: i32,
+    /// Weights streamed through shared memory ([`stream_layout`]): stages per block (0: the
+    /// plain kernel) and the bytes of one.
+    pub stream_stages: i32,
+    pub stream_stage_bytes: i32,
 }
 
 /// Where a gate|up product with SwiGLU fused in ([`Kernels::matvec_swiglu`]) keeps its
@@ -357,6 +373,50 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
     Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
+/// Most stages a streamed product keeps in flight per block (STREAM_MAX_STAGES in matvec.cu).
+pub const STREAM_MAX_STAGES: usize = 8;
+
+/// Most dynamic shared memory a streamed product's block takes.
+pub const STREAM_SHARED_MAX: usize = 100 * 1024;
+
+/// How a product streams its weights through shared memory (`KASOKU_CUDA_STREAM=1` on
+/// compute capability 9.0; matvec_stream in matvec.cu): stages per block, the bytes of one
+/// stage (a block's tile of rows widened to 16-byte bounds), and the number of tiles (the
+/// launcher's persistent grid takes at most one block per tile). About `budget` bytes of
+/// stages per block, at least 2 stages; `None` where two stages would not fit
+/// [`STREAM_SHARED_MAX`] (the plain kernel then runs: the same bits).
+pub fn stream_layout(args: &MatArgs, budget: usize) -> Option<(i32, i32, usize)> {
+    let pairs_per_tile = MATVEC_WARPS / args.split.max(1) as usize;
+    let segs = &args.seg[..args.nseg as usize];
+    let stage = segs
+        .iter()
+        .map(|s| (2 * pairs_per_tile * s.row_bytes as usize).next_multiple_of(16) + 32)
+        .max()?;
+    let stages = (budget / stage).clamp(2, STREAM_MAX_STAGES);
+    if stages * stage > STREAM_SHARED_MAX {
+        return None;
+    }
+    let tiles: usize = segs
+        .iter()
+        .map(|s| (s.rows as usize).div_ceil(2).div_ceil(pairs_per_tile))
+        .sum();
+    Some((stages as i32, stage as i32, tiles))
+}
+
+/// Whether products stream their weights in this process, and how (see [`stream_layout`]).
+#[derive(Clone, Copy, Debug)]
+struct StreamPlan {
+    blocks_per_sm: usize,
+    budget: usize,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Warps per 16-row tile of the tensor-core kernel: one per `subs` of the row's 32-value
 /// blocks (4 unless `KASOKU_CUDA_MMA_SUBS` says otherwise, for measuring), 1 to
 /// [`MMA_MAX_SPLIT`]. Depends only on the width, never on the number of activation rows, so a
@@ -422,6 +482,9 @@ pub struct Kernels {
     /// `KASOKU_CUDA_MMA=1`: until its one-row speed matches matvec.cu's it is opt-in); the
     /// choice holds for the process, so every row of a format is always computed the same way.
     mma: bool,
+    /// Products stream their weights through shared memory (`KASOKU_CUDA_STREAM=1`, compute
+    /// capability 9.0; until measured on a GPU it is opt-in).
+    stream: Option<StreamPlan>,
 }
 
 /// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
@@ -435,10 +498,20 @@ impl Kernels {
         let cubin = compile_cached(&source(), &arch_of(gpu.capability))?;
         let module = Module::load(gpu, &cubin, &NAMES)?;
         let mma = gpu.capability.0 >= 8 && std::env::var("KASOKU_CUDA_MMA").is_ok_and(|v| v == "1");
+        let stream = (gpu.capability.0 >= 9 && stream_asked()).then(|| StreamPlan {
+            blocks_per_sm: env_usize("KASOKU_CUDA_STREAM_BLOCKS", 4),
+            budget: env_usize("KASOKU_CUDA_STREAM_KB", 48) * 1024,
+        });
+        if stream.is_some() {
+            for name in ["matvec_1", "matvec_2", "matvec_4", "matvec_8"] {
+                gpu.allow_shared(module.function(name), STREAM_SHARED_MAX as u32)?;
+            }
+        }
         Ok(Kernels {
             gpu: gpu.clone(),
             module,
             mma,
+            stream,
         })
     }
 
@@ -451,6 +524,29 @@ impl Kernels {
     ) -> Result<()> {
         self.gpu
             .launch(self.module.function(name), grid, block, params)
+    }
+
+    /// Launches the `n`-row product kernel on `args` (built by [`matvec_args`] with `grid`),
+    /// streamed when this process streams products and the tiles fit.
+    fn launch_matvec(&self, n: usize, mut args: MatArgs, grid: u32) -> Result<()> {
+        let f = self.module.function(matvec_kernel(n));
+        let block = (MATVEC_WARPS * 32) as u32;
+        let (mut grid, mut shared) = (grid, 0);
+        if let Some(plan) = self.stream {
+            if let Some((stages, bytes, tiles)) = stream_layout(&args, plan.budget) {
+                args.stream_stages = stages;
+                args.stream_stage_bytes = bytes;
+                shared = (stages * bytes) as u32;
+                // A persistent grid of resident blocks only: a block that waited for another
+                // to finish would take its tiles late.
+                let per_sm = plan
+                    .blocks_per_sm
+                    .min(self.gpu.resident_blocks(f, block, shared)?);
+                grid = tiles.min(self.gpu.multiprocessors * per_sm) as u32;
+            }
+        }
+        self.gpu
+            .launch_shared(f, (grid, 1, 1), block, shared, &mut [p(&args)])
     }
 
     /// `seg.y[r][j] (+)= Σ_c x[r][c] · W[j][c] (+ bias[j])` for every segment.
@@ -482,12 +578,7 @@ impl Kernels {
                 args.pre[i] = m.buf.ptr();
                 args.pre_len[i] = m.buf.len() as i64;
             }
-            self.launch(
-                matvec_kernel(n),
-                (grid, 1, 1),
-                (MATVEC_WARPS * 32) as u32,
-                &mut [p(&args)],
-            )?;
+            self.launch_matvec(n, args, grid)?;
         }
         if !blocks.is_empty() {
             let (args, grid) = mma_args(&blocks, x, n, cols)?;
@@ -535,12 +626,7 @@ impl Kernels {
         args.glu_count = counts;
         args.glu_q = xq;
         args.glu_s = xs;
-        self.launch(
-            matvec_kernel(n),
-            (grid, 1, 1),
-            (MATVEC_WARPS * 32) as u32,
-            &mut [p(&args)],
-        )
+        self.launch_matvec(n, args, grid)
     }
 
     /// `seg.y (+)= x·Wᵀ`, then the RMSNorm of every activation row of `seg.y` into
@@ -577,12 +663,12 @@ impl Kernels {
         args.norm_q = xq;
         args.norm_s = xs;
         args.norm_eps = norm.eps;
-        self.launch(
-            matvec_kernel(n),
-            (grid, 1, 1),
-            (MATVEC_WARPS * 32) as u32,
-            &mut [p(&args)],
-        )
+        self.launch_matvec(n, args, grid)
+    }
+
+    /// Whether products stream their weights through shared memory in this process.
+    pub fn streams(&self) -> bool {
+        self.stream.is_some()
     }
 
     /// Whether block formats run on the tensor-core kernel in this process.
@@ -661,6 +747,24 @@ impl Kernels {
             ((len / 32).div_ceil(4) as u32, 1, 1),
             128,
             &mut [p(&g), p(&u), p(&blocks), p(&xq), p(&xs)],
+        )
+    }
+
+    /// `x = x · sigmoid(gate)` over `len` values (a multiple of 32; Qwen3.5's attention output
+    /// gate), and the int8 blocks of the result into `q` when set.
+    pub fn sigmoid_gate(&self, x: u64, gate: u64, len: usize, q: Acts) -> Result<()> {
+        if !len.is_multiple_of(32) {
+            return Err(Error::Invalid(format!(
+                "sigmoid gate of {len} values (whole blocks of 32)"
+            )));
+        }
+        let (xq, xs) = quant_targets(q, len)?;
+        let blocks = (len / 32) as i64;
+        self.launch(
+            "sigmoid_gate",
+            ((len / 32).div_ceil(4) as u32, 1, 1),
+            128,
+            &mut [p(&x), p(&gate), p(&blocks), p(&xq), p(&xs)],
         )
     }
 
@@ -977,3 +1081,9 @@ pub struct AttnCall {
 
 #[cfg(test)]
 mod tests;
+
+/// `KASOKU_CUDA_STREAM=1`: products stream their weights through shared memory (opt-in until
+/// measured on a GPU).
+pub fn stream_asked() -> bool {
+    std::env::var("KASOKU_CUDA_STREAM").is_ok_and(|v| v == "1")
+}

@@ -1,5 +1,6 @@
 // The element-wise and per-row kernels of a forward pass: embedding, RMSNorm, the q/k/v
-// epilogue (per-head norm, RoPE, KV-cache write), SwiGLU, argmax and the KV-cache commit.
+// epilogue (per-head norm, RoPE, KV-cache write), SwiGLU, argmax, the KV-cache commit and
+// Qwen3.5's attention output gate.
 
 // The per-pass description of the batch, in device memory (filled before each pass, so a
 // captured graph replays any batch of its size).
@@ -187,4 +188,19 @@ extern "C" __global__ void kv_commit(u16* cache, long long head_elems, int n_kv_
             __syncthreads();
         }
     }
+}
+
+// Qwen3.5's attention output gate: x = x · sigmoid(gate), one warp per 32 values (len a
+// multiple of 32); with xq/xs, also the int8 activations of the result (what the output
+// projection reads).
+extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long long blocks, i8* xq, float4* xs) {
+    wait_for_predecessor();
+    long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (b >= blocks) return;
+    long long c = 32 * b + (threadIdx.x & 31);
+    float g = gate[c];
+    float sg = g >= 0.0f ? 1.0f / (1.0f + expf(-g)) : expf(g) / (1.0f + expf(g));
+    float v = x[c] * sg;
+    x[c] = v;
+    if (xq) quant_block32(v, xq + 32 * b, xs + b);
 }

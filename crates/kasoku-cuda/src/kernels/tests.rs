@@ -9,7 +9,7 @@ fn parameter_blocks_have_the_cuda_layout() {
     // 3 pointers, 5 ints (4 bytes of padding), 3 pointers, 3 long longs = 264 bytes, 8-aligned.
     assert_eq!(std::mem::size_of::<MatSeg>(), 56);
     assert_eq!(std::mem::offset_of!(MatSeg, best), 48);
-    assert_eq!(std::mem::size_of::<MatArgs>(), 336);
+    assert_eq!(std::mem::size_of::<MatArgs>(), 344);
     assert_eq!(std::mem::offset_of!(MatArgs, norm_count), 288);
     assert_eq!(std::mem::offset_of!(MatArgs, norm_eps), 328);
     assert_eq!(std::mem::offset_of!(MatArgs, glu_count), 264);
@@ -20,11 +20,80 @@ fn parameter_blocks_have_the_cuda_layout() {
     assert_eq!(std::mem::offset_of!(MatArgs, split), 208);
     assert_eq!(std::mem::offset_of!(MatArgs, pre), 216);
     assert_eq!(std::mem::offset_of!(MatArgs, pre_len), 240);
+    assert_eq!(std::mem::offset_of!(MatArgs, stream_stages), 336);
     assert_eq!(std::mem::size_of::<BatchDesc>(), 16);
     // struct PostArgs: 5 pointers, 6 ints/floats = 64 bytes.
     assert_eq!(std::mem::size_of::<PostArgs>(), 64);
     assert_eq!(std::mem::offset_of!(PostArgs, kv_ld), 40);
     assert_eq!(std::mem::offset_of!(PostArgs, on), 56);
+    // struct GdnShape: 6 ints.
+    assert_eq!(std::mem::size_of::<GdnShape>(), 24);
+    assert_eq!(std::mem::offset_of!(GdnShape, grouped), 20);
+}
+
+#[test]
+fn gated_delta_net_shapes_the_kernels_cannot_take_are_refused_with_the_reason() {
+    let qwen35_9b = GdnShape {
+        nk: 16,
+        nv: 32,
+        dk: 128,
+        dv: 128,
+        kernel: 4,
+        grouped: 0,
+    };
+    qwen35_9b.check().unwrap();
+    assert_eq!(qwen35_9b.conv_dim(), 8192);
+    assert_eq!(qwen35_9b.state_len(), 32 * 128 * 128);
+    assert_eq!(qwen35_9b.conv_state_len(), 3 * 8192);
+    for bad in [
+        GdnShape {
+            dk: 256,
+            ..qwen35_9b
+        },
+        GdnShape {
+            nv: 24,
+            nk: 16,
+            ..qwen35_9b
+        },
+        GdnShape {
+            kernel: 1,
+            ..qwen35_9b
+        },
+        GdnShape {
+            dv: 512,
+            ..qwen35_9b
+        },
+    ] {
+        let e = bad.check().unwrap_err().to_string();
+        assert!(e.contains("Gated DeltaNet geometry"), "{e}");
+    }
+}
+
+#[test]
+fn every_kernel_name_is_a_kernel_of_the_source_and_every_kernel_is_named() {
+    // The identifier before the parameters of each `extern "C" __global__` definition.
+    let src = source();
+    let kernels: Vec<String> = src
+        .split("extern \"C\" __global__")
+        .skip(1)
+        .map(|rest| {
+            let rest = match rest.find("__launch_bounds__(") {
+                Some(at) if at < rest.find('{').unwrap_or(usize::MAX) => {
+                    let after = &rest[at..];
+                    &after[after.find(')').unwrap() + 1..]
+                }
+                _ => rest,
+            };
+            let head = &rest[..rest.find('(').unwrap()];
+            head.split_whitespace().last().unwrap().to_string()
+        })
+        .collect();
+    for name in NAMES {
+        assert!(kernels.iter().any(|k| k == name), "{name} is not a kernel");
+    }
+    for k in &kernels {
+        assert!(NAMES.contains(&k.as_str()), "kernel {k} is not loaded");
+    }
 }
 
 #[test]
@@ -297,4 +366,40 @@ fn the_radix_select_of_sample_cu_selects_as_the_host_sampler() {
             }
         }
     }
+}
+
+#[test]
+fn streamed_products_take_tiles_of_a_blocks_rows_in_as_many_stages_as_fit() {
+    let seg = |fmt: i32, rows: i32, row_bytes: i64| MatSeg {
+        fmt,
+        rows,
+        row_bytes,
+        ..MatSeg::default()
+    };
+    let args = |segs: &[MatSeg], split: i32| {
+        let mut a = MatArgs {
+            nseg: segs.len() as i32,
+            split,
+            ..MatArgs::default()
+        };
+        a.seg[..segs.len()].copy_from_slice(segs);
+        a
+    };
+    // gate|up of the 1.5B (Q4_K, 1536 columns: 864 bytes a row), a pair per warp: tiles of 8
+    // rows (6,912 bytes, + 32 for the 16-byte widening), 7 stages in 48 KiB, 2 × 1,120 tiles.
+    let gate_up = args(&[seg(12, 8960, 864), seg(12, 8960, 864)], 1);
+    assert_eq!(stream_layout(&gate_up, 48 * 1024), Some((7, 6944, 2240)));
+    // Its Q6_K down projection (8,960 columns: 7,350 bytes a row), 2 warps a pair: 4-row tiles
+    // of 29,400 bytes take 2 stages even past the budget; an odd row count rounds up.
+    let down = args(&[seg(14, 1535, 7350)], 2);
+    assert_eq!(stream_layout(&down, 48 * 1024), Some((2, 29440, 384)));
+    // Rows too long for two stages: the plain kernel.
+    let wide = args(&[seg(0, 64, 4 * 18944)], 4);
+    assert_eq!(stream_layout(&wide, 48 * 1024), None);
+    // Stages never exceed what matvec.cu has barriers for.
+    let tiny = args(&[seg(8, 64, 34)], 1);
+    assert_eq!(
+        stream_layout(&tiny, 48 * 1024).map(|l| l.0),
+        Some(STREAM_MAX_STAGES as i32)
+    );
 }

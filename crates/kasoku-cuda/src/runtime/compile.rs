@@ -152,6 +152,8 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 /// that wait.
 /// `KASOKU_CUDA_MATVEC_V2=1` compiles the Q4_K/Q5_K products that issue two units' loads
 /// (whole 16-byte headers) before their arithmetic.
+/// `KASOKU_CUDA_STREAM=1` compiles the products that can stream their weights through
+/// shared memory (used on compute capability 9.0; see `kernels::stream_layout`).
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
 /// printed to standard error.
 pub fn options(arch: &str) -> Vec<String> {
@@ -172,6 +174,9 @@ pub fn options(arch: &str) -> Vec<String> {
     }
     if std::env::var("KASOKU_CUDA_OWN_PREFETCH").is_ok_and(|v| v == "1") {
         o.push("-DKASOKU_OWN_PREFETCH".into());
+    }
+    if crate::kernels::stream_asked() {
+        o.push("-DKASOKU_MATVEC_STREAM".into());
     }
     if verbose_ptxas() {
         o.push("--ptxas-options=-v".into());

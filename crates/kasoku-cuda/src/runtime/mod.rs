@@ -250,6 +250,19 @@ impl Gpu {
         block: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        self.launch_shared(f, grid, block, 0, params)
+    }
+
+    /// [`Gpu::launch`] with `shared` bytes of dynamic shared memory per block (above 48 KiB
+    /// only for a function allowed more by [`Gpu::allow_shared`]).
+    pub(crate) fn launch_shared(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -266,7 +279,7 @@ impl Gpu {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: shared,
                 hStream: self.stream,
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -287,10 +300,46 @@ impl Gpu {
                 block,
                 1,
                 1,
-                0,
+                shared,
                 self.stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
+            )
+        })
+    }
+}
+
+impl Gpu {
+    /// How many blocks of `block` threads and `shared` bytes of dynamic shared memory of `f`
+    /// one multiprocessor holds at once.
+    pub(crate) fn resident_blocks(
+        &self,
+        f: sys::CUfunction,
+        block: u32,
+        shared: u32,
+    ) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: out-pointer to a local; `f` is a function of a module loaded in this context.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                f,
+                block as i32,
+                shared as usize,
+            )
+        })?;
+        Ok(n.max(1) as usize)
+    }
+
+    /// Lets `f` take up to `bytes` of dynamic shared memory per block (the default limit is
+    /// 48 KiB).
+    pub(crate) fn allow_shared(&self, f: sys::CUfunction, bytes: u32) -> Result<()> {
+        // SAFETY: `f` is a function of a module loaded in this context.
+        check("cuFuncSetAttribute", unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
             )
         })
     }

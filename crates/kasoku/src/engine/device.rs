@@ -70,7 +70,9 @@ pub trait DeviceState {
     fn max_len(&self) -> usize;
     /// Most nodes of a tree [`DeviceState::verify`] takes.
     fn max_tree(&self) -> usize;
-    /// Forgets every position from `len` on (`len` ≤ [`DeviceState::len`]).
+    /// Forgets every position from `len` on (`len` ≤ [`DeviceState::len`]). A state that
+    /// cannot rewind (recurrent layers) may keep less, down to nothing: callers read
+    /// [`DeviceState::len`] after.
     fn truncate(&mut self, len: usize);
     /// Appends `tokens` and returns the greedy token after the last one (its row's argmax,
     /// the lowest id on ties, as [`crate::sampler::argmax`]).
@@ -287,9 +289,11 @@ impl DeviceSession {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let reused = common.min(prompt.len() - 1);
+        let mut reused = common.min(prompt.len() - 1);
         if reused < self.tokens.len() {
             self.state.truncate(reused);
+            // A state with recurrent layers cannot rewind: it may keep less (nothing).
+            reused = reused.min(self.state.len());
             self.tokens.truncate(reused);
         }
         let mut pos = reused;

@@ -499,6 +499,26 @@ fn a_shared_prefix_is_reused_and_the_answer_is_unchanged() {
 }
 
 #[test]
+fn a_recurrent_state_that_cannot_rewind_starts_over_and_the_answer_is_unchanged() {
+    // Qwen3.5's Gated DeltaNet layers cannot truncate: a shorter shared prefix recomputes the
+    // whole prompt instead of continuing from a state that holds more.
+    let model = fixture("qwen3_5/tiny/model-f32.gguf");
+    let (mut dev, _) = device(&model);
+    let o = options(SamplingParams::default(), 8);
+    let a = prompt(30, 5);
+    let mut b = a[..24].to_vec();
+    b.extend(prompt(6, 9));
+    generate(&mut dev, &a, &o);
+    let again = generate(&mut dev, &b, &o);
+    let fresh = generate(&mut Session::new(model.clone(), CTX), &b, &o);
+    assert_eq!(again.tokens, fresh.tokens);
+    assert_eq!(again.stats.cached_tokens, 0);
+    assert_eq!(again.stats.prompt_tokens, b.len());
+    let same = generate(&mut dev, &b, &o);
+    assert_eq!(same.tokens, fresh.tokens);
+}
+
+#[test]
 fn errors_are_reported_and_the_state_starts_over() {
     let model = fixture("llama/tiny/model-f32.gguf");
     let (mut dev, counts) = device(&model);
