@@ -39,9 +39,10 @@ phase session_tiny 60 $B session "$G/fixtures/llama/tiny/model-f32.gguf" 48
 # Qwen3.5's hybrid (Gated DeltaNet + gated attention): the same on its tiny fixture.
 phase spec_qwen35_tiny 60 $B spec "$G/fixtures/qwen3_5/tiny/model-f32.gguf" 48
 phase session_qwen35_tiny 60 $B session "$G/fixtures/qwen3_5/tiny/model-f32.gguf" 48
+phase spec_draft_qwen35_tiny 60 $B spec-draft "$G/fixtures/qwen3_5/tiny/model-f32.gguf" "$G/fixtures/qwen3_5/tiny/model-f32.gguf" 48
 # The kasoku binary itself: `run --device cuda` against `--device cpu` (greedy and sampled),
 # with prompt lookup, and `serve --device cuda` against `serve --device cpu`.
-phase cli 150 bash "$G/cli_checks.sh" "$G" 
+phase cli 240 bash "$G/cli_checks.sh" "$G"
 for i in $(seq 90); do [ -f $M/DONE ] && break; sleep 1; done
 phase spec_q15 90 $B spec $M/q15-q4_k_m.gguf 96
 phase spec_draft_q15 120 $B spec-draft $M/q15-q4_k_m.gguf $M/q05-q4_k_m.gguf 96
