@@ -2,7 +2,8 @@
 # Runs on the GPU machine (tools/gpu_run.sh stages it as .gpu/run.sh beside the binary and
 # the fixtures): every GPU check, then the benchmark on random-weight GGUFs of the real
 # shapes made there. Each phase is bounded and logged to $OUT; a failing phase does not stop
-# the others. Usage: bash .gpu/run.sh [SECONDS]   (stops starting phases after SECONDS)
+# the others. Usage: bash .gpu/run.sh [SECONDS]   (stops starting phases after SECONDS;
+# with KASOKU_GPU_CHECKS_ONLY=1, the checks without the benchmark)
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 B=$G/kasoku-cuda-check
@@ -48,8 +49,10 @@ phase spec_q15 90 $B spec $M/q15-q4_k_m.gguf 96
 phase spec_draft_q15 120 $B spec-draft $M/q15-q4_k_m.gguf $M/q05-q4_k_m.gguf 96
 phase session_q15 90 $B session $M/q15-q4_k_m.gguf 128
 phase spec_q35 90 $B spec $M/q35-2b-q4_k_m.gguf 96
+if [ "${KASOKU_GPU_CHECKS_ONLY:-0}" != 1 ]; then
 phase bench_q35 200 $B bench $M/q35-2b-q4_k_m.gguf
 phase bench 470 bash "$G/bench.sh" "$L" $M
 phase bench_cli 60 "$G/kasoku" bench --model $M/q15-q4_k_m.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --context 16 --verify 1,2,4,8,16,32,64
+fi
 tar czf "$OUT/logs.tgz" -C "$L" .
 echo "=== summary"; grep -h -E "FAIL|checks,|tokens/s|session|verify depth|pp512|device:|compiled|kernel |rel err|==|generate|top_k_select of|row_top2 of|one draft" "$L"/*.log | cut -c1-220

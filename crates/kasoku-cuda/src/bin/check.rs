@@ -9,7 +9,9 @@
 //! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
 //! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b,
 //!                                                qwen3.5-2b)
-//! kasoku-cuda-check bench MODEL.gguf             tg128, pp512, verify curve k = 1..64
+//! kasoku-cuda-check bench MODEL.gguf [quick]     tg128, pp512, verify curve k = 1..64
+//!                                                (quick: those three alone, to compare
+//!                                                switches in one run)
 //! kasoku-cuda-check bench-draft TARGET DRAFT     tokens/s with a draft model on the GPU
 //! ```
 //! Each prints its lines and exits 1 if a check failed.
@@ -141,7 +143,7 @@ fn main() -> Result<()> {
             checks::session(&gpu, Path::new(arg(1)), &prompt, n)?
         }
         "bench" => {
-            bench(&gpu, Path::new(arg(1)))?;
+            bench(&gpu, Path::new(arg(1)), arg(2) == "quick")?;
             Report::default()
         }
         "bench-draft" => {
@@ -179,7 +181,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Decode tg128, prefill pp512 and the verify curve, timed with CUDA events around graph
 /// replays (each pass ends with its one synchronisation, which the wall clock also sees).
-fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
+fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
     let t = Instant::now();
     let m = CudaModel::load(gpu, path)?;
     let name = path.file_name().unwrap().to_string_lossy();
@@ -202,8 +204,32 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     let mut st = m.new_state(4200)?;
     let timer = Timer::new(gpu)?;
 
-    // pp512: a fresh state each time; the layers' products on the prefill GEMM (with
-    // KASOKU_CUDA_GEMM=1), then on matvec.
+    let pdl_default = gpu.dependent_launch();
+    // The read bandwidth a token's weights stream at: measured on the H200 (gpu_anchor.md),
+    // the H100 SXM's rated 3.35 TB/s.
+    let peak_bw = if gpu.name.contains("H100") {
+        3.35e12
+    } else {
+        4.35e12
+    };
+    let ceiling = peak_bw / m.weight_bytes as f64;
+    let tg = |st: &mut kasoku_cuda::CudaState, steps: usize| -> Result<f64> {
+        st.drop_graphs();
+        let mut tg = Vec::new();
+        for _ in 0..4 {
+            st.reset();
+            let mut tok = st.prefill(&m, &[1])?;
+            let t = Instant::now();
+            for _ in 0..steps {
+                tok = st.step(&m, tok)?;
+            }
+            tg.push(t.elapsed().as_secs_f64());
+        }
+        tg.remove(0);
+        Ok(steps as f64 / median(tg))
+    };
+    // pp512: a fresh state each time; the layers' products on the prefill GEMM (the
+    // default), then on matvec.
     let prompt = toks(512, 1);
     let gemm_default = st.gemm_rows;
     for rows in [gemm_default, None] {
@@ -229,11 +255,23 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
             pp_ms,
             512.0 / pp_ms * 1e3
         );
-        if gemm_default.is_none() {
+        if gemm_default.is_none() || quick {
             break;
         }
     }
     st.gemm_rows = gemm_default;
+    if quick {
+        let tps = tg(&mut st, 128)?;
+        println!(
+            "tg128: {:.1} tokens/s ({:.3} ms/token; {:.1}% of the {:.2} TB/s ceiling {:.0} t/s)",
+            tps,
+            1e3 / tps,
+            100.0 * tps / ceiling,
+            peak_bw * 1e-12,
+            ceiling
+        );
+        return verify_curve(&m, &mut st, &[1, 512], &toks);
+    }
     for (what, us, flops) in m.profile_gemm(&st, 512, 20)? {
         let rate = if flops > 0.0 {
             format!(", {:.1} TFLOP/s", flops / us * 1e-6)
@@ -246,34 +284,18 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
     // tg128 from an empty context (as llama-bench): one token, then 128 greedy steps; without
     // programmatic dependent launch, with it, and with it and L2 prefetch of the next product's
     // weights (the default).
-    let pdl_default = gpu.dependent_launch();
-    let ceiling = 4.35e12 / m.weight_bytes as f64;
-    let tg = |st: &mut kasoku_cuda::CudaState, steps: usize| -> Result<f64> {
-        st.drop_graphs();
-        let mut tg = Vec::new();
-        for _ in 0..4 {
-            st.reset();
-            let mut tok = st.prefill(&m, &[1])?;
-            let t = Instant::now();
-            for _ in 0..steps {
-                tok = st.step(&m, tok)?;
-            }
-            tg.push(t.elapsed().as_secs_f64());
-        }
-        tg.remove(0);
-        Ok(steps as f64 / median(tg))
-    };
     for (pdl, prefetch) in [(false, false), (true, true), (true, false)] {
         gpu.set_dependent_launch(pdl);
         st.prefetch = prefetch;
         let tps = tg(&mut st, 128)?;
         println!(
-            "tg128 (dependent launch {}, prefetch {}): {:.1} tokens/s ({:.3} ms/token; {:.1}% of the 4.35 TB/s ceiling {:.0} t/s)",
+            "tg128 (dependent launch {}, prefetch {}): {:.1} tokens/s ({:.3} ms/token; {:.1}% of the {:.2} TB/s ceiling {:.0} t/s)",
             if gpu.dependent_launch() { "on" } else { "off" },
             if prefetch { "on" } else { "off" },
             tps,
             1e3 / tps,
             100.0 * tps / ceiling,
+            peak_bw * 1e-12,
             ceiling
         );
     }
@@ -374,10 +396,20 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         m.config.n_layers, m.attn_layers, m.gdn_layers
     );
 
-    // The verify curve: a chain of k tokens after `depth` committed positions.
-    for depth in [1usize, 512, 4000] {
+    verify_curve(&m, &mut st, &[1, 512, 4000], &toks)
+}
+
+/// The verify curve: a chain of k tokens after `depth` committed positions, each k's median
+/// pass against a 1-token pass.
+fn verify_curve(
+    m: &CudaModel,
+    st: &mut kasoku_cuda::CudaState,
+    depths: &[usize],
+    toks: &dyn Fn(usize, u32) -> Vec<u32>,
+) -> Result<()> {
+    for &depth in depths {
         st.reset();
-        st.prefill(&m, &toks(depth, 7))?;
+        st.prefill(m, &toks(depth, 7))?;
         let mut line = format!("verify depth {depth}:");
         let mut base = 0.0;
         for k in [1usize, 2, 4, 8, 16, 32, 64] {
@@ -385,7 +417,7 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
             let mut ts = Vec::new();
             for rep in 0..23 {
                 let t = Instant::now();
-                st.verify(&m, &tree)?;
+                st.verify(m, &tree)?;
                 if rep >= 3 {
                     ts.push(t.elapsed().as_secs_f64() * 1e6);
                 }
