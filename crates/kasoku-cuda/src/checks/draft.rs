@@ -17,7 +17,7 @@ use crate::CudaModel;
 
 /// `row_top2` against [`RowTop2::of`] on random rows with and without ties and specials, for
 /// several row counts, widths and scored prefixes: the same ids and logit bits, the mass
-/// within 1e-4 (its sum runs in another order). Also times the draft's largest call.
+/// within 1e-4 of an f64 sum. Also times the draft's largest call.
 pub fn row_top2_checks(k: &Kernels) -> R<Report> {
     let gpu = &k.gpu;
     let mut rep = Report::default();
@@ -48,7 +48,13 @@ pub fn row_top2_checks(k: &Kernels) -> R<Report> {
                         && got.second.0 == want.second.0
                         && got.best.1.to_bits() == want.best.1.to_bits()
                         && got.second.1.to_bits() == want.second.1.to_bits();
-                    let e = ((got.mass - want.mass) / want.mass).abs() as f64;
+                    // The mass against an f64 sum: the host's f32 running sum of 151,936
+                    // terms is itself off by about 1e-4 on rows with many ties.
+                    let want_mass: f64 = logits[r * ld..r * ld + cols]
+                        .iter()
+                        .map(|&l| ((l - want.best.1) as f64).exp())
+                        .sum();
+                    let e = ((got.mass as f64 - want_mass) / want_mass).abs();
                     let mass_ok = e <= 1e-4 || (got.mass.is_nan() && want.mass.is_nan());
                     if want.mass.is_finite() {
                         worst = worst.max(e);
