@@ -64,10 +64,9 @@ stats=$($K run --model "$m" -m "hello" -n 8 2>&1)
 check "the default device is the GPU and the statistics say so" \
   "$(echo "$stats" | grep -q "device cuda:0" && echo 1)"
 echo "$stats" | tail -2
-# Qwen3.5's hybrid takes the GPU only when asked for, until it has been verified on one.
+# Qwen3.5's hybrid takes the GPU by default too (verified there on 2026-12-05).
 q35=$($K run --model "$G/fixtures/qwen3_5/tiny/model-f32.gguf" -m "hello" -n 8 --spec none 2>&1)
-check "Qwen3.5 by default: the CPU, with the reason" \
-  "$(echo "$q35" | grep -q "not verified on a GPU yet" && echo 1)"
+check "Qwen3.5 by default: the GPU" "$(echo "$q35" | grep -q "device cuda:0" && echo 1)"
 hot1=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --seed 7 --device cuda -q 2>&1)
 hot2=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --seed 7 --device cuda -q 2>&1)
 greedy=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --device cuda -q 2>&1)

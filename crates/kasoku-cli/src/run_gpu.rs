@@ -9,9 +9,7 @@
 //! lookup, or a GGUF draft model loaded on the same GPU (`crate::draft_gpu`), drafts a tree
 //! verified per pass either way (the text is plain decoding's). What the GPU path does not do
 //! yet (MTP, DFlash, KV caches other than f16, `--quantize`) is reported by [`unsupported`],
-//! so `run` takes the CPU instead (or says why, when the GPU was asked for). Qwen3.5's hybrid
-//! layers run on the GPU only when asked for (`--device cuda`), until they have been checked
-//! on one ([`unverified_on_gpu`]).
+//! so `run` takes the CPU instead (or says why, when the GPU was asked for).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,23 +63,6 @@ pub fn unsupported_settings(
     quantize.then(|| "--quantize converts weights for the CPU's kernels".into())
 }
 
-/// Why the GPU is not taken by default for the model at `path`: Qwen3.5's hybrid layers run
-/// on the GPU but have not been checked on one yet, so only `--device cuda` (or
-/// `KASOKU_CUDA_HYBRID=1`) takes them there. None for every other model (or a file whose
-/// configuration cannot be read: loading it says why).
-pub fn unverified_on_gpu(path: &Path) -> Option<String> {
-    if std::env::var("KASOKU_CUDA_HYBRID").is_ok_and(|v| v == "1") {
-        return None;
-    }
-    let gguf = GgufFile::open(path).ok()?;
-    let config = kasoku::model::ModelConfig::from_gguf(&gguf).ok()?;
-    (config.arch == kasoku::model::Arch::Qwen35).then(|| {
-        "the GPU's Qwen3.5 path is not verified on a GPU yet (--device cuda or \
-         KASOKU_CUDA_HYBRID=1 takes it)"
-            .into()
-    })
-}
-
 /// [`unsupported_settings`] for `run`'s flags.
 pub fn unsupported(args: &RunArgs, path: &Path) -> Option<String> {
     unsupported_settings(
@@ -132,12 +113,6 @@ pub fn pick(
         }
         say(&why);
         return Ok(None);
-    }
-    if !explicit {
-        if let Some(why) = unverified_on_gpu(&path) {
-            say(&why);
-            return Ok(None);
-        }
     }
     match GpuModel::load(&path, ordinal, quiet) {
         Ok(m) => Ok(Some(m)),
@@ -231,20 +206,4 @@ pub fn run(args: &RunArgs, m: &GpuModel) -> Result<()> {
         &options,
         args,
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn qwen3_5_takes_the_gpu_only_when_asked_for() {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-        let why = unverified_on_gpu(&fixtures.join("qwen3_5/tiny/model-f32.gguf"));
-        assert!(why.is_some_and(|w| w.contains("--device cuda")));
-        assert_eq!(
-            unverified_on_gpu(&fixtures.join("qwen3/tiny/model-f32.gguf")),
-            None
-        );
-    }
 }

@@ -110,13 +110,13 @@ impl DeviceState for CudaSequence {
         self.model.config.vocab
     }
 
-    /// The device's top-k selection is opt-in (`KASOKU_CUDA_TOPK=1`) until it has run on a
-    /// GPU; otherwise sampled requests copy whole rows.
+    /// Sampled requests take the device's top-k selection (only the k best logits cross);
+    /// `KASOKU_CUDA_TOPK=0` copies whole rows instead, for measuring.
     fn max_top_logits(&self) -> usize {
-        if std::env::var("KASOKU_CUDA_TOPK").is_ok_and(|v| v == "1") {
-            MAX_TOP_K
-        } else {
+        if std::env::var("KASOKU_CUDA_TOPK").is_ok_and(|v| v == "0") {
             0
+        } else {
+            MAX_TOP_K
         }
     }
 

@@ -1082,8 +1082,8 @@ pub struct AttnCall {
 #[cfg(test)]
 mod tests;
 
-/// `KASOKU_CUDA_STREAM=1`: products stream their weights through shared memory (opt-in until
-/// measured on a GPU).
+/// `KASOKU_CUDA_STREAM=1`: products stream their weights through shared memory (opt-in: on an
+/// H100 it decoded the 1.5B Q4_K_M shape at 437 tokens/s against the plain kernels' 458).
 pub fn stream_asked() -> bool {
     std::env::var("KASOKU_CUDA_STREAM").is_ok_and(|v| v == "1")
 }
