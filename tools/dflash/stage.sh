@@ -8,7 +8,6 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 T=${1:-$HOME/.cache/kasoku/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
-grep -qx '.dflash' .git/info/exclude || echo .dflash >> .git/info/exclude
 rm -rf .dflash/p && mkdir -p .dflash/p
 tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 piece=$(( (62 << 20) - tracked ))        # what a 64 MiB call leaves, less 2 MiB of slack

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 
@@ -377,11 +378,21 @@ def main(argv=None):
     out_dir = os.path.join(args.out, "drafter")
 
     def export(last_validation):
-        """The drafter in the published layout, and train_state.json beside it; its bytes."""
-        nbytes = dmodel.export(drafter, out_dir, split_mib=args.export_split_mib)
-        with open(os.path.join(out_dir, "train_state.json"), "w") as f:
+        """The drafter in the published layout, and train_state.json beside it; its bytes.
+        Written beside `out_dir` and renamed into place, so a copy taken while training runs
+        (tools/dflash/watch.sh) never holds half of one export and half of another."""
+        tmp, old = out_dir + ".tmp", out_dir + ".old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        nbytes = dmodel.export(drafter, tmp, split_mib=args.export_split_mib)
+        with open(os.path.join(tmp, "train_state.json"), "w") as f:
             json.dump({"counters": counters, "last_validation": last_validation}, f, indent=2)
             f.write("\n")
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.isdir(out_dir):
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
         return nbytes
 
     last_export = time.time()

@@ -10,18 +10,23 @@ W=${DFW:-/root/dfw}; D=$W/tools/dflash; T=$W/t.gguf
 TRAIN_S=$1; REGEN_S=${2:-900}; INIT=${3:-}
 cd $W
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# Sizes for the GPU's memory, regeneration beside training: on the H200 (141 GB) training at
+# 16384 tokens peaked at 69 GiB; an H100 (80 GB) gets half the tokens and half the batch.
+# Small shards, so training starts on the first one within a minute or two.
+GIB=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
+if [ "$GIB" -ge 120 ]; then REGEN_BATCH=256 TRAIN_TOKENS=16384; else REGEN_BATCH=128 TRAIN_TOKENS=8192; fi
 if ls $W/t.gguf.part* > /dev/null 2>&1; then cat $W/t.gguf.part* > $T && rm $W/t.gguf.part*; fi
-echo "target $(sha256sum $T | cut -c1-64) at $(date +%s)" > window.log
+echo "target $(sha256sum $T | cut -c1-64) at $(date +%s); $GIB GiB: regen batch $REGEN_BATCH, train $TRAIN_TOKENS tokens" > window.log
 python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
-  --out regen --split val --shard-size 160 --max-shards 1 --batch 160 --max-new 256 \
-  --time 120 > regen_val.log 2>&1
+  --out regen --split val --shard-size 96 --max-shards 1 --batch 96 --max-new 256 \
+  --time 400 > regen_val.log 2>&1
 echo "held-out answers at $(date +%s)" >> window.log
 python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
-  --out regen --split train --shard-size 512 --batch 512 --max-new 384 \
+  --out regen --split train --shard-size $REGEN_BATCH --batch $REGEN_BATCH --max-new 384 \
   --time "$REGEN_S" > regen_train.log 2>&1 &
 while ! ls regen/train-*.npz > /dev/null 2>&1; do sleep 3; done
 echo "first train shard at $(date +%s)" >> window.log
 python3 $D/train.py --target $T --target-cache target.pt --data regen --out out \
   ${INIT:+--init "$INIT"} --time "$TRAIN_S" --total-time "$TRAIN_S" --text prompts.jsonl.xz \
-  --reload-every 40 --export-every 240 --export-split-mib 15 --val-every 200 > train.log 2>&1
+  --batch-tokens $TRAIN_TOKENS --reload-every 40 --export-every 240 --export-split-mib 15 --val-every 200 > train.log 2>&1
 echo "trained, rc $?, at $(date +%s)" >> window.log
