@@ -27,7 +27,7 @@ for spec in "1.5b q4_k_m q15-q4_k_m" "0.5b q4_k_m q05-q4_k_m" "qwen3.5-2b q4_k_m
   set -- $spec; [ -f $M/$3.gguf ] || $B synth $1 $2 $M/$3.gguf >> "$L/synth.log" 2>&1
 done
 FUSE="KASOKU_CUDA_FUSE_POST=1 KASOKU_CUDA_FUSE_GLU=1 KASOKU_CUDA_FUSE_NORM=1"
-ALL="$FUSE KASOKU_CUDA_GEMM=1 KASOKU_CUDA_TOPK=1 KASOKU_CUDA_STREAM=1"
+ALL="$FUSE KASOKU_CUDA_STREAM=1"   # (the GEMM and top-k selection are on by default)
 if [ "$WHAT" != bench ]; then
 # Correctness with every switch on at once (the kernels' checks cover the stream layouts,
 # the top-k selection and the GEMM; the rest runs whole passes through them).
@@ -42,6 +42,11 @@ phase spec_draft_tiny_all 60 $ALL -- $B spec-draft "$F/llama/tiny/model-f32.gguf
 phase spec_q15_all 90 $ALL -- $B spec $M/q15-q4_k_m.gguf 96
 phase session_q15_all 90 $ALL -- $B session $M/q15-q4_k_m.gguf 128
 phase spec_q35_all 90 $ALL -- $B spec $M/q35-2b-q4_k_m.gguf 96
+# Each switch alone on the real shapes, so a failure above names its switch.
+for sw in FUSE_POST FUSE_GLU FUSE_NORM STREAM; do
+  phase spec_q15_$sw 60 KASOKU_CUDA_$sw=1 -- $B spec $M/q15-q4_k_m.gguf 96
+  phase spec_q35_$sw 60 KASOKU_CUDA_$sw=1 -- $B spec $M/q35-2b-q4_k_m.gguf 96
+done
 fi
 if [ "$WHAT" != checks ]; then
 # Each switch alone against the defaults, twice, alternated.
@@ -49,7 +54,7 @@ for round in 1 2; do
   phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15-q4_k_m.gguf quick
   phase q15_fuse_$round 60 $FUSE -- $B bench $M/q15-q4_k_m.gguf quick
   phase q15_stream_$round 60 KASOKU_CUDA_STREAM=1 -- $B bench $M/q15-q4_k_m.gguf quick
-  phase q15_gemm_$round 60 KASOKU_CUDA_GEMM=1 -- $B bench $M/q15-q4_k_m.gguf quick
+  phase q15_matvec_prefill_$round 60 KASOKU_CUDA_GEMM=0 -- $B bench $M/q15-q4_k_m.gguf quick
   phase q15_all_$round 60 $ALL -- $B bench $M/q15-q4_k_m.gguf quick
 done
 phase q15_mma 60 KASOKU_CUDA_MMA=1 -- $B bench $M/q15-q4_k_m.gguf quick

@@ -432,6 +432,7 @@ int main(int argc, char** argv) {
     product_case(FMT_Q4_K, 4096, 4096, {{7, 0, true, false, FMT_Q4_K}, {6, 1, false, true, FMT_Q6_K}, {9, 0, true, true, FMT_Q8_0}}, {9, 3, 1});
     product_case(FMT_Q5_K, 8448, 8448, {{5, 0, false, false, FMT_Q5_K}, {11, 0, true, false, FMT_Q6_K}}, {8, 2});
     product_case(FMT_F16, 8192, 8192, {{3, 0, true, true, FMT_F16}, {6, 0, false, false, FMT_Q5_1}, {5, 0, false, false, FMT_BF16}}, {9, 1});
+    swiglu_case(FMT_Q4_K, 1536, 8960, {1, 3});  // Qwen2.5-Coder-1.5B's gate|up (FUSE_GLU failed there on an H100)
     swiglu_case(FMT_Q8_0, 256, 64, {1, 3, 9});
     swiglu_case(FMT_Q4_K, 4352, 64, {2, 9});
     swiglu_case(FMT_F16, 2048, 32, {1, 8});
