@@ -521,6 +521,10 @@ pub struct CudaState {
     /// The int8 blocks of the activations the next product reads (one set, reused).
     xq: DeviceBuffer,
     xs: DeviceBuffer,
+    /// The int8 blocks of a fused SwiGLU's result (`fuse_glu`): apart from `xq`/`xs`, which
+    /// the gate|up product is still reading while its first groups complete.
+    glu_xq: DeviceBuffer,
+    glu_xs: DeviceBuffer,
     /// Per head row, its argmax as an ordered key (`kernels::argmax_id`).
     best: DeviceBuffer,
     meta: DeviceBuffer,
@@ -548,8 +552,9 @@ pub struct CudaState {
     /// together decoded slower on an H100, 377 tokens/s against 458).
     pub fuse_post: bool,
     /// Whether SwiGLU runs inside the gate|up product (one kernel less per layer, the same
-    /// bits; opt-in with `KASOKU_CUDA_FUSE_GLU=1`; on an H100 it broke speculative == plain on
-    /// the 1.5B shape, cause not yet found).
+    /// bits; opt-in with `KASOKU_CUDA_FUSE_GLU=1`, as `fuse_post` says. On an H100 it broke
+    /// speculative == plain on the 1.5B shape: its int8 result went to the scratch its own
+    /// input is read from; now `glu_xq`/`glu_xs`, not yet re-run on a GPU).
     pub fuse_glu: bool,
     /// The fused SwiGLU's per-32-row counts (zero between passes).
     glu_count: DeviceBuffer,
@@ -717,6 +722,8 @@ impl CudaState {
             logits: f(MAX_TREE * c.vocab)?,
             xq: gpu.alloc(rows * max_width)?,
             xs: gpu.alloc(rows * max_width / 32 * 16)?,
+            glu_xq: gpu.alloc(rows * c.ffn)?,
+            glu_xs: gpu.alloc(rows * c.ffn / 32 * 16)?,
             best: gpu.alloc(MAX_TREE * 8)?,
             meta: gpu.alloc(layout.words * 4)?,
             layout,
@@ -1035,7 +1042,17 @@ impl CudaState {
                     }
                 }
             }
-            let g = acts(&self.g, c.ffn);
+            // The down product's input: with SwiGLU fused, its int8 blocks in their own buffers.
+            let g = if fuse_glu {
+                Acts {
+                    x: self.g.ptr(),
+                    xq: self.glu_xq.ptr(),
+                    xs: self.glu_xs.ptr(),
+                    ld: c.ffn,
+                }
+            } else {
+                acts(&self.g, c.ffn)
+            };
             let (gate, up) = (
                 l.gate.seg(self.g.ptr(), c.ffn, None, false),
                 l.up.seg(self.u.ptr(), c.ffn, None, false),

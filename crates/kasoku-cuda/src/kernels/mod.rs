@@ -181,8 +181,22 @@ pub struct MatArgs {
 pub struct GluTail {
     /// A zeroed u32 per 32 rows of the gate (the product leaves them zero).
     pub counts: u64,
-    /// The result's int8 blocks (`out.xq`/`out.xs`; row stride: the gate's rows).
+    /// The result's int8 blocks (`out.xq`/`out.xs`; row stride: the gate's rows). Never the
+    /// input's: a group's result is written while other blocks still read the input.
     pub out: Acts,
+}
+
+/// Whether a fused SwiGLU may write its int8 result to `out` while its product reads `x`:
+/// not into the input's own int8 blocks, which blocks that start after a group completes
+/// would then read overwritten (the race that broke `KASOKU_CUDA_FUSE_GLU=1` on the 1.5B
+/// shape on an H100, where 2,240 blocks do not all start at once).
+pub fn glu_output_separate(x: Acts, out: Acts) -> Result<()> {
+    if out.xq != 0 && (out.xq == x.xq || out.xs == x.xs) {
+        return Err(Error::Invalid(
+            "fused SwiGLU: its int8 result would overwrite the product's int8 input".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The RMSNorm a residual product applies to its result before it returns
@@ -618,6 +632,7 @@ impl Kernels {
                 gate.rows, up.rows
             )));
         }
+        glu_output_separate(x, out)?;
         if n == 0 {
             return Ok(());
         }

@@ -403,3 +403,19 @@ fn streamed_products_take_tiles_of_a_blocks_rows_in_as_many_stages_as_fit() {
         Some(STREAM_MAX_STAGES as i32)
     );
 }
+
+#[test]
+fn a_fused_swiglu_never_writes_into_its_own_int8_input() {
+    let acts = |xq: u64, xs: u64| Acts {
+        x: 0x1000,
+        xq,
+        xs,
+        ld: 64,
+    };
+    // The model's shared scratch for both: refused (the race behind FUSE_GLU's failure).
+    assert!(glu_output_separate(acts(0x2000, 0x3000), acts(0x2000, 0x3000)).is_err());
+    assert!(glu_output_separate(acts(0x2000, 0x3000), acts(0x4000, 0x3000)).is_err());
+    // Buffers of its own, or no int8 output at all: fine.
+    assert!(glu_output_separate(acts(0x2000, 0x3000), acts(0x4000, 0x5000)).is_ok());
+    assert!(glu_output_separate(acts(0x2000, 0x3000), acts(0, 0)).is_ok());
+}
