@@ -46,52 +46,112 @@ impl Default for DFlashDrafterConfig {
     }
 }
 
-/// A DFlash drafter with its context for one sequence.
-pub struct DFlashDrafter {
+/// The network side of a DFlash drafter: the context rows it keeps for one sequence and the
+/// block pass over them. The CPU's is [`CpuDFlash`]; a device can implement it over its own
+/// memory (kasoku-cuda's drafter), and [`BlockDrafter`] then follows the target's sequence and
+/// builds the trees the same way over either.
+pub trait DFlashBlocks: Send {
+    /// The target's decoder layers whose outputs a committed token's features are.
+    fn tap_layers(&self) -> Vec<usize>;
+    /// Values of one token's features (taps × hidden).
+    fn feature_width(&self) -> usize;
+    /// Tokens per block (the root and `block_size − 1` masks).
+    fn block_size(&self) -> usize;
+    /// The position of each context row, in the order the rows were added.
+    fn context_positions(&self) -> &[usize];
+    /// Keeps the first `rows` context rows.
+    fn truncate_context(&mut self, rows: usize);
+    /// Projects the features of tokens at `positions` (`positions.len()` rows of
+    /// [`DFlashBlocks::feature_width`] values) into context rows.
+    fn append_context(&mut self, features: &[f32], positions: &[usize]) -> Result<(), DraftError>;
+    /// One block pass rooted at `root` (position `pos`): each of the `rows` depths' `top_k`
+    /// most likely tokens with their log-probabilities, most likely first.
+    fn marginals(
+        &mut self,
+        root: u32,
+        pos: usize,
+        rows: usize,
+        top_k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, DraftError>;
+}
+
+/// The DFlash network on the CPU with its context for one sequence.
+pub struct CpuDFlash {
     target: Arc<Model>,
     net: Arc<DFlash>,
     ctx: DFlashContext,
     /// The first rows of the target's head, when drafting scores fewer tokens.
     head: Option<MatMulWeight>,
-    config: DFlashDrafterConfig,
-    /// The sequence the context rows belong to (positions `0..known.len()`).
-    known: Vec<u32>,
     logits: Vec<f32>,
-    lookup: NgramDrafter,
 }
 
-impl DFlashDrafter {
-    /// A drafter over `net` for `target` (the network was loaded for it).
+impl CpuDFlash {
+    /// The network `net` for `target`, scoring token ids `0..vocab_rows` (rounded up to a
+    /// multiple of 8; 0 or the vocabulary: all).
     pub fn new(
         target: Arc<Model>,
         net: Arc<DFlash>,
-        config: DFlashDrafterConfig,
-    ) -> Result<DFlashDrafter, DraftError> {
+        vocab_rows: usize,
+    ) -> Result<CpuDFlash, DraftError> {
         net.config
             .check_target(&target)
             .map_err(DraftError::Incompatible)?;
         let vocab = target.config.vocab;
-        let head = (config.vocab_rows > 0 && config.vocab_rows < vocab)
-            .then(|| target.head.first_rows(config.vocab_rows.div_ceil(8) * 8));
-        Ok(DFlashDrafter {
+        let head = (vocab_rows > 0 && vocab_rows < vocab)
+            .then(|| target.head.first_rows(vocab_rows.div_ceil(8) * 8));
+        Ok(CpuDFlash {
             ctx: net.new_context(),
             target,
             net,
             head,
-            config,
-            known: Vec::new(),
             logits: Vec::new(),
-            lookup: NgramDrafter::default(),
         })
     }
 
-    /// The marginals of the `rows` tokens after `root` at position `pos`: each depth's top-k
-    /// with log-probabilities.
-    pub fn marginals(
+    /// The raw logits of the last block pass (`rows × head rows`).
+    pub fn last_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// The network.
+    pub fn net(&self) -> &Arc<DFlash> {
+        &self.net
+    }
+}
+
+impl DFlashBlocks for CpuDFlash {
+    fn tap_layers(&self) -> Vec<usize> {
+        self.net.config.taps.clone()
+    }
+
+    fn feature_width(&self) -> usize {
+        self.net.feature_width()
+    }
+
+    fn block_size(&self) -> usize {
+        self.net.config.block_size
+    }
+
+    fn context_positions(&self) -> &[usize] {
+        self.ctx.positions()
+    }
+
+    fn truncate_context(&mut self, rows: usize) {
+        self.ctx.truncate(rows);
+    }
+
+    fn append_context(&mut self, features: &[f32], positions: &[usize]) -> Result<(), DraftError> {
+        self.net
+            .append_context(&mut self.ctx, features, positions)?;
+        Ok(())
+    }
+
+    fn marginals(
         &mut self,
         root: u32,
         pos: usize,
         rows: usize,
+        top_k: usize,
     ) -> Result<Vec<Vec<(u32, f32)>>, DraftError> {
         let head = self.head.as_ref().unwrap_or(&self.target.head);
         let block = Block {
@@ -102,30 +162,83 @@ impl DFlashDrafter {
         };
         self.net
             .draft(&self.target, &mut self.ctx, block, &mut self.logits)?;
-        Ok(top_k_log_probs(&self.logits, head.rows, self.config.top_k))
+        Ok(top_k_log_probs(&self.logits, head.rows, top_k))
+    }
+}
+
+/// A DFlash drafter on the CPU.
+pub type DFlashDrafter = BlockDrafter<CpuDFlash>;
+
+impl BlockDrafter<CpuDFlash> {
+    /// A drafter over `net` for `target` (the network was loaded for it).
+    pub fn new(
+        target: Arc<Model>,
+        net: Arc<DFlash>,
+        config: DFlashDrafterConfig,
+    ) -> Result<DFlashDrafter, DraftError> {
+        let blocks = CpuDFlash::new(target, net, config.vocab_rows)?;
+        Ok(BlockDrafter::over(blocks, config))
     }
 
-    /// The raw logits of the last [`DFlashDrafter::marginals`] call (`rows × head rows`).
+    /// The raw logits of the last [`BlockDrafter::marginals`] call (`rows × head rows`).
     pub fn last_logits(&self) -> &[f32] {
-        &self.logits
+        self.blocks.last_logits()
+    }
+}
+
+/// A DFlash drafter over any [`DFlashBlocks`]: its context follows the target's sequence, and
+/// each tree is prompt lookup's branch merged with the marginals' best paths.
+pub struct BlockDrafter<N: DFlashBlocks> {
+    blocks: N,
+    config: DFlashDrafterConfig,
+    /// The sequence the context rows belong to (positions `0..known.len()`).
+    known: Vec<u32>,
+    lookup: NgramDrafter,
+}
+
+impl<N: DFlashBlocks> BlockDrafter<N> {
+    /// A drafter over `blocks` with `config` (its `vocab_rows` is the network's business).
+    pub fn over(blocks: N, config: DFlashDrafterConfig) -> BlockDrafter<N> {
+        BlockDrafter {
+            blocks,
+            config,
+            known: Vec::new(),
+            lookup: NgramDrafter::default(),
+        }
+    }
+
+    /// The network and its context.
+    pub fn blocks(&self) -> &N {
+        &self.blocks
+    }
+
+    /// The marginals of the `rows` tokens after `root` at position `pos`: each depth's top-k
+    /// with log-probabilities.
+    pub fn marginals(
+        &mut self,
+        root: u32,
+        pos: usize,
+        rows: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, DraftError> {
+        self.blocks.marginals(root, pos, rows, self.config.top_k)
     }
 
     /// Drops the context rows of positions `from..` (they belong to another sequence).
     fn forget_from(&mut self, from: usize) {
         let keep = self
-            .ctx
-            .positions()
+            .blocks
+            .context_positions()
             .iter()
             .take_while(|&&p| p < from)
             .count();
-        self.ctx.truncate(keep);
+        self.blocks.truncate_context(keep);
         self.known.truncate(from);
     }
 
     /// Adds the features of the tokens at positions `first..first + n` (`taps` rows of
     /// `stride` values, the drafter's own taps first in each).
     fn ingest(&mut self, first: usize, taps: &[f32], n: usize) -> Result<(), DraftError> {
-        let width = self.net.feature_width();
+        let width = self.blocks.feature_width();
         if n == 0 || !taps.len().is_multiple_of(n) || taps.len() / n < width {
             return Ok(()); // features not as asked: the drafter drafts from what it has
         }
@@ -138,18 +251,53 @@ impl DFlashDrafter {
                 .collect()
         };
         let positions: Vec<usize> = (first..first + n).collect();
-        self.net.append_context(&mut self.ctx, &rows, &positions)?;
-        Ok(())
+        self.blocks.append_context(&rows, &positions)
     }
 }
 
-impl Drafter for DFlashDrafter {
+/// The tree a DFlash drafter proposes for `req`: up to `config.lookup_nodes` nodes of prompt
+/// lookup's branches first, then the budget's best paths under the marginals `marginals(root,
+/// pos, rows)` gives for the `rows` depths below the root (asked only when a block of
+/// `block_size` has rows to score and `fresh` says the context does not already hold the
+/// root's position). Shared by every [`DFlashBlocks`].
+pub fn dflash_tree(
+    req: &DraftRequest,
+    config: &DFlashDrafterConfig,
+    block_size: usize,
+    lookup: &mut NgramDrafter,
+    fresh: impl FnOnce(usize) -> bool,
+    marginals: impl FnOnce(u32, usize, usize) -> Result<Vec<Vec<(u32, f32)>>, DraftError>,
+) -> Result<TokenTree, DraftError> {
+    let Some(&root) = req.tokens.last() else {
+        return Ok(TokenTree::chain(&[]));
+    };
+    let pos = req.tokens.len() - 1;
+    let mut tree = TreeBuilder::new(root);
+    let lookup_nodes = config.lookup_nodes.min(req.budget);
+    if lookup_nodes > 0 {
+        let found = lookup.tree(req.tokens, lookup_nodes, req.max_depth);
+        let mut ids = vec![0usize; found.len()];
+        for i in 1..found.len() {
+            let p = found.parent(i).expect("below the root");
+            ids[i] = tree.add(ids[p], found.token(i));
+        }
+    }
+    let left = (req.budget + 1).saturating_sub(tree.len());
+    let rows = (block_size - 1).min(req.max_depth).min(left);
+    if rows > 0 && fresh(pos) {
+        let cands = marginals(root, pos, rows)?;
+        add_best_paths(&mut tree, 0, &cands, left, req.max_depth);
+    }
+    Ok(tree.build().0)
+}
+
+impl<N: DFlashBlocks> Drafter for BlockDrafter<N> {
     fn name(&self) -> &'static str {
         "dflash"
     }
 
     fn tap_layers(&self) -> Vec<usize> {
-        self.net.config.taps.clone()
+        self.blocks.tap_layers()
     }
 
     fn flat_draft_cost(&self) -> bool {
@@ -157,7 +305,7 @@ impl Drafter for DFlashDrafter {
     }
 
     fn start(&mut self, prompt: &[u32], features: Features) -> Result<(), DraftError> {
-        let width = self.net.feature_width();
+        let width = self.blocks.feature_width();
         let taps = features.taps.unwrap_or(&[]);
         let m = (taps.len() / width.max(1)).min(prompt.len());
         let fresh = prompt.len() - m;
@@ -174,29 +322,23 @@ impl Drafter for DFlashDrafter {
     }
 
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
-        let Some(&root) = req.tokens.last() else {
-            return Ok(TokenTree::chain(&[]));
-        };
-        let pos = req.tokens.len() - 1;
-        let mut tree = TreeBuilder::new(root);
-        let lookup = self.config.lookup_nodes.min(req.budget);
-        if lookup > 0 {
-            let found = self.lookup.tree(req.tokens, lookup, req.max_depth);
-            let mut ids = vec![0usize; found.len()];
-            for i in 1..found.len() {
-                let p = found.parent(i).expect("below the root");
-                ids[i] = tree.add(ids[p], found.token(i));
-            }
-        }
-        let left = (req.budget + 1).saturating_sub(tree.len());
-        let rows = (self.net.config.block_size - 1)
-            .min(req.max_depth)
-            .min(left);
-        if rows > 0 && self.ctx.positions().last().is_none_or(|&p| p < pos) {
-            let cands = self.marginals(root, pos, rows)?;
-            add_best_paths(&mut tree, 0, &cands, left, req.max_depth);
-        }
-        Ok(tree.build().0)
+        let BlockDrafter {
+            blocks,
+            config,
+            lookup,
+            ..
+        } = self;
+        let block_size = blocks.block_size();
+        let top_k = config.top_k;
+        let last = blocks.context_positions().last().copied();
+        dflash_tree(
+            req,
+            config,
+            block_size,
+            lookup,
+            |pos| last.is_none_or(|p| p < pos),
+            |root, pos, rows| blocks.marginals(root, pos, rows, top_k),
+        )
     }
 
     fn accept(&mut self, accepted: &Accepted) -> Result<(), DraftError> {
@@ -294,7 +436,7 @@ mod tests {
         let mut full = prompt.to_vec();
         full.extend_from_slice(&committed);
         let all = taps(&target, &d, &full);
-        let width = d.net.feature_width();
+        let width = d.blocks.feature_width();
         d.accept(&Accepted {
             tokens: &committed,
             committed_len: full.len(),
@@ -304,7 +446,7 @@ mod tests {
             },
         })
         .unwrap();
-        assert_eq!(d.ctx.positions(), (0..11).collect::<Vec<_>>());
+        assert_eq!(d.blocks.context_positions(), (0..11).collect::<Vec<_>>());
 
         // A new answer whose prompt extends the first 10 tokens: its first 9 rows are kept,
         // the target computed only the last 3.
@@ -318,7 +460,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(d.ctx.positions(), (0..12).collect::<Vec<_>>());
+        assert_eq!(d.blocks.context_positions(), (0..12).collect::<Vec<_>>());
         // The same drafts as a drafter given every row fresh.
         let mut seq2 = prompt2.to_vec();
         seq2.push(2);
@@ -340,6 +482,71 @@ mod tests {
             .unwrap();
         assert_eq!(fresh.draft(&req2).unwrap(), kept);
         assert_eq!(fresh.last_logits(), d.last_logits());
+    }
+
+    /// The shared tree building with made-up marginals: the rows asked for follow the block,
+    /// depth and budget; a context that already holds the root's position asks nothing.
+    #[test]
+    fn dflash_tree_asks_for_the_rows_the_budget_allows() {
+        let config = DFlashDrafterConfig {
+            vocab_rows: 0,
+            top_k: 2,
+            lookup_nodes: 0,
+        };
+        let tokens = [1u32, 2, 3, 4];
+        let req = DraftRequest {
+            tokens: &tokens,
+            budget: 5,
+            max_depth: 3,
+        };
+        let mut lookup = NgramDrafter::default();
+        let mut asked = None;
+        let tree = dflash_tree(
+            &req,
+            &config,
+            8,
+            &mut lookup,
+            |_| true,
+            |root, pos, rows| {
+                asked = Some((root, pos, rows));
+                Ok((0..rows)
+                    .map(|d| vec![(10 + d as u32, -0.1), (20 + d as u32, -3.0)])
+                    .collect())
+            },
+        )
+        .unwrap();
+        assert_eq!(asked, Some((4, 3, 3)));
+        assert_eq!(tree.token(0), 4);
+        let mut node = 0;
+        for t in [10, 11, 12] {
+            node = tree.child_with(node, t).expect("the best path");
+        }
+        assert!(tree.len() <= 6 && tree.max_depth() <= 3);
+        // A block of 3 scores 2 rows at most; a stale context is not asked.
+        let mut rows = 0;
+        dflash_tree(
+            &req,
+            &config,
+            3,
+            &mut lookup,
+            |_| true,
+            |_, _, r| {
+                rows = r;
+                Ok(vec![vec![(9, -0.5)]; r])
+            },
+        )
+        .unwrap();
+        assert_eq!(rows, 2);
+        let tree = dflash_tree(
+            &req,
+            &config,
+            8,
+            &mut lookup,
+            |_| false,
+            |_, _, _| panic!("not asked"),
+        )
+        .unwrap();
+        assert_eq!(tree.len(), 1);
     }
 
     /// Prompt lookup's branch goes in first; the marginals fill the rest of the budget.

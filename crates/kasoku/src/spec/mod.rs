@@ -30,7 +30,9 @@ pub mod stats;
 
 pub use accept::{accept_path, accept_path_constrained, Acceptance};
 pub use choice::ChoiceDrafter;
-pub use dflash::{DFlashDrafter, DFlashDrafterConfig};
+pub use dflash::{
+    dflash_tree, BlockDrafter, CpuDFlash, DFlashBlocks, DFlashDrafter, DFlashDrafterConfig,
+};
 pub use draft_model::DraftModelDrafter;
 pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
 pub use merged::MergedDrafter;
