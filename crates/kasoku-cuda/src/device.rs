@@ -6,7 +6,9 @@
 //! when the session asks: for a sampled top-k draw, the row's top-k selection made on the
 //! device (`sample.cu`: 8 bytes per candidate, 4 per gathered penalized logit); for other
 //! host-sampled requests (top-k off, constraints, log-probabilities, greedy with penalties),
-//! the rows it samples from, `vocab × 4` bytes each through pinned memory. Every error is the
+//! the rows it samples from, `vocab × 4` bytes each through pinned memory; for a drafter that
+//! reads the target's layer outputs (DFlash), the accepted rows' taps (`taps × hidden × 4`
+//! bytes a token). Every error is the
 //! engine's `Device` error with the driver's words.
 
 use std::sync::Arc;
@@ -144,6 +146,21 @@ impl DeviceState for CudaSequence {
 
     fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {
         self.state.commit(&self.model, path).map_err(device_error)
+    }
+
+    /// Recorded inside each pass (captured graphs included) by device-to-device copies;
+    /// not yet run on a GPU.
+    fn set_tap_layers(&mut self, layers: &[usize]) -> Result<(), EngineError> {
+        self.state
+            .set_tap_layers(&self.model, layers)
+            .map_err(device_error)
+    }
+
+    /// A feed of more than `PREFILL_ROWS` tokens keeps only its last pass's rows.
+    fn tap_rows(&mut self, rows: &[usize], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.state
+            .tap_rows(&self.model, rows, out)
+            .map_err(device_error)
     }
 }
 

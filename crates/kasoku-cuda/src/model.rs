@@ -415,6 +415,30 @@ pub fn check_config(c: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Checks a list of decoder layers to record: each below `n_layers` (a layer may come twice:
+/// its rows are then copied twice).
+pub fn check_tap_layers(layers: &[usize], n_layers: usize) -> Result<()> {
+    if let Some(l) = layers.iter().find(|&&l| l >= n_layers) {
+        return Err(Error::Invalid(format!(
+            "tapped layer {l} of a model of {n_layers} layers"
+        )));
+    }
+    Ok(())
+}
+
+/// `rows` as runs of consecutive values: (index in `rows` of the run's first, the run's range
+/// of values), so each run is one copy.
+pub fn consecutive_runs(rows: &[usize]) -> Vec<(usize, std::ops::Range<usize>)> {
+    let mut runs: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        match runs.last_mut() {
+            Some((_, run)) if run.end == r => run.end += 1,
+            _ => runs.push((i, r..r + 1)),
+        }
+    }
+    runs
+}
+
 /// Offsets (in 4-byte words) of the batch description's parts in the meta buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetaLayout {
@@ -582,6 +606,25 @@ pub struct CudaState {
     /// Token ids whose logits the head computes: `0..head_rows` (the whole vocabulary unless
     /// [`CudaState::set_head_rows`] narrowed it, as a draft model's state does).
     head_rows: usize,
+    /// Layer outputs recorded for a drafter ([`CudaState::set_tap_layers`]; none: nothing is
+    /// recorded and passes cost what they did).
+    taps: Option<TapBufs>,
+    /// Rows of the last pass (what `taps` holds).
+    last_rows: usize,
+}
+
+/// The outputs of chosen decoder layers (before the final norm) for every row of a pass: a
+/// DFlash drafter's features. Each pass copies each tapped layer's residual rows device to
+/// device right after that layer (a memcpy node in a captured graph); a read compacts the rows
+/// asked for on the device and copies them to the host once.
+struct TapBufs {
+    /// The tapped layers, in the order their outputs are concatenated.
+    layers: Vec<usize>,
+    /// `[row][tap][hidden]` f32 of the last pass.
+    rows: DeviceBuffer,
+    /// The rows a read asked for, compacted (same layout), and their host copy.
+    picked: DeviceBuffer,
+    host: PinnedBuffer,
 }
 
 /// The f16 scratch of the prefill products: the largest layer product's weights (q|k|v,
@@ -764,6 +807,8 @@ impl CudaState {
                 None
             },
             head_rows: c.vocab,
+            taps: None,
+            last_rows: 0,
             gpu,
         };
         Ok(st)
@@ -1101,6 +1146,7 @@ impl CudaState {
                     normed_ready = false;
                 }
             }
+            self.record_taps(li, n, h)?;
         }
         let (first, rows) = match head {
             Head::All => (0, n),
@@ -1172,6 +1218,7 @@ impl CudaState {
             self.record(m, n, head)?;
         }
         self.gpu.synchronize()?;
+        self.last_rows = n;
         let rows = if head == Head::All { n } else { 1 };
         let keys = self.best_host.get_u32s(0, 2 * rows);
         Ok((0..rows).map(|r| argmax_id(keys[2 * r] as u64)).collect())
@@ -1346,6 +1393,7 @@ impl CudaState {
             fill_meta(&self.layout, self.len, chunk, None, &mut words);
             self.meta_host.put_u32s(0, &words);
             self.record(m, n, Head::All)?;
+            self.last_rows = n;
             out.extend(self.logits.read_f32(n * vocab)?);
             self.len += n;
         }
@@ -1367,6 +1415,79 @@ impl CudaState {
         }
         self.head_rows = rows;
         self.drop_graphs();
+        Ok(())
+    }
+
+    /// Makes every later pass record the outputs of decoder layers `layers` (before the final
+    /// norm; in this order) for each of its rows, for [`CudaState::tap_rows`]; an empty list
+    /// stops recording (and frees the buffers). Captured graphs are dropped when the list
+    /// changes. Not yet run on a GPU.
+    pub fn set_tap_layers(&mut self, m: &CudaModel, layers: &[usize]) -> Result<()> {
+        if self.tap_layers() == layers {
+            return Ok(());
+        }
+        check_tap_layers(layers, m.config.n_layers)?;
+        self.drop_graphs();
+        self.taps = None;
+        if layers.is_empty() {
+            return Ok(());
+        }
+        let bytes = self.rows * layers.len() * m.config.hidden * 4;
+        self.taps = Some(TapBufs {
+            layers: layers.to_vec(),
+            rows: self.gpu.alloc(bytes)?,
+            picked: self.gpu.alloc(bytes)?,
+            host: self.gpu.pinned(bytes)?,
+        });
+        Ok(())
+    }
+
+    /// The decoder layers each pass records (empty: none).
+    pub fn tap_layers(&self) -> &[usize] {
+        self.taps.as_ref().map_or(&[], |t| &t.layers)
+    }
+
+    /// Queues the copies of layer `layer`'s output rows into the tap buffer, once per tap of
+    /// that layer (nothing when no taps are set).
+    fn record_taps(&self, layer: usize, n: usize, h: usize) -> Result<()> {
+        let Some(t) = &self.taps else {
+            return Ok(());
+        };
+        let pitch = t.layers.len() * h * 4;
+        for (j, _) in t.layers.iter().enumerate().filter(|(_, &l)| l == layer) {
+            t.rows
+                .copy_rows_from(j * h * 4, pitch, self.x.ptr(), h * 4, h * 4, n)?;
+        }
+        Ok(())
+    }
+
+    /// The recorded layer outputs of rows `rows` of the last pass (a feed's rows in order, or
+    /// a verified tree's nodes, e.g. the accepted path) into `out`: `rows.len() × taps ×
+    /// hidden` values, row by row, each row's taps in [`CudaState::tap_layers`]'s order.
+    /// The rows are compacted on the device and copied to the host once.
+    pub fn tap_rows(&self, m: &CudaModel, rows: &[usize], out: &mut Vec<f32>) -> Result<()> {
+        let t = self
+            .taps
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no layer outputs are recorded".into()))?;
+        if let Some(r) = rows.iter().find(|&&r| r >= self.last_rows) {
+            return Err(Error::Invalid(format!(
+                "tapped row {r} of a pass of {} rows",
+                self.last_rows
+            )));
+        }
+        let row_bytes = t.layers.len() * m.config.hidden * 4;
+        self.gpu.bind()?;
+        for (at, run) in consecutive_runs(rows) {
+            t.picked.copy_from(
+                at * row_bytes,
+                t.rows.at(run.start * row_bytes),
+                run.len() * row_bytes,
+            )?;
+        }
+        t.picked.read_async(0, &t.host, rows.len() * row_bytes)?;
+        self.gpu.synchronize()?;
+        t.host.get_f32s_into(0, rows.len() * row_bytes / 4, out);
         Ok(())
     }
 
@@ -1732,11 +1853,32 @@ pub fn generate_greedy(
     if n == 0 {
         return Ok(run);
     }
+    // A drafter reading the target's layer outputs (DFlash) gets them for every prompt row
+    // and every committed token.
+    let tap_layers = drafting
+        .as_ref()
+        .map(|d| d.drafter.tap_layers())
+        .unwrap_or_default();
+    st.set_tap_layers(m, &tap_layers)?;
+    let wants_taps = !tap_layers.is_empty();
+    let (mut taps, mut chunk_taps) = (Vec::new(), Vec::new());
+    let mut first = 0;
+    for chunk in prompt.chunks(PREFILL_ROWS) {
+        first = st.prefill(m, chunk)?;
+        if wants_taps {
+            let rows: Vec<usize> = (0..chunk.len()).collect();
+            st.tap_rows(m, &rows, &mut chunk_taps)?;
+            taps.extend_from_slice(&chunk_taps);
+        }
+    }
     if let Some(d) = drafting.as_mut() {
-        d.drafter.start(prompt, Features::default()).map_err(err)?;
+        let f = Features {
+            hidden: None,
+            taps: wants_taps.then_some(&taps[..]),
+        };
+        d.drafter.start(prompt, f).map_err(err)?;
     }
     let mut history = prompt.to_vec();
-    let first = st.prefill(m, prompt)?;
     history.push(first);
     let mut emitted = 1;
     if !on_token(first) {
@@ -1786,6 +1928,9 @@ pub fn generate_greedy(
                 None => break,
             }
         }
+        if wants_taps {
+            st.tap_rows(m, &path, &mut taps)?;
+        }
         st.commit(m, &path)?;
         run.passes += 1;
         run.drafted += tree.len() - 1;
@@ -1795,7 +1940,10 @@ pub fn generate_greedy(
             .accept(&Accepted {
                 tokens: &committed,
                 committed_len: st.len,
-                features: Features::default(),
+                features: Features {
+                    hidden: None,
+                    taps: wants_taps.then_some(&taps[..]),
+                },
             })
             .map_err(err)?;
         history.extend_from_slice(&new);
@@ -1863,6 +2011,19 @@ mod tests {
         let (q, g) = query_and_gate_rows(&rows, 1, 2);
         assert_eq!(q, [10, 11, 12, 13]);
         assert_eq!(g, [20, 21, 22, 23]);
+    }
+
+    #[test]
+    fn tapped_rows_are_copied_in_runs_and_layers_are_checked() {
+        assert_eq!(consecutive_runs(&[]), vec![]);
+        assert_eq!(
+            consecutive_runs(&[0, 1, 2, 5, 6, 9]),
+            vec![(0, 0..3), (3, 5..7), (5, 9..10)]
+        );
+        assert_eq!(consecutive_runs(&[3, 2]), vec![(0, 3..4), (1, 2..3)]);
+        assert!(check_tap_layers(&[1, 0, 1], 2).is_ok());
+        let e = check_tap_layers(&[0, 2], 2).unwrap_err().to_string();
+        assert!(e.contains("tapped layer 2 of a model of 2 layers"), "{e}");
     }
 
     #[test]

@@ -493,6 +493,65 @@ impl DeviceBuffer {
         })
     }
 
+    /// Queues a device-to-device copy of `height` rows of `width` bytes from `src` (rows
+    /// `src_pitch` bytes apart) to byte `offset` of this buffer (rows `dst_pitch` bytes
+    /// apart). Graphs capture it as a memcpy node.
+    pub fn copy_rows_from(
+        &self,
+        offset: usize,
+        dst_pitch: usize,
+        src: u64,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        if height == 0 || width == 0 {
+            return Ok(());
+        }
+        if width > dst_pitch || width > src_pitch {
+            return Err(Error::Invalid(format!(
+                "rows of {width} bytes between pitches {src_pitch} and {dst_pitch}"
+            )));
+        }
+        self.check_range(offset, (height - 1) * dst_pitch + width)?;
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: self.ptr + offset as u64,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch,
+            WidthInBytes: width,
+            Height: height,
+        };
+        // SAFETY: the destination range was checked; the source is device memory the caller
+        // owns for as long as the copy is queued (or a graph replays it).
+        check("cuMemcpy2DAsync", unsafe {
+            sys::cuMemcpy2DAsync_v2(&copy, self.gpu.stream)
+        })
+    }
+
+    /// Queues a device-to-device copy of `len` bytes from `src` to byte `offset`.
+    pub fn copy_from(&self, offset: usize, src: u64, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check_range(offset, len)?;
+        // SAFETY: the destination range was checked; the source is device memory the caller
+        // owns while the copy is queued.
+        check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(self.ptr + offset as u64, src, len, self.gpu.stream)
+        })
+    }
+
     fn check_range(&self, offset: usize, len: usize) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > self.bytes) {
             return Err(Error::Invalid(format!(

@@ -107,6 +107,27 @@ pub trait DeviceState {
             "this device hands back whole rows of logits only".into(),
         ))
     }
+    /// Makes every later pass record the outputs of decoder layers `layers` (before the final
+    /// norm) for each of its rows, for [`DeviceState::tap_rows`]: a drafter's features
+    /// ([`Drafter::tap_layers`]). An empty list stops recording. A device that cannot record
+    /// them refuses any other list.
+    fn set_tap_layers(&mut self, layers: &[usize]) -> Result<(), EngineError> {
+        if layers.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::Device(
+            "this device does not record layer outputs for a drafter".into(),
+        ))
+    }
+    /// The recorded layer outputs of rows `rows` of the last pass (a feed's rows, or nodes of
+    /// the last verification, such as the path just committed) into `out`: `rows.len() ×
+    /// taps × hidden` values, row by row, each row's taps in the order they were asked for.
+    fn tap_rows(&mut self, rows: &[usize], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let _ = (rows, out);
+        Err(EngineError::Device(
+            "this device does not record layer outputs for a drafter".into(),
+        ))
+    }
     /// Runs every node of `tree` (its root the last sampled token, not yet in the state) and
     /// returns each node's greedy next token; the tree stays pending until a commit.
     fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError>;
@@ -204,6 +225,8 @@ pub struct DeviceSession {
     /// A device's top-k selection and gathered logits (buffers kept from draw to draw).
     top: Vec<(u32, f32)>,
     gathered: Vec<f32>,
+    /// Layer outputs read for a drafter (kept from pass to pass).
+    taps: Vec<f32>,
 }
 
 impl DeviceSession {
@@ -218,6 +241,7 @@ impl DeviceSession {
             rows: Vec::new(),
             top: Vec::new(),
             gathered: Vec::new(),
+            taps: Vec::new(),
         }
     }
 
@@ -296,6 +320,15 @@ impl DeviceSession {
             reused = reused.min(self.state.len());
             self.tokens.truncate(reused);
         }
+        // A drafter that reads the target's layer outputs gets those of the prompt rows
+        // computed now (the CPU session's `Features::taps`).
+        let tap_layers = self
+            .spec
+            .as_ref()
+            .map(|s| s.drafter.tap_layers())
+            .unwrap_or_default();
+        self.state.set_tap_layers(&tap_layers)?;
+        let mut prompt_taps = Vec::new();
         let mut pos = reused;
         let mut greedy = 0;
         while pos < prompt.len() {
@@ -316,6 +349,11 @@ impl DeviceSession {
             }
             let next = (pos + PREFILL_BLOCK).min(prompt.len());
             greedy = self.state.feed(&prompt[pos..next])?;
+            if !tap_layers.is_empty() {
+                let rows: Vec<usize> = (0..next - pos).collect();
+                self.state.tap_rows(&rows, &mut self.taps)?;
+                prompt_taps.extend_from_slice(&self.taps);
+            }
             self.tokens.extend_from_slice(&prompt[pos..next]);
             pos = next;
         }
@@ -343,7 +381,13 @@ impl DeviceSession {
             let first = self.pick(&mut run, ids_only, greedy)?;
             match self.spec.take() {
                 Some(mut spec) => {
-                    let r = self.decode_drafted(&mut spec, &mut run, first, prompt, ids_only);
+                    let r = self.decode_drafted(
+                        &mut spec,
+                        &mut run,
+                        first,
+                        (prompt, &prompt_taps),
+                        ids_only,
+                    );
                     run.stats.spec = Some(spec.take_stats());
                     self.spec = Some(spec);
                     r?
@@ -445,10 +489,12 @@ impl DeviceSession {
         spec: &mut Speculator,
         run: &mut Run,
         first: u32,
-        prompt: &[u32],
+        (prompt, prompt_taps): (&[u32], &[f32]),
         ids_only: bool,
     ) -> Result<FinishReason, EngineError> {
-        spec.drafter.start(prompt, Features::default())?;
+        let wants_taps = !spec.drafter.tap_layers().is_empty();
+        spec.drafter
+            .start(prompt, tap_features(wants_taps, prompt_taps))?;
         let mut token = first;
         if let Some(finish) = run.take(token, &self.logits)? {
             return Ok(finish);
@@ -497,13 +543,17 @@ impl DeviceSession {
                 }
             }
             let path = &path[..fed.min(path.len())];
+            if wants_taps {
+                // The verification's rows: read before the commit (which runs no pass).
+                self.state.tap_rows(path, &mut self.taps)?;
+            }
             self.state.commit(path)?;
             let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
             self.tokens.extend_from_slice(&committed);
             spec.drafter.accept(&Accepted {
                 tokens: &committed,
                 committed_len: self.state.len(),
-                features: Features::default(),
+                features: tap_features(wants_taps, &self.taps),
             })?;
             if let Some(f) = finish {
                 return Ok(f);
@@ -555,6 +605,14 @@ impl DeviceSession {
                 None => return Ok((path, new)),
             }
         }
+    }
+}
+
+/// A drafter's features: the layer outputs read from the device, when it asked for them.
+fn tap_features(wanted: bool, taps: &[f32]) -> Features<'_> {
+    Features {
+        hidden: None,
+        taps: wanted.then_some(taps),
     }
 }
 
