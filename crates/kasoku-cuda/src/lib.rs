@@ -25,6 +25,7 @@
 
 pub mod checks;
 pub mod device;
+pub mod dflash;
 pub mod draft;
 pub mod kernels;
 pub mod model;

@@ -354,8 +354,14 @@ impl CudaModel {
         })
     }
 
-    fn head(&self) -> &DeviceMatrix {
+    /// The LM head (`output.weight`, or the embedding table when tied).
+    pub(crate) fn head(&self) -> &DeviceMatrix {
         self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The token embedding table.
+    pub(crate) fn embed_table(&self) -> &DeviceMatrix {
+        &self.embed
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {

@@ -201,34 +201,50 @@ impl DFlashConfig {
     /// Checks that a drafter of this configuration can draft for `target`.
     pub fn check_target(&self, target: &Model) -> Result<(), String> {
         let t = &target.config;
-        if self.hidden != t.hidden || target.embedding.dim != t.hidden {
+        if target.embedding.dim != t.hidden {
             return Err(format!(
                 "hidden size {} does not match the target's {}",
-                self.hidden, t.hidden
+                self.hidden, target.embedding.dim
             ));
         }
-        if let Some(&l) = self.taps.iter().find(|&&l| l >= t.n_layers) {
+        self.check_shape(t.hidden, t.n_layers, t.vocab, target.embedding.vocab)
+    }
+
+    /// Checks that a drafter of this configuration can draft for a target of `hidden` width,
+    /// `n_layers` decoder layers, a vocabulary of `vocab` and an embedding of `embed_rows`
+    /// rows (wherever the target runs).
+    pub fn check_shape(
+        &self,
+        hidden: usize,
+        n_layers: usize,
+        vocab: usize,
+        embed_rows: usize,
+    ) -> Result<(), String> {
+        if self.hidden != hidden {
             return Err(format!(
-                "target layer {l} (dflash_config.target_layer_ids) is beyond the target's {} layers",
-                t.n_layers
+                "hidden size {} does not match the target's {hidden}",
+                self.hidden
             ));
         }
-        if let Some(n) = self.target_layers.filter(|&n| n != t.n_layers) {
+        if let Some(&l) = self.taps.iter().find(|&&l| l >= n_layers) {
             return Err(format!(
-                "num_target_layers {n} does not match the target's {} layers",
-                t.n_layers
+                "target layer {l} (dflash_config.target_layer_ids) is beyond the target's {n_layers} layers"
             ));
         }
-        if let Some(v) = self.vocab.filter(|&v| v != t.vocab) {
+        if let Some(n) = self.target_layers.filter(|&n| n != n_layers) {
             return Err(format!(
-                "vocab_size {v} does not match the target's vocabulary of {}",
-                t.vocab
+                "num_target_layers {n} does not match the target's {n_layers} layers"
             ));
         }
-        if self.mask_token as usize >= target.embedding.vocab {
+        if let Some(v) = self.vocab.filter(|&v| v != vocab) {
             return Err(format!(
-                "mask_token_id {} is outside the target's embedding of {} rows",
-                self.mask_token, target.embedding.vocab
+                "vocab_size {v} does not match the target's vocabulary of {vocab}"
+            ));
+        }
+        if self.mask_token as usize >= embed_rows {
+            return Err(format!(
+                "mask_token_id {} is outside the target's embedding of {embed_rows} rows",
+                self.mask_token
             ));
         }
         Ok(())
