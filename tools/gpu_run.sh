@@ -34,4 +34,8 @@ for f in llama/tiny llama/tiny_rope_llama3 qwen2/tiny qwen3/tiny qwen3_5/tiny; d
   mkdir -p "$STAGE/fixtures/$f"
   cp tests/fixtures/$f/reference.json tests/fixtures/$f/*.gguf "$STAGE/fixtures/$f/"
 done
+# The DFlash drafter fixture (a checkpoint directory) for `kasoku-cuda-check dflash`.
+mkdir -p "$STAGE/fixtures/qwen2/tiny_dflash"
+cp tests/fixtures/qwen2/tiny_dflash/config.json tests/fixtures/qwen2/tiny_dflash/model.safetensors \
+  "$STAGE/fixtures/qwen2/tiny_dflash/"
 du -sh "$STAGE"

@@ -25,6 +25,8 @@ mod delta_net;
 pub use delta_net::delta_net_checks;
 mod draft;
 pub use draft::{draft_speculative, row_top2_checks};
+mod dflash;
+pub use dflash::{compare_marginals, dflash_checks};
 
 /// The outcome of a group of checks.
 #[derive(Debug, Default)]

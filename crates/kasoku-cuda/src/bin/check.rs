@@ -7,6 +7,8 @@
 //! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
 //! kasoku-cuda-check spec-draft TARGET DRAFT [N]  the same with a draft model on the GPU
 //! kasoku-cuda-check session MODEL.gguf [N]       the engine's DeviceSession on the GPU
+//! kasoku-cuda-check dflash TARGET.gguf DIR [N]    a DFlash drafter on the GPU: marginals vs
+//!                                                the CPU's, speculative == plain
 //! kasoku-cuda-check synth SHAPE SCHEME OUT.gguf  a random-weight GGUF (shape: 1.5b, 0.5b,
 //!                                                qwen3.5-2b)
 //! kasoku-cuda-check bench MODEL.gguf [quick]     tg128, pp512, verify curve k = 1..64
@@ -142,6 +144,10 @@ fn main() -> Result<()> {
             let prompt: Vec<u32> = base.iter().chain(&base).copied().collect();
             checks::session(&gpu, Path::new(arg(1)), &prompt, n)?
         }
+        "dflash" => {
+            let n: usize = arg(3).parse().unwrap_or(48);
+            checks::dflash_checks(&gpu, Path::new(arg(1)), Path::new(arg(2)), n)?
+        }
         "bench" => {
             bench(&gpu, Path::new(arg(1)), arg(2) == "quick")?;
             Report::default()
@@ -152,7 +158,7 @@ fn main() -> Result<()> {
         }
         other => {
             bail!(
-                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, synth, bench, bench-draft)"
+                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, dflash, synth, bench, bench-draft)"
             )
         }
     };

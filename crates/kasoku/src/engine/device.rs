@@ -188,8 +188,8 @@ pub fn device_speculator(
 }
 
 /// The speculator a device session drafts with when the caller made a drafter that runs on
-/// the device itself (a draft model on the same GPU): that drafter for speculation `draft`
-/// and `auto`, with the budget fixed at `policy`'s largest as in [`device_speculator`];
+/// the device itself (a draft model or a DFlash drafter on the same GPU): that drafter for
+/// speculation `draft`, `dflash` and `auto`, with the budget fixed at `policy`'s largest as in [`device_speculator`];
 /// other kinds as [`device_speculator`] takes them with a draft given (prompt lookup for
 /// `ngram`, `None` for `none`, the CPU-only drafters refused).
 pub fn device_draft_speculator(
@@ -198,7 +198,7 @@ pub fn device_draft_speculator(
     policy: PolicyConfig,
 ) -> Result<Option<Speculator>, EngineError> {
     match kind {
-        SpecKind::Draft | SpecKind::Auto => Ok(Some(Speculator::new(
+        SpecKind::Draft | SpecKind::DFlash | SpecKind::Auto => Ok(Some(Speculator::new(
             drafter,
             PolicyConfig {
                 adaptive: false,
