@@ -427,7 +427,8 @@ fn a_device_drafter_drafts_for_draft_and_auto() {
         let config = DraftModelConfig::default();
         Box::new(DraftModelDrafter::new(draft.clone(), CTX, model.config.vocab, config).unwrap())
     };
-    for kind in [SpecKind::Draft, SpecKind::Auto] {
+    // DFlash too: the caller made a drafter on the device for it.
+    for kind in [SpecKind::Draft, SpecKind::DFlash, SpecKind::Auto] {
         let spec = device_draft_speculator(kind, drafter(), p)
             .unwrap()
             .unwrap();
@@ -440,10 +441,10 @@ fn a_device_drafter_drafts_for_draft_and_auto() {
         .is_none());
     let ngram = device_draft_speculator(SpecKind::Ngram, drafter(), p).unwrap();
     assert_eq!(ngram.unwrap().drafter.name(), "ngram");
-    for kind in [SpecKind::Mtp, SpecKind::DFlash] {
-        let err = device_draft_speculator(kind, drafter(), p).err().unwrap();
-        assert!(err.to_string().contains("prompt lookup only"), "{err}");
-    }
+    let err = device_draft_speculator(SpecKind::Mtp, drafter(), p)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("prompt lookup only"), "{err}");
     let prompt: Vec<u32> = (0..30).map(|i| (i * 37 + 5) % 300).collect();
     let o = options(SamplingParams::default(), 40);
     let plain = generate(&mut Session::new(model.clone(), CTX), &prompt, &o);
