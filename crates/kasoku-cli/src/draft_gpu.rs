@@ -1,8 +1,13 @@
-//! A draft model beside the target on the GPU (`--draft MODEL.gguf` with speculation `draft`
-//! or `auto` on `--device cuda`): which drafts the GPU takes, loading one onto the target's
-//! device with its vocabulary checked against the target's, and the drafters made with it
-//! (`run`'s session speculator, `serve`'s drafter per session). The draft keeps its file's weight formats there
+//! Drafters beside the target on the GPU (`--device cuda`): a GGUF draft model (`--draft
+//! MODEL.gguf` with speculation `draft` or `auto`) or a DFlash checkpoint (`--draft DIR` with
+//! `dflash` or `auto`): which drafts the GPU takes, loading them onto the target's device,
+//! checked against the target, and the drafters made with them (`run`'s session speculator,
+//! `serve`'s drafter per session). A draft model keeps its file's weight formats there
 //! (`--draft-format` requantizes for the CPU's kernels only).
+//!
+//! DFlash on the GPU is opt-in (`KASOKU_CUDA_DFLASH=1`) until `kasoku-cuda-check dflash` has
+//! passed on a GPU; without it a DFlash request runs on the CPU (or, with `--device cuda`,
+//! is refused with the reason).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,22 +17,60 @@ use anyhow::{Context, Result};
 use kasoku::engine::{device_draft_speculator, device_speculator, SpecKind, Speculator};
 use kasoku::model::is_dflash_checkpoint;
 use kasoku::spec::draft_model::DraftModelConfig;
+use kasoku::spec::{DFlashDrafterConfig, Drafter};
+use kasoku_cuda::dflash::DFlashWeights;
 use kasoku_cuda::{CudaDraftDrafter, CudaModel};
 
 use crate::run_gpu::GpuModel;
 use crate::spec_args::SpecArgs;
 
+/// A drafter's weights on the target's GPU.
+#[derive(Clone)]
+pub enum GpuDraft {
+    /// A GGUF draft model.
+    Model(Arc<CudaModel>),
+    /// A DFlash block drafter (the target's embedding and head are its own).
+    DFlash(Arc<DFlashWeights>),
+}
+
 /// Whether speculation `kind` with `--draft draft` drafts with a draft model (not a DFlash
-/// checkpoint, which runs on the CPU only).
+/// checkpoint).
 pub fn drafts_with_model(kind: SpecKind, draft: Option<&str>) -> bool {
     matches!(kind, SpecKind::Draft | SpecKind::Auto)
         && draft.is_some_and(|d| !is_dflash_checkpoint(Path::new(d)))
 }
 
+/// Whether speculation `kind` with `--draft draft` drafts with a DFlash checkpoint.
+pub fn drafts_with_dflash(kind: SpecKind, draft: Option<&str>) -> bool {
+    matches!(kind, SpecKind::DFlash | SpecKind::Auto)
+        && draft.is_some_and(|d| is_dflash_checkpoint(Path::new(d)))
+}
+
+/// Whether DFlash drafting may run on the GPU: `KASOKU_CUDA_DFLASH=1` (`value`: that
+/// variable's), until the device drafter has passed its checks on a GPU.
+fn dflash_on_gpu(value: Option<&str>) -> bool {
+    value == Some("1")
+}
+
 /// Why speculation `kind` with `--draft draft` cannot run on the GPU path (None: it can),
-/// before anything is loaded: MTP and DFlash drafters run on the CPU; a draft model must be
-/// a GGUF file (one named by a known name is checked when it is resolved).
+/// before anything is loaded: MTP drafts on the CPU, DFlash unless opted in; a draft model
+/// must be a GGUF file (one named by a known name is checked when it is resolved).
 pub fn unsupported(kind: SpecKind, draft: Option<&str>) -> Option<String> {
+    unsupported_with(
+        kind,
+        draft,
+        std::env::var("KASOKU_CUDA_DFLASH").ok().as_deref(),
+    )
+}
+
+fn unsupported_with(kind: SpecKind, draft: Option<&str>, opt_in: Option<&str>) -> Option<String> {
+    if drafts_with_dflash(kind, draft) {
+        return (!dflash_on_gpu(opt_in)).then(|| {
+            "DFlash drafting on the GPU has not passed its checks on a GPU yet \
+             (KASOKU_CUDA_DFLASH=1 runs it there); it drafts on the CPU"
+                .to_string()
+        });
+    }
     if let Some(name) = draft.filter(|_| drafts_with_model(kind, draft)) {
         let local = Path::new(name);
         let gguf = local.extension().is_some_and(|e| e == "gguf");
@@ -38,6 +81,35 @@ pub fn unsupported(kind: SpecKind, draft: Option<&str>) -> Option<String> {
     device_speculator(kind, draft.is_some(), Default::default())
         .err()
         .map(|e| e.to_string())
+}
+
+/// The drafter `spec` asks for, loaded onto `target`'s GPU (None: it drafts without one).
+pub fn load_for(spec: &SpecArgs, target: &GpuModel, quiet: bool) -> Result<Option<GpuDraft>> {
+    let Some(name) = spec.draft.as_deref() else {
+        return Ok(None);
+    };
+    if drafts_with_dflash(spec.spec, Some(name)) {
+        return load_dflash(target, Path::new(name), quiet).map(Some);
+    }
+    if drafts_with_model(spec.spec, Some(name)) {
+        return load(target, name, quiet).map(|m| Some(GpuDraft::Model(m)));
+    }
+    Ok(None)
+}
+
+/// Loads the DFlash checkpoint `dir` onto `target`'s GPU, checked against the target.
+pub fn load_dflash(target: &GpuModel, dir: &Path, quiet: bool) -> Result<GpuDraft> {
+    let start = Instant::now();
+    let weights = kasoku_cuda::dflash::load_weights(target.device.model(), dir)
+        .with_context(|| format!("loading the DFlash drafter {} on the GPU", dir.display()))?;
+    if !quiet {
+        eprintln!(
+            "loaded DFlash drafter {} on the same GPU in {:.2} s",
+            dir.display(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(GpuDraft::DFlash(weights))
 }
 
 /// Loads the draft model `name` onto `target`'s GPU; it must share the target's vocabulary.
@@ -67,39 +139,52 @@ pub fn load(target: &GpuModel, name: &str, quiet: bool) -> Result<Arc<CudaModel>
     Ok(Arc::new(draft))
 }
 
-/// What makes `serve`'s sessions a drafter with `draft` on `target`'s GPU (one draft state
-/// per session, of the session's context).
-pub fn session_drafter(target: &GpuModel, draft: Arc<CudaModel>) -> kasoku_server::DeviceDrafter {
-    let vocab = target.device.model().config.vocab;
-    Arc::new(move |ctx| {
-        let drafter =
-            CudaDraftDrafter::on_gpu(draft.clone(), ctx, vocab, DraftModelConfig::default())?;
-        Ok(Box::new(drafter) as Box<dyn kasoku::spec::Drafter>)
+/// A drafter for one sequence of up to `ctx` tokens on `target` with `draft`.
+fn make_drafter(
+    target: &Arc<CudaModel>,
+    draft: &GpuDraft,
+    ctx: usize,
+) -> Result<Box<dyn Drafter>, kasoku::spec::DraftError> {
+    Ok(match draft {
+        GpuDraft::Model(model) => Box::new(CudaDraftDrafter::on_gpu(
+            model.clone(),
+            ctx,
+            target.config.vocab,
+            DraftModelConfig::default(),
+        )?),
+        GpuDraft::DFlash(weights) => Box::new(kasoku_cuda::dflash::dflash_drafter(
+            target.clone(),
+            weights.clone(),
+            ctx,
+            DFlashDrafterConfig::default(),
+        )?),
     })
 }
 
-/// The speculator of a session of `ctx` tokens on `target`: with `draft` (loaded by [`load`])
-/// for speculation `draft` and `auto`, else what the GPU drafts without one.
+/// What makes `serve`'s sessions a drafter with `draft` on `target`'s GPU (one draft state
+/// per session, of the session's context).
+pub fn session_drafter(target: &GpuModel, draft: GpuDraft) -> kasoku_server::DeviceDrafter {
+    let model = target.device.model().clone();
+    Arc::new(move |ctx| Ok(make_drafter(&model, &draft, ctx)?))
+}
+
+/// The speculator of a session of `ctx` tokens on `target`: with `draft` (loaded by
+/// [`load_for`]) for the speculation that asked for it, else what the GPU drafts without one.
 pub fn speculator(
     spec: &SpecArgs,
     target: &GpuModel,
-    draft: Option<&Arc<CudaModel>>,
+    draft: Option<&GpuDraft>,
     ctx: usize,
 ) -> Result<Option<Speculator>> {
-    let Some(draft) = draft.filter(|_| drafts_with_model(spec.spec, spec.draft.as_deref())) else {
+    let Some(draft) = draft else {
         return Ok(device_speculator(
             spec.spec,
             spec.draft.is_some(),
             spec.policy(),
         )?);
     };
-    let vocab = target.device.model().config.vocab;
-    let drafter = CudaDraftDrafter::on_gpu(draft.clone(), ctx, vocab, DraftModelConfig::default())?;
-    Ok(device_draft_speculator(
-        spec.spec,
-        Box::new(drafter),
-        spec.policy(),
-    )?)
+    let drafter = make_drafter(target.device.model(), draft, ctx)?;
+    Ok(device_draft_speculator(spec.spec, drafter, spec.policy())?)
 }
 
 #[cfg(test)]
@@ -131,15 +216,22 @@ mod tests {
         let hf = fixture("llama/tiny");
         let why = unsupported(SpecKind::Draft, Some(&hf)).unwrap();
         assert!(why.contains("GGUF draft models"), "{why}");
-        // DFlash and MTP stay on the CPU.
+        // MTP stays on the CPU.
+        let why = unsupported(SpecKind::Mtp, None).unwrap();
+        assert!(why.contains("prompt lookup only"), "{why}");
+        // DFlash takes the GPU when opted in, and only with a DFlash checkpoint.
         assert!(!drafts_with_model(SpecKind::Auto, Some(&dflash)));
-        for (kind, draft) in [
-            (SpecKind::Auto, Some(dflash.as_str())),
-            (SpecKind::DFlash, Some(dflash.as_str())),
-            (SpecKind::Mtp, None),
-        ] {
-            let why = unsupported(kind, draft).unwrap();
-            assert!(why.contains("prompt lookup only"), "{why}");
+        assert!(!drafts_with_dflash(SpecKind::Auto, Some(&gguf)));
+        assert!(!drafts_with_dflash(SpecKind::Ngram, Some(&dflash)));
+        for kind in [SpecKind::Auto, SpecKind::DFlash] {
+            assert!(drafts_with_dflash(kind, Some(&dflash)));
+            assert_eq!(unsupported_with(kind, Some(&dflash), Some("1")), None);
+            for off in [None, Some("0")] {
+                let why = unsupported_with(kind, Some(&dflash), off).unwrap();
+                assert!(why.contains("KASOKU_CUDA_DFLASH=1"), "{why}");
+            }
         }
+        // --spec dflash without a DFlash checkpoint has nothing to draft with on the GPU.
+        assert!(unsupported_with(SpecKind::DFlash, Some(&gguf), Some("1")).is_some());
     }
 }

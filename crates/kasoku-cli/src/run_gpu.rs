@@ -6,9 +6,10 @@
 //! Greedy requests keep the device's argmax (only token ids cross); sampling at a temperature
 //! and repetition penalties draw each token on the host with the CPU's (seed, position)-keyed
 //! sampler, from the device's top-k selection (top-k on) or from the row of logits. Prompt
-//! lookup, or a GGUF draft model loaded on the same GPU (`crate::draft_gpu`), drafts a tree
-//! verified per pass either way (the text is plain decoding's). What the GPU path does not do
-//! yet (MTP, DFlash, KV caches other than f16, `--quantize`) is reported by [`unsupported`],
+//! lookup, a GGUF draft model or (opted in) a DFlash drafter on the same GPU
+//! (`crate::draft_gpu`) drafts a tree verified per pass either way (the text is plain
+//! decoding's). What the GPU path does not do yet (MTP, DFlash unless opted in, KV caches
+//! other than f16, `--quantize`) is reported by [`unsupported`],
 //! so `run` takes the CPU instead (or says why, when the GPU was asked for).
 
 use std::path::{Path, PathBuf};
@@ -181,12 +182,7 @@ impl GpuModel {
 pub fn run(args: &RunArgs, m: &GpuModel) -> Result<()> {
     let ctx = m.context(args.ctx_size);
     let mut session = DeviceSession::on(m.device.as_ref(), ctx)?;
-    let draft = match &args.spec.draft {
-        Some(name) if crate::draft_gpu::drafts_with_model(args.spec.spec, Some(name)) => {
-            Some(crate::draft_gpu::load(m, name, args.quiet)?)
-        }
-        _ => None,
-    };
+    let draft = crate::draft_gpu::load_for(&args.spec, m, args.quiet)?;
     session.set_speculator(crate::draft_gpu::speculator(
         &args.spec,
         m,

@@ -161,13 +161,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     })?;
     let server = match gpu {
         Some(m) => {
-            let drafter = match &args.spec.draft {
-                Some(name) if crate::draft_gpu::drafts_with_model(args.spec.spec, Some(name)) => {
-                    let draft = crate::draft_gpu::load(&m, name, false)?;
-                    Some(crate::draft_gpu::session_drafter(&m, draft))
-                }
-                _ => None,
-            };
+            let drafter = crate::draft_gpu::load_for(&args.spec, &m, false)?
+                .map(|draft| crate::draft_gpu::session_drafter(&m, draft));
             let served = DeviceServed {
                 path: m.path.clone(),
                 tokenizer: m.tokenizer.clone(),
