@@ -6,7 +6,7 @@
 # for the f32 one, or a model drafting for itself), the device named in the statistics, and
 # `serve --device cuda`
 # against `serve --device cpu` (streamed and plain chat completions, greedy and sampled),
-# also with a draft model on the GPU; DFlash on the GPU (opted in) against the CPU.
+# also with a draft model on the GPU; DFlash on the GPU against the CPU.
 # Usage: bash cli_checks.sh STAGE_DIR
 G=$1
 K=$G/kasoku
@@ -72,26 +72,24 @@ hot2=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 1.0 --se
 greedy=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --device cuda -q 2>&1)
 check "sampling on the GPU: the same seed gives the same text (${hot1:0:40})" "$([ "$hot1" = "$hot2" ] && echo 1)"
 check "sampling on the GPU at temperature 1 differs from greedy" "$([ "$hot1" != "$greedy" ] && echo 1)"
-# DFlash on the GPU (opted in with KASOKU_CUDA_DFLASH=1): the qwen2 fixture's drafter, the
-# CPU's text greedy and sampled, the drafter loaded on the GPU; without the opt-in, refused
-# with the reason on --device cuda.
+# DFlash on the GPU: the qwen2 fixture's drafter, the CPU's text greedy and sampled, the
+# drafter loaded on the GPU, and the GPU by default.
 df=$G/fixtures/qwen2/tiny_dflash
 for kind in dflash auto; do
-  a=$(KASOKU_CUDA_DFLASH=1 $K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec $kind --draft "$df" --device cuda -q 2>&1)
+  a=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec $kind --draft "$df" --device cuda -q 2>&1)
   b=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec none --device cpu -q 2>&1)
   check "qwen2/tiny: run --device cuda --spec $kind --draft tiny_dflash == run --device cpu" "$([ "$a" = "$b" ] && echo 1)"
   [ "$a" = "$b" ] || echo "     cuda+dflash: [$a]"$'\n'"     cpu:  [$b]"
 done
-a=$(KASOKU_CUDA_DFLASH=1 $K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 0.8 --seed 3 --spec dflash --draft "$df" --device cuda -q 2>&1)
+a=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 0.8 --seed 3 --spec dflash --draft "$df" --device cuda -q 2>&1)
 b=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --temp 0.8 --seed 3 --spec none --device cuda -q 2>&1)
 check "qwen2/tiny: sampled with DFlash on the GPU == sampled plain on the GPU" "$([ "$a" = "$b" ] && echo 1)"
-st=$(KASOKU_CUDA_DFLASH=1 $K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec dflash --draft "$df" --device cuda 2>&1 >/dev/null)
+st=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec dflash --draft "$df" --device cuda 2>&1 >/dev/null)
 check "the DFlash drafter loaded and drafted on the GPU" \
   "$(echo "$st" | grep -q "loaded DFlash drafter" && echo "$st" | grep -q "device cuda:0" && echo 1)"
 echo "$st" | grep -v "^loaded" | tail -2 | cut -c1-200
-err=$($K run --model "$m" -m "hello" -n 8 --spec dflash --draft "$df" --device cuda 2>&1)
-check "DFlash on --device cuda without the opt-in is refused with the reason" \
-  "$(echo "$err" | grep -q "KASOKU_CUDA_DFLASH=1" && echo 1)"
+d=$($K run --model "$m" -m "hello" -n 8 --spec dflash --draft "$df" 2>&1)
+check "DFlash by default: the GPU" "$(echo "$d" | grep -q "device cuda:0" && echo 1)"
 err=$($K run --model "$m" -m "hello" -n 8 --spec mtp --device cuda 2>&1)
 check "MTP drafting on --device cuda is refused with the reason" \
   "$(echo "$err" | grep -q "prompt lookup only" && echo 1)"

@@ -41,7 +41,7 @@ phase session_tiny 60 $B session "$G/fixtures/llama/tiny/model-f32.gguf" 48
 phase spec_qwen35_tiny 60 $B spec "$G/fixtures/qwen3_5/tiny/model-f32.gguf" 48
 phase session_qwen35_tiny 60 $B session "$G/fixtures/qwen3_5/tiny/model-f32.gguf" 48
 phase spec_draft_qwen35_tiny 60 $B spec-draft "$G/fixtures/qwen3_5/tiny/model-f32.gguf" "$G/fixtures/qwen3_5/tiny/model-f32.gguf" 48
-# A DFlash drafter on the GPU (not yet run there): its marginals against the CPU network's on
+# A DFlash drafter on the GPU: its marginals against the CPU network's on
 # one context, then speculative == plain through generate_speculative and DeviceSession.
 phase dflash_tiny 60 $B dflash "$G/fixtures/qwen2/tiny/model-f32.gguf" "$G/fixtures/qwen2/tiny_dflash" 48
 # The kasoku binary itself: `run --device cuda` against `--device cpu` (greedy and sampled),

@@ -4,10 +4,6 @@
 //! checked against the target, and the drafters made with them (`run`'s session speculator,
 //! `serve`'s drafter per session). A draft model keeps its file's weight formats there
 //! (`--draft-format` requantizes for the CPU's kernels only).
-//!
-//! DFlash on the GPU is opt-in (`KASOKU_CUDA_DFLASH=1`) until `kasoku-cuda-check dflash` has
-//! passed on a GPU; without it a DFlash request runs on the CPU (or, with `--device cuda`,
-//! is refused with the reason).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -46,30 +42,12 @@ pub fn drafts_with_dflash(kind: SpecKind, draft: Option<&str>) -> bool {
         && draft.is_some_and(|d| is_dflash_checkpoint(Path::new(d)))
 }
 
-/// Whether DFlash drafting may run on the GPU: `KASOKU_CUDA_DFLASH=1` (`value`: that
-/// variable's), until the device drafter has passed its checks on a GPU.
-fn dflash_on_gpu(value: Option<&str>) -> bool {
-    value == Some("1")
-}
-
 /// Why speculation `kind` with `--draft draft` cannot run on the GPU path (None: it can),
-/// before anything is loaded: MTP drafts on the CPU, DFlash unless opted in; a draft model
-/// must be a GGUF file (one named by a known name is checked when it is resolved).
+/// before anything is loaded: MTP drafts on the CPU; a draft model must be a GGUF file (one
+/// named by a known name is checked when it is resolved); a DFlash checkpoint runs there.
 pub fn unsupported(kind: SpecKind, draft: Option<&str>) -> Option<String> {
-    unsupported_with(
-        kind,
-        draft,
-        std::env::var("KASOKU_CUDA_DFLASH").ok().as_deref(),
-    )
-}
-
-fn unsupported_with(kind: SpecKind, draft: Option<&str>, opt_in: Option<&str>) -> Option<String> {
     if drafts_with_dflash(kind, draft) {
-        return (!dflash_on_gpu(opt_in)).then(|| {
-            "DFlash drafting on the GPU has not passed its checks on a GPU yet \
-             (KASOKU_CUDA_DFLASH=1 runs it there); it drafts on the CPU"
-                .to_string()
-        });
+        return None;
     }
     if let Some(name) = draft.filter(|_| drafts_with_model(kind, draft)) {
         let local = Path::new(name);
@@ -219,19 +197,15 @@ mod tests {
         // MTP stays on the CPU.
         let why = unsupported(SpecKind::Mtp, None).unwrap();
         assert!(why.contains("prompt lookup only"), "{why}");
-        // DFlash takes the GPU when opted in, and only with a DFlash checkpoint.
+        // DFlash takes the GPU, with a DFlash checkpoint only.
         assert!(!drafts_with_model(SpecKind::Auto, Some(&dflash)));
         assert!(!drafts_with_dflash(SpecKind::Auto, Some(&gguf)));
         assert!(!drafts_with_dflash(SpecKind::Ngram, Some(&dflash)));
         for kind in [SpecKind::Auto, SpecKind::DFlash] {
             assert!(drafts_with_dflash(kind, Some(&dflash)));
-            assert_eq!(unsupported_with(kind, Some(&dflash), Some("1")), None);
-            for off in [None, Some("0")] {
-                let why = unsupported_with(kind, Some(&dflash), off).unwrap();
-                assert!(why.contains("KASOKU_CUDA_DFLASH=1"), "{why}");
-            }
+            assert_eq!(unsupported(kind, Some(&dflash)), None);
         }
         // --spec dflash without a DFlash checkpoint has nothing to draft with on the GPU.
-        assert!(unsupported_with(SpecKind::DFlash, Some(&gguf), Some("1")).is_some());
+        assert!(unsupported(SpecKind::DFlash, Some(&gguf)).is_some());
     }
 }

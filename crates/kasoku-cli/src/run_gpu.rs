@@ -6,9 +6,9 @@
 //! Greedy requests keep the device's argmax (only token ids cross); sampling at a temperature
 //! and repetition penalties draw each token on the host with the CPU's (seed, position)-keyed
 //! sampler, from the device's top-k selection (top-k on) or from the row of logits. Prompt
-//! lookup, a GGUF draft model or (opted in) a DFlash drafter on the same GPU
+//! lookup, a GGUF draft model or a DFlash drafter on the same GPU
 //! (`crate::draft_gpu`) drafts a tree verified per pass either way (the text is plain
-//! decoding's). What the GPU path does not do yet (MTP, DFlash unless opted in, KV caches
+//! decoding's). What the GPU path does not do yet (MTP, KV caches
 //! other than f16, `--quantize`) is reported by [`unsupported`],
 //! so `run` takes the CPU instead (or says why, when the GPU was asked for).
 

@@ -148,8 +148,7 @@ impl DeviceState for CudaSequence {
         self.state.commit(&self.model, path).map_err(device_error)
     }
 
-    /// Recorded inside each pass (captured graphs included) by device-to-device copies;
-    /// not yet run on a GPU.
+    /// Recorded inside each pass (captured graphs included) by device-to-device copies.
     fn set_tap_layers(&mut self, layers: &[usize]) -> Result<(), EngineError> {
         self.state
             .set_tap_layers(&self.model, layers)

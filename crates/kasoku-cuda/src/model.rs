@@ -1427,7 +1427,7 @@ impl CudaState {
     /// Makes every later pass record the outputs of decoder layers `layers` (before the final
     /// norm; in this order) for each of its rows, for [`CudaState::tap_rows`]; an empty list
     /// stops recording (and frees the buffers). Captured graphs are dropped when the list
-    /// changes. Not yet run on a GPU.
+    /// changes. Checked on an H100 through `kasoku-cuda-check dflash`.
     pub fn set_tap_layers(&mut self, m: &CudaModel, layers: &[usize]) -> Result<()> {
         if self.tap_layers() == layers {
             return Ok(());

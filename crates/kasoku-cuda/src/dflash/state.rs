@@ -15,7 +15,8 @@
 //!   softmax mass (`row_top2`), the only bytes that come back. The block's K/V slots are not
 //!   kept (the context's length does not change).
 //!
-//! Plain launches, no captured graph. Not yet run on a GPU.
+//! Plain launches, no captured graph (on the 1.5B shape a cycle's drafting costs more than a
+//! 9-node verification; capturing it is the next step). Checked on an H100 (2026-12-06).
 
 use std::sync::Arc;
 

@@ -107,7 +107,6 @@ pub fn check_tensors(c: &DFlashConfig, source: &dyn TensorSource) -> Result<()> 
 
 impl DFlashWeights {
     /// Loads the checkpoint directory `dir` onto `target`'s GPU, checked against `target`.
-    /// Not yet run on a GPU.
     pub fn load(target: &CudaModel, dir: &Path) -> Result<DFlashWeights> {
         let invalid = |e: String| Error::Invalid(format!("DFlash drafter {}: {e}", dir.display()));
         let ckpt = HfCheckpoint::open(dir).map_err(|e| invalid(e.to_string()))?;
