@@ -36,6 +36,35 @@ pub struct Report {
 }
 
 impl Report {
+    /// Checks that speculative `run` (taking `secs`) gave `plain`'s tokens, the line being
+    /// `head`, the run's passes, drafts and speed, then `tail`; on a mismatch, where it starts.
+    pub fn speculative_run(
+        &mut self,
+        run: &crate::SpecRun,
+        plain: &[u32],
+        head: String,
+        secs: f64,
+        tail: &str,
+    ) {
+        self.check(
+            run.tokens == plain,
+            format!(
+                "{head}: {} tokens in {} passes ({:.2} tokens per pass), {} of {} drafts accepted, {:.0} tokens/s{tail}",
+                run.tokens.len(),
+                run.passes,
+                run.tokens.len().saturating_sub(1) as f64 / run.passes.max(1) as f64,
+                run.accepted,
+                run.drafted,
+                run.tokens.len() as f64 / secs
+            ),
+        );
+        if run.tokens != plain {
+            let at = run.tokens.iter().zip(plain).position(|(a, b)| a != b);
+            self.lines
+                .push(format!("     first difference at token {at:?}"));
+        }
+    }
+
     fn check(&mut self, ok: bool, line: String) {
         if !ok {
             self.failures += 1;

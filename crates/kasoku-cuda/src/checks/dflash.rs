@@ -144,23 +144,15 @@ pub fn dflash_checks(gpu: &Arc<crate::Gpu>, target: &Path, dir: &Path, n: usize)
         let run =
             crate::generate_speculative(&m, &mut st, &prompt, n, &mut drafter, budget, depth)?;
         let secs = t.elapsed().as_secs_f64();
-        rep.check(
-            run.tokens == plain,
+        rep.speculative_run(
+            &run,
+            &plain,
             format!(
-                "speculative == plain with the GPU DFlash drafter (budget {budget}, depth {depth}): {} tokens in {} passes ({:.2} tokens per pass), {} of {} drafts accepted, {:.0} tokens/s",
-                run.tokens.len(),
-                run.passes,
-                run.tokens.len().saturating_sub(1) as f64 / run.passes.max(1) as f64,
-                run.accepted,
-                run.drafted,
-                run.tokens.len() as f64 / secs
+                "speculative == plain with the GPU DFlash drafter (budget {budget}, depth {depth})"
             ),
+            secs,
+            "",
         );
-        if run.tokens != plain {
-            let at = run.tokens.iter().zip(&plain).position(|(a, b)| a != b);
-            rep.lines
-                .push(format!("     first difference at token {at:?}"));
-        }
     }
     let engine = |e: kasoku::engine::EngineError| invalid(e.to_string());
     let device = crate::CudaDevice::new(m.clone());

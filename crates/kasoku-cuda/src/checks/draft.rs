@@ -142,23 +142,13 @@ pub fn draft_speculative(
         let t = std::time::Instant::now();
         let run = crate::generate_speculative(&m, &mut st, prompt, n, &mut drafter, budget, depth)?;
         let secs = t.elapsed().as_secs_f64();
-        rep.check(
-            run.tokens == plain,
-            format!(
-                "speculative == plain, {what} ({label}, budget {budget}, depth {depth}): {} tokens in {} passes ({:.2} tokens per pass), {} of {} drafts accepted, {:.0} tokens/s (graphs captured as they come)",
-                run.tokens.len(),
-                run.passes,
-                run.tokens.len().saturating_sub(1) as f64 / run.passes.max(1) as f64,
-                run.accepted,
-                run.drafted,
-                run.tokens.len() as f64 / secs
-            ),
+        rep.speculative_run(
+            &run,
+            &plain,
+            format!("speculative == plain, {what} ({label}, budget {budget}, depth {depth})"),
+            secs,
+            " (graphs captured as they come)",
         );
-        if run.tokens != plain {
-            let at = run.tokens.iter().zip(&plain).position(|(a, b)| a != b);
-            rep.lines
-                .push(format!("     first difference at token {at:?}"));
-        }
     }
     // The engine's session with the drafter (the fixed budget of `run`'s defaults), twice:
     // the second answer reuses the session's state and the drafter's.

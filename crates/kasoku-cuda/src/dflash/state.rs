@@ -57,6 +57,17 @@ impl DraftMeta {
     }
 }
 
+/// Float activations in `buf`, rows `ld` apart, with no int8 blocks (the drafter's products
+/// read float weights).
+fn float_acts(buf: &DeviceBuffer, ld: usize) -> Acts {
+    Acts {
+        x: buf.ptr(),
+        xq: 0,
+        xs: 0,
+        ld,
+    }
+}
+
 /// The meta words of a block pass: the batch (`past` = context rows, `n` = the block, a
 /// chain), RoPE positions `pos …`, every row's virtual position the block's last slot, and
 /// the tokens `[root, mask, …]`.
@@ -325,15 +336,9 @@ impl DFlashState {
         let words = append_meta(&self.layout, self.positions.len(), positions);
         self.put_meta(&words)?;
         let k = &t.kernels;
-        let plain = |b: &DeviceBuffer, ld: usize| Acts {
-            x: b.ptr(),
-            xq: 0,
-            xs: 0,
-            ld,
-        };
         k.matvec(
             &[w.fc.seg(self.x.ptr(), h, None, false)],
-            plain(&self.feat, width),
+            float_acts(&self.feat, width),
             n,
             width,
         )?;
@@ -343,7 +348,7 @@ impl DFlashState {
             c.rms_eps,
             h,
             n,
-            plain(&self.normed, h),
+            float_acts(&self.normed, h),
         )?;
         for (li, l) in w.layers.iter().enumerate() {
             k.matvec(
@@ -351,7 +356,7 @@ impl DFlashState {
                     l.k.seg(self.k.ptr(), kvd, None, false),
                     l.v.seg(self.v.ptr(), kvd, None, false),
                 ],
-                plain(&self.normed, h),
+                float_acts(&self.normed, h),
                 n,
                 h,
             )?;
@@ -395,12 +400,6 @@ impl DFlashState {
         let words = block_meta(&self.layout, context, root, c.mask_token, pos, b);
         self.put_meta(&words)?;
         let k = &t.kernels;
-        let plain = |buf: &DeviceBuffer, ld: usize| Acts {
-            x: buf.ptr(),
-            xq: 0,
-            xs: 0,
-            ld,
-        };
         k.embed(
             t.embed_table(),
             self.meta.at(self.layout.tokens * 4),
@@ -416,7 +415,7 @@ impl DFlashState {
                 c.rms_eps,
                 h,
                 b,
-                plain(&self.normed, h),
+                float_acts(&self.normed, h),
             )?;
             k.matvec(
                 &[
@@ -424,7 +423,7 @@ impl DFlashState {
                     l.k.seg(self.k.ptr(), kvd, None, false),
                     l.v.seg(self.v.ptr(), kvd, None, false),
                 ],
-                plain(&self.normed, h),
+                float_acts(&self.normed, h),
                 b,
                 h,
             )?;
@@ -455,7 +454,7 @@ impl DFlashState {
             })?;
             k.matvec(
                 &[l.o.seg(self.x.ptr(), h, None, true)],
-                plain(&self.att, qd),
+                float_acts(&self.att, qd),
                 b,
                 qd,
             )?;
@@ -465,21 +464,21 @@ impl DFlashState {
                 c.rms_eps,
                 h,
                 b,
-                plain(&self.normed, h),
+                float_acts(&self.normed, h),
             )?;
             k.matvec(
                 &[
                     l.gate.seg(self.g.ptr(), ffn, None, false),
                     l.up.seg(self.u.ptr(), ffn, None, false),
                 ],
-                plain(&self.normed, h),
+                float_acts(&self.normed, h),
                 b,
                 h,
             )?;
             k.swiglu(self.g.ptr(), self.u.ptr(), b * ffn, Acts::default())?;
             k.matvec(
                 &[l.down.seg(self.x.ptr(), h, None, true)],
-                plain(&self.g, ffn),
+                float_acts(&self.g, ffn),
                 b,
                 ffn,
             )?;
