@@ -228,6 +228,10 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
             let t = Instant::now();
             for _ in 0..steps {
                 tok = st.step(&m, tok)?;
+                // Without the head there is no next token (u32::MAX): feed a fixed one.
+                if st.skip & Skip::HEAD != 0 {
+                    tok = 1;
+                }
             }
             tg.push(t.elapsed().as_secs_f64());
         }
@@ -266,6 +270,35 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
         }
     }
     st.gemm_rows = gemm_default;
+    if !quick {
+        // What each kernel class costs inside a pp512 pass: the pass without it.
+        let pp = |st: &mut kasoku_cuda::CudaState| -> Result<f64> {
+            let mut ms = Vec::new();
+            for rep in 0..4 {
+                st.reset();
+                timer.start()?;
+                st.prefill(&m, &prompt)?;
+                if rep > 0 {
+                    ms.push(timer.stop_ms()? as f64);
+                }
+            }
+            Ok(median(ms))
+        };
+        let full = pp(&mut st)?;
+        for (what, bits) in [
+            ("attention (+q/k/v epilogue)", Skip::ATTENTION),
+            ("rmsnorm + swiglu", Skip::ELEMENTWISE),
+            ("layer products", Skip::PRODUCTS),
+        ] {
+            st.skip = bits;
+            let without = pp(&mut st)?;
+            st.skip = 0;
+            println!(
+                "  pp512 cost of {what}: {:.2} ms of {full:.2} ms",
+                full - without
+            );
+        }
+    }
     if quick {
         let tps = tg(&mut st, 128)?;
         println!(
