@@ -724,6 +724,93 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             200,
             Some(()),
         ),
+        // The 1.5B's heads (GQA 6, head_dim 128) at a short context, and past 32 chunks.
+        (
+            "GQA 6, qk-norm",
+            12,
+            2,
+            128,
+            128,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            true,
+            300,
+            None,
+        ),
+        (
+            "GQA 6, 2100 cached",
+            12,
+            2,
+            128,
+            128,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            false,
+            2100,
+            None,
+        ),
+        // No grouping (GQA 1), head_dim 256 past 32 chunks, a group of 14 (two blocks of
+        // query heads in attn_group), trees of each.
+        (
+            "GQA 1, 2100 cached",
+            4,
+            4,
+            64,
+            64,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            false,
+            2100,
+            None,
+        ),
+        (
+            "head_dim 256, GQA 4, 2100 cached",
+            8,
+            2,
+            256,
+            128,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            true,
+            2100,
+            None,
+        ),
+        (
+            "GQA 14",
+            28,
+            2,
+            64,
+            64,
+            RopeLayout::Interleaved,
+            RopeScaling::None,
+            false,
+            130,
+            None,
+        ),
+        (
+            "tree of 9, GQA 1",
+            4,
+            4,
+            64,
+            64,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            false,
+            61,
+            Some(()),
+        ),
+        (
+            "tree of 9, head_dim 256, GQA 14",
+            28,
+            2,
+            256,
+            256,
+            RopeLayout::Neox,
+            RopeScaling::None,
+            true,
+            2050,
+            Some(()),
+        ),
     ];
     for (what, nh, nkv, hd, rot, layout, scaling, qk_norm, past, tree) in cases {
         let tree: Option<TokenTree> = tree.map(|_| {
@@ -839,37 +926,50 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             format!("qkv epilogue ({what}): k in the f16 cache, rel err {e:.1e}"),
         );
 
-        // Attention over the cache the epilogue just completed.
+        // Attention over the cache the epilogue just completed, by both kernels.
         let chunks = attention_chunks(max_slots);
         let pml = gpu.alloc(n * nh * chunks * 2 * 4)?;
         let po = gpu.alloc(n * nh * chunks * hd * 4)?;
         let arrivals = gpu.alloc(n * nh * 4)?;
         arrivals.fill(0)?;
-        let out = out_buf(gpu, n * q_dim)?;
-        let qb = QuantBufs::new(gpu, n * q_dim)?;
-        let oq = qb.acts(&out, q_dim);
-        k.attention(&AttnCall {
-            q: qd.ptr(),
-            k_cache: kcd.ptr(),
-            v_cache: vcd.ptr(),
-            max_slots,
-            n,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            batch: meta.ptr(),
-            pos: meta.at(layout_m.pos * 4),
-            path: meta.at(layout_m.path * 4),
-            part_ml: pml.ptr(),
-            part_o: po.ptr(),
-            arrivals: arrivals.ptr(),
-            chunks,
-            out: out.ptr(),
-            out_q: oq.xq,
-            out_s: oq.xs,
-            post: Default::default(),
-        })?;
+        // One attention call of `rows` rows (queries `q`, batch `meta`, caches `kc`, `vc`)
+        // into `out` and its int8 blocks `oq`, by either kernel.
+        let attend = |q: u64,
+                      kc: u64,
+                      vc: u64,
+                      meta: &DeviceBuffer,
+                      rows: usize,
+                      out: &DeviceBuffer,
+                      oq: Acts,
+                      grouped: bool|
+         -> R<()> {
+            k.attention_by(
+                &AttnCall {
+                    q,
+                    k_cache: kc,
+                    v_cache: vc,
+                    max_slots,
+                    n: rows,
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    batch: meta.ptr(),
+                    pos: meta.at(layout_m.pos * 4),
+                    path: meta.at(layout_m.path * 4),
+                    part_ml: pml.ptr(),
+                    part_o: po.ptr(),
+                    arrivals: arrivals.ptr(),
+                    chunks,
+                    out: out.ptr(),
+                    out_q: oq.xq,
+                    out_s: oq.xs,
+                    post: Default::default(),
+                },
+                grouped,
+            )?;
+            Ok(())
+        };
         // CPU on the same f16 values (the GPU's own keys, as its cache holds them): per
         // head, [past + n][hd].
         let mut kf16 = vec![0f32; n * kv_dim];
@@ -919,16 +1019,79 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
                 &mut want,
             ),
         }
-        let got = out.read_f32(n * q_dim)?;
-        let e = rel_err(&got, &f64s(&want));
-        let q_ok = qb.equal_ref(&got)?;
-        rep.check(
-            e < 1e-5 && q_ok,
-            format!(
-                "attention ({what}, {past} cached, {n} rows, {} chunks): rel err vs CPU {e:.1e}; int8 blocks equal the reference's: {q_ok}",
-                attention_chunks(past + n)
-            ),
-        );
+        let mut vraw = vec![0u8; nkv * max_slots * hd * 2];
+        vcd.read(0, &mut vraw)?;
+        for grouped in [false, true] {
+            let kernel = if grouped {
+                "attn_group"
+            } else {
+                "attn_partial"
+            };
+            let out = out_buf(gpu, n * q_dim)?;
+            let qb = QuantBufs::new(gpu, n * q_dim)?;
+            let oq = qb.acts(&out, q_dim);
+            attend(qd.ptr(), kcd.ptr(), vcd.ptr(), &meta, n, &out, oq, grouped)?;
+            let got = out.read_f32(n * q_dim)?;
+            let e = rel_err(&got, &f64s(&want));
+            let q_ok = qb.equal_ref(&got)?;
+            rep.check(
+                e < 1e-5 && q_ok,
+                format!(
+                    "attention by {kernel} ({what}, {past} cached, {n} rows, {} chunks): rel err vs CPU {e:.1e}; int8 blocks equal the reference's: {q_ok}",
+                    attention_chunks(past + n)
+                ),
+            );
+            // Each tree node against plain decoding of its path: the path's keys and values
+            // moved to the chain's slots, its queries as the chain's rows, bit for bit.
+            let Some(t) = &tree else { continue };
+            let mut same = true;
+            for i in 0..n {
+                let mut path = vec![i];
+                while let Some(p) = t.parent(*path.last().unwrap()) {
+                    path.push(p);
+                }
+                path.reverse();
+                let (mut kc1, mut vc1) = (kraw.clone(), vraw.clone());
+                let mut q1 = Vec::with_capacity(path.len() * q_dim);
+                // Slots from the tree's caches (a node's slot may be another row's target).
+                for (d, &node) in path.iter().enumerate() {
+                    q1.extend_from_slice(&qgpu[node * q_dim..][..q_dim]);
+                    for h in 0..nkv {
+                        let to = ((h * max_slots + past + d) * hd) * 2;
+                        let from = ((h * max_slots + past + node) * hd) * 2;
+                        kc1[to..to + hd * 2].copy_from_slice(&kraw[from..from + hd * 2]);
+                        vc1[to..to + hd * 2].copy_from_slice(&vraw[from..from + hd * 2]);
+                    }
+                }
+                let mut words = vec![0u32; layout_m.words];
+                let toks: Vec<u32> = (0..path.len() as u32).collect();
+                fill_meta(&layout_m, past, &toks, None, &mut words);
+                let meta1 = gpu.upload(as_bytes(&words))?;
+                let (kd1, vd1, qd1) = (gpu.upload(&kc1)?, gpu.upload(&vc1)?, gpu.upload_f32(&q1)?);
+                let out1 = out_buf(gpu, path.len() * q_dim)?;
+                let qb1 = QuantBufs::new(gpu, path.len() * q_dim)?;
+                attend(
+                    qd1.ptr(),
+                    kd1.ptr(),
+                    vd1.ptr(),
+                    &meta1,
+                    path.len(),
+                    &out1,
+                    qb1.acts(&out1, q_dim),
+                    grouped,
+                )?;
+                let row = path.len() - 1;
+                let chain = out1.read_bytes(path.len() * q_dim * 4)?;
+                let node = out.read_bytes(n * q_dim * 4)?;
+                same &= chain[row * q_dim * 4..][..q_dim * 4] == node[i * q_dim * 4..][..q_dim * 4];
+            }
+            rep.check(
+                same,
+                format!(
+                    "attention by {kernel} ({what}): every tree node's output has the bits of its path's chain row: {same}"
+                ),
+            );
+        }
         // A decode step with the epilogue fused into attention: the bits of the pair.
         if tree.is_none() {
             let upload_cache = |c: &[half::f16]| {
@@ -939,7 +1102,7 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
             let mut words = vec![0u32; layout_m.words];
             fill_meta(&layout_m, past, &[0], None, &mut words);
             let meta1 = gpu.upload(as_bytes(&words))?;
-            let run = |fused: bool| -> R<Snapshot> {
+            let run = |fused: bool, grouped: bool| -> R<Snapshot> {
                 let (kc1, vc1) = (upload_cache(&kc)?, upload_cache(&vc)?);
                 let (q1, k1, v1) = (
                     gpu.upload_f32(&q[..q_dim])?,
@@ -972,32 +1135,35 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
                 let out1 = out_buf(gpu, q_dim)?;
                 let qb1 = QuantBufs::new(gpu, q_dim)?;
                 let o1 = qb1.acts(&out1, q_dim);
-                k.attention(&AttnCall {
-                    q: q1.ptr(),
-                    k_cache: kc1.ptr(),
-                    v_cache: vc1.ptr(),
-                    max_slots,
-                    n: 1,
-                    n_heads: nh,
-                    n_kv_heads: nkv,
-                    head_dim: hd,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    batch: meta1.ptr(),
-                    pos: meta1.at(layout_m.pos * 4),
-                    path: meta1.at(layout_m.path * 4),
-                    part_ml: pml.ptr(),
-                    part_o: po.ptr(),
-                    arrivals: arrivals.ptr(),
-                    chunks,
-                    out: out1.ptr(),
-                    out_q: o1.xq,
-                    out_s: o1.xs,
-                    post: if fused {
-                        PostArgs::fused(&post)
-                    } else {
-                        PostArgs::default()
+                k.attention_by(
+                    &AttnCall {
+                        q: q1.ptr(),
+                        k_cache: kc1.ptr(),
+                        v_cache: vc1.ptr(),
+                        max_slots,
+                        n: 1,
+                        n_heads: nh,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        batch: meta1.ptr(),
+                        pos: meta1.at(layout_m.pos * 4),
+                        path: meta1.at(layout_m.path * 4),
+                        part_ml: pml.ptr(),
+                        part_o: po.ptr(),
+                        arrivals: arrivals.ptr(),
+                        chunks,
+                        out: out1.ptr(),
+                        out_q: o1.xq,
+                        out_s: o1.xs,
+                        post: if fused {
+                            PostArgs::fused(&post)
+                        } else {
+                            PostArgs::default()
+                        },
                     },
-                })?;
+                    grouped,
+                )?;
                 let bytes = |b: &DeviceBuffer, len: usize| -> R<Vec<u8>> {
                     let mut v = vec![0u8; len];
                     b.read(0, &mut v)?;
@@ -1011,14 +1177,21 @@ pub fn attention_checks(k: &Kernels) -> R<Report> {
                     bytes(&vc1, cache_len)?,
                 ))
             };
-            let (plain, fused) = (run(false)?, run(true)?);
-            rep.check(
-                plain == fused,
-                format!(
-                    "attention with the fused q/k/v epilogue ({what}, {past} cached, 1 row): output, int8 blocks and cache equal the unfused pair's: {}",
-                    plain == fused
-                ),
-            );
+            for grouped in [false, true] {
+                let kernel = if grouped {
+                    "attn_group"
+                } else {
+                    "attn_partial"
+                };
+                let (plain, fused) = (run(false, grouped)?, run(true, grouped)?);
+                rep.check(
+                    plain == fused,
+                    format!(
+                        "attention by {kernel} with the fused q/k/v epilogue ({what}, {past} cached, 1 row): output, int8 blocks and cache equal the unfused pair's: {}",
+                        plain == fused
+                    ),
+                );
+            }
         }
     }
     Ok(rep)

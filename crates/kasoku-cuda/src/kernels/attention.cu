@@ -1,7 +1,9 @@
 // Attention of the batch's rows over the f16 KV cache, split over the keys (flash-decoding):
 // `attn_partial` computes, per (row, query head, chunk of ATT_CHUNK key positions), the chunk's
 // max score, exp-sum and weighted values; the last chunk of a (row, head) to finish combines
-// them in order (`attn_merge_row`).
+// them in order (`attn_merge_row`). `attn_group` (below; the default, KASOKU_CUDA_ATTN=0 for
+// attn_partial) computes the same function per (row, KV head, chunk) for all the group's
+// query heads at once, with fewer dependent rounds per chunk.
 //
 // A row sees a sequence of "virtual positions" 0..=pos: the committed slots 0..past, then (a
 // chain) slots past.. in order, or (a tree node) the slots of its path from the root down, so
@@ -222,3 +224,426 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, qs);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// attn_group: the same function as attn_partial (the default; KASOKU_CUDA_ATTN=0 selects the
+// kernel above), cheaper where a decode step is latency-bound (short and medium contexts).
+//
+// Why: at a context of a few hundred tokens a layer's K/V are ~100 KB, so attn_partial's cost
+// is its chain of dependent rounds, not bandwidth: per chunk a 128-long FMA chain per key, a
+// block max, one thread summing 64 exps, a value pass, and each query head of a GQA group
+// reading the same K/V again in its own block. Here:
+// - One block per (row, KV head, split) takes every query head of the group (up to
+//   ATTG_HEADS; a larger group takes several blocks), so K/V are read once per group and the
+//   fused epilogue computes the new key once per group and split.
+// - A chunk (the same ATT_CHUNK virtual positions as attn_partial, so the same partials
+//   buffers and merge geometry) is split over the 4 warps, 16 keys each; a key's row is split
+//   over L lanes (L = head_dim / 8 rounded up to a power of two, 4..32), each holding 8 values
+//   from one 16-byte load, so a warp scores 32 / L keys per step. Every K and V load of the
+//   chunk is issued before any arithmetic (head_dim 256: two rounds of K), so a chunk costs
+//   one memory round instead of attn_partial's three.
+// - A score is each lane's 8 products in order, then a butterfly over the L lanes (xor
+//   L/2 .. 1): every lane of the group gets the same bits (a + b == b + a). The chunk's max
+//   and exp-sum per head are one warp's max and butterfly sum over its 64 scores; the weighted
+//   values are each lane's running sums over its warp's keys (in order), then the 4 * 32 / L
+//   partial sums added in order by the thread that owns (head, dim).
+// - The merge of a multi-chunk row (the last block of the row's KV head to arrive, as in
+//   attn_partial) computes per head the max and exp-sum of the chunks with a warp (lane c
+//   takes chunks c, c + 32, ...), then each (head, dim) sums its chunks in order, 64 chunks'
+//   weights at a time in shared memory.
+// Every order above depends only on head_dim, the group's size and the row's own length
+// (never on the batch, the row's index, the blocks launched or which block arrives last), so
+// a tree node gets the bits plain decoding of its path gets, as with attn_partial (the two
+// kernels' bits differ from each other; a process uses one).
+//
+// The fused epilogue (post.on): every block rotates (and normalizes) its query heads, a warp
+// per head, with head_post's arithmetic in head_post's order (head_post_warp below: the
+// 128-thread block's sum of squares reproduced lane by lane); RoPE's cos/sin are computed once
+// per block (the same f64 sincos, rounded as head_post rounds them). The block whose split
+// holds the new position also computes the new key and value (a warp), keeps them in shared
+// memory for its chunk, and, for the group's first block of query heads, writes them to the
+// cache; no block reads that slot from the cache, as in attn_partial.
+//
+// Grid (n, n_kv_heads * ceil(group / ATTG_HEADS), blocks), block 128. head_dim a multiple of
+// 8, at most 256 (of 32 with xq/xs). Shared memory: 43 KB.
+
+#define ATTG_HEADS 8
+#define ATTG_WARPS 4
+#define ATTG_KPW (ATT_CHUNK / ATTG_WARPS)
+// Partial value sums of a chunk: (4 warps × 32 / L groups) × heads × head_dim ≤ 8192 floats.
+#define ATTG_PARTS 8192
+
+// head_post (ops.cu) by one warp, with its bits: the sum of squares of thread t of its
+// 128-thread block (elements t, t + 128) for each of the 4 warps, each warp's butterfly, then
+// the butterfly of the 4 warp sums (lanes 0..3, the rest 0.0); RoPE from the block's table
+// (cos, sin of each pair, rounded to f32 as head_post rounds them).
+__device__ void head_post_warp(float* s, const float* nw, float eps, int head_dim, int rot_dim, int interleaved,
+                               const float* cs, const float* sn) {
+    int lane = threadIdx.x & 31;
+    __syncwarp();
+    if (nw) {
+        double y = 0.0;
+        for (int w = 0; w < 4; w++) {
+            double ss = 0.0;
+            for (int d = 32 * w + lane; d < head_dim; d += 128) ss += (double)s[d] * (double)s[d];
+            ss = warp_sum_d(ss);
+            if (lane == w) y = ss;
+        }
+        double t = warp_sum_d(y);
+        float scale = 1.0f / sqrtf((float)(t / head_dim) + eps);
+        __syncwarp();
+        for (int d = lane; d < head_dim; d += 32) s[d] = s[d] * scale * nw[d];
+        __syncwarp();
+    }
+    int half = rot_dim / 2;
+    for (int t = lane; t < half; t += 32) {
+        float c = cs[t], sv = sn[t];
+        int a = interleaved ? 2 * t : t, b = interleaved ? 2 * t + 1 : t + half;
+        float x0 = s[a], x1 = s[b];
+        s[a] = x0 * c - x1 * sv;
+        s[b] = x1 * c + x0 * sv;
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void attg_unpack(uint4 raw, float* f) {
+    u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int z = 0; z < 4; z++) {
+        f[2 * z] = h2f((u16)(w[z] & 0xffff));
+        f[2 * z + 1] = h2f((u16)(w[z] >> 16));
+    }
+}
+
+// Shared memory of attn_group, passed to its body (one instantiation per L would otherwise
+// each have its own).
+struct AttgShared {
+    float* qs;    // [ATTG_HEADS][256] the queries, then (one chunk) the outputs
+    float* parts; // [ATTG_PARTS] partial value sums; before the chunks, the epilogue's key and table
+    float* sc;    // [ATTG_HEADS][ATT_CHUNK] scores, then weights
+    u16* knew;    // [256] the new key and value (fused epilogue)
+    u16* vnew;
+    float* mrow;  // [ATTG_HEADS]
+    float* lrow;  // [ATTG_HEADS]
+    int* last;
+};
+
+template <int L>
+__device__ __forceinline__ void attn_group_body(
+    const float* q, int q_ld, u16* k_cache, u16* v_cache, int max_slots,
+    int n_heads, int n_kv_heads, int head_dim, float scale,
+    const Batch* batch, const int* pos, const int* path,
+    float* part_ml, float* part_o, int chunks,
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, const PostArgs& post, AttgShared sm) {
+    constexpr int KPS = 32 / L;              // keys a warp scores per step
+    constexpr int STEPS = ATTG_KPW / KPS;    // steps per warp per chunk
+    constexpr int BATCH = STEPS < 8 ? STEPS : 8;
+    constexpr int P = ATTG_WARPS * KPS;      // partial value sums per chunk
+    const int i = blockIdx.x;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane / L, r = lane % L;
+    const bool act = 8 * r < head_dim;
+    const int group = n_heads / n_kv_heads;
+    const int tiles = (group + ATTG_HEADS - 1) / ATTG_HEADS;
+    const int kh = blockIdx.y / tiles, tile = blockIdx.y % tiles;
+    const int h0 = kh * group + tile * ATTG_HEADS;
+    const int hn = min(ATTG_HEADS, group - tile * ATTG_HEADS);
+    // The row's position, the batch and the queries in one round (a block past the row's
+    // end has loaded its queries for nothing).
+    const int seen = pos[i] + 1;
+    const int past = batch->past, chain = batch->is_chain, plen = batch->max_depth + 1;
+    for (int e = tid; e < hn * head_dim; e += blockDim.x) {
+        int hh = e / head_dim, d = e - hh * head_dim;
+        sm.qs[hh * 256 + d] = q[(size_t)i * q_ld + (h0 + hh) * head_dim + d];
+    }
+    const int nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+    if ((int)blockIdx.z >= nc) return;
+    const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
+    const u16* vc = v_cache + (size_t)kh * max_slots * head_dim;
+    const bool alone = nc == 1;
+    int fresh = -1;
+    if (post.on) {
+        const bool holder = (int)blockIdx.z == (nc - 1) % (int)gridDim.z;
+        float* ks = sm.parts;
+        float* cs = sm.parts + 256;
+        float* sn = sm.parts + 384;
+        const int half = post.rot_dim / 2;
+        for (int t = tid; t < half; t += blockDim.x) {
+            float angle = (float)(seen - 1) * post.inv_freq[t];
+            double sv, cv;
+            sincos((double)angle, &sv, &cv);
+            cs[t] = (float)cv;
+            sn[t] = (float)sv;
+        }
+        if (holder) {
+            const float* kr = post.k + (size_t)i * post.kv_ld + kh * head_dim;
+            for (int d = tid; d < head_dim; d += blockDim.x) ks[d] = kr[d];
+        }
+        __syncthreads();
+        for (int it = warp; it < hn + (holder ? 1 : 0); it += ATTG_WARPS) {
+            bool is_q = it < hn;
+            head_post_warp(is_q ? sm.qs + it * 256 : ks, is_q ? post.q_norm : post.k_norm, post.eps, head_dim,
+                           post.rot_dim, post.interleaved, cs, sn);
+        }
+        __syncthreads();
+        if (holder) {
+            fresh = seen - 1;
+            const float* vr = post.v + (size_t)i * post.kv_ld + kh * head_dim;
+            size_t at = ((size_t)kh * max_slots + past + i) * head_dim;
+            for (int d = tid; d < head_dim; d += blockDim.x) {
+                u16 kq = f2h(ks[d]), vq = f2h(vr[d]);
+                sm.knew[d] = kq;
+                sm.vnew[d] = vq;
+                if (tile == 0) {
+                    k_cache[at + d] = kq;
+                    v_cache[at + d] = vq;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int c = blockIdx.z; c < nc; c += gridDim.z) {
+        const int v0 = c * ATT_CHUNK;
+        const int nk = min(ATT_CHUNK, seen - v0);
+        // This lane's keys: t = warp * ATTG_KPW + s * KPS + g (-1: past the row's end).
+        int slot[STEPS];
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            int t = warp * ATTG_KPW + s * KPS + g, v = v0 + t;
+            slot[s] = t >= nk ? -1 : (v < past || chain) ? v : past + path[i * plen + (v - past)];
+        }
+        // Every value row first (held until the weights are known), then the keys.
+        uint4 vraw[STEPS];
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            int v = v0 + warp * ATTG_KPW + s * KPS + g;
+            vraw[s] = make_uint4(0, 0, 0, 0);
+            if (slot[s] >= 0 && act)
+                vraw[s] = v == fresh ? ((const uint4*)sm.vnew)[r] : ((const uint4*)(vc + (size_t)slot[s] * head_dim))[r];
+        }
+#pragma unroll
+        for (int b0 = 0; b0 < STEPS; b0 += BATCH) {
+            uint4 kraw[BATCH];
+#pragma unroll
+            for (int s = 0; s < BATCH; s++) {
+                int v = v0 + warp * ATTG_KPW + (b0 + s) * KPS + g;
+                kraw[s] = make_uint4(0, 0, 0, 0);
+                if (slot[b0 + s] >= 0 && act)
+                    kraw[s] = v == fresh ? ((const uint4*)sm.knew)[r]
+                                         : ((const uint4*)(kc + (size_t)slot[b0 + s] * head_dim))[r];
+            }
+#pragma unroll
+            for (int s = 0; s < BATCH; s++) {
+                const int t = warp * ATTG_KPW + (b0 + s) * KPS + g;
+                float kf[8];
+                attg_unpack(kraw[s], kf);
+                float dot[ATTG_HEADS];
+#pragma unroll
+                for (int hh = 0; hh < ATTG_HEADS; hh++) {
+                    float a = 0.0f;
+                    if (hh < hn && act) {
+                        const float4* qv = (const float4*)(sm.qs + hh * 256 + 8 * r);
+                        float4 qa = qv[0], qb = qv[1];
+                        a = fmaf(qa.x, kf[0], a);
+                        a = fmaf(qa.y, kf[1], a);
+                        a = fmaf(qa.z, kf[2], a);
+                        a = fmaf(qa.w, kf[3], a);
+                        a = fmaf(qb.x, kf[4], a);
+                        a = fmaf(qb.y, kf[5], a);
+                        a = fmaf(qb.z, kf[6], a);
+                        a = fmaf(qb.w, kf[7], a);
+                    }
+                    dot[hh] = a;
+                }
+#pragma unroll
+                for (int o = L / 2; o > 0; o >>= 1) {
+#pragma unroll
+                    for (int hh = 0; hh < ATTG_HEADS; hh++)
+                        if (hh < hn) dot[hh] += __shfl_xor_sync(0xffffffffu, dot[hh], o);
+                }
+                if (t < nk) {
+#pragma unroll
+                    for (int hh = 0; hh < ATTG_HEADS; hh++)
+                        if (hh < hn && hh % L == r) sm.sc[hh * ATT_CHUNK + t] = dot[hh] * scale;
+                }
+            }
+        }
+        __syncthreads();
+        // Per head: the chunk's max, its weights e^(s − m) in place, their sum (one warp).
+        for (int hh = warp; hh < hn; hh += ATTG_WARPS) {
+            float* row = sm.sc + hh * ATT_CHUNK;
+            float a = lane < nk ? row[lane] : -KINF;
+            float b = lane + 32 < nk ? row[lane + 32] : -KINF;
+            float m = warp_max(fmaxf(a, b));
+            float ea = lane < nk ? expf(a - m) : 0.0f;
+            float eb = lane + 32 < nk ? expf(b - m) : 0.0f;
+            float l = warp_sum(ea + eb);
+            row[lane] = ea;
+            row[lane + 32] = eb;
+            if (lane == 0) {
+                sm.lrow[hh] = l;
+                if (!alone) {
+                    size_t at = ((size_t)(i * n_heads + h0 + hh) * chunks + c) * 2;
+                    part_ml[at] = m;
+                    part_ml[at + 1] = l;
+                }
+            }
+        }
+        __syncthreads();
+        // The weighted values: this lane's 8 dims over its keys, per head.
+        float acc[ATTG_HEADS][8];
+#pragma unroll
+        for (int hh = 0; hh < ATTG_HEADS; hh++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[hh][j] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            const int t = warp * ATTG_KPW + s * KPS + g;
+            if (slot[s] >= 0 && act) {
+                float vf[8];
+                attg_unpack(vraw[s], vf);
+#pragma unroll
+                for (int hh = 0; hh < ATTG_HEADS; hh++) {
+                    if (hh < hn) {
+                        float e = sm.sc[hh * ATT_CHUNK + t];
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[hh][j] = fmaf(e, vf[j], acc[hh][j]);
+                    }
+                }
+            }
+        }
+        if (act) {
+            const int p = warp * KPS + g;
+#pragma unroll
+            for (int hh = 0; hh < ATTG_HEADS; hh++) {
+                if (hh < hn) {
+                    float4* dst = (float4*)(sm.parts + (p * ATTG_HEADS + hh) * head_dim + 8 * r);
+                    dst[0] = make_float4(acc[hh][0], acc[hh][1], acc[hh][2], acc[hh][3]);
+                    dst[1] = make_float4(acc[hh][4], acc[hh][5], acc[hh][6], acc[hh][7]);
+                }
+            }
+        }
+        __syncthreads();
+        // The partial sums in order; a row of one chunk is its own merge (out = o / l).
+        for (int e = tid; e < hn * head_dim; e += blockDim.x) {
+            int hh = e / head_dim, d = e - hh * head_dim;
+            float total = 0.0f;
+#pragma unroll
+            for (int p = 0; p < P; p++) total += sm.parts[(p * ATTG_HEADS + hh) * head_dim + d];
+            if (alone) {
+                float v = total * (1.0f / sm.lrow[hh]);
+                out[(size_t)i * out_ld + (h0 + hh) * head_dim + d] = v;
+                sm.qs[hh * 256 + d] = v;
+            } else {
+                part_o[((size_t)(i * n_heads + h0 + hh) * chunks + c) * head_dim + d] = total;
+            }
+        }
+        __syncthreads();
+    }
+    const int nb = head_dim / 32;
+    if (alone) {
+        if (xq)
+            for (int b = warp; b < hn * nb; b += ATTG_WARPS) {
+                int hh = b / nb, k = b - hh * nb;
+                size_t at = (size_t)i * out_ld + (h0 + hh) * head_dim + 32 * k;
+                quant_block32(sm.qs[hh * 256 + 32 * k + lane], xq + at, xs + at / 32);
+            }
+        return;
+    }
+    // The last of the row's blocks (for this KV head's query heads) merges: as attn_partial.
+    __threadfence();
+    __syncthreads();
+    const int working = min(nc, (int)gridDim.z);
+    if (tid == 0) {
+        int* count = arrivals + i * n_heads + blockIdx.y;
+        *sm.last = atomicAdd(count, 1) == working - 1;
+        if (*sm.last) *count = 0;
+    }
+    __syncthreads();
+    if (!*sm.last) return;
+    __threadfence();
+    for (int hh = warp; hh < hn; hh += ATTG_WARPS) {
+        const float* ml = part_ml + (size_t)(i * n_heads + h0 + hh) * chunks * 2;
+        float m = -KINF;
+        for (int c = lane; c < nc; c += 32) m = fmaxf(m, __ldcg(ml + 2 * c));
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int c = lane; c < nc; c += 32) l = fmaf(expf(__ldcg(ml + 2 * c) - m), __ldcg(ml + 2 * c + 1), l);
+        l = warp_sum(l);
+        if (lane == 0) {
+            sm.mrow[hh] = m;
+            sm.lrow[hh] = l;
+        }
+    }
+    constexpr int OUTS = ATTG_HEADS * 256 / 128;
+    float acc[OUTS];
+#pragma unroll
+    for (int k = 0; k < OUTS; k++) acc[k] = 0.0f;
+    for (int c0 = 0; c0 < nc; c0 += ATT_CHUNK) {
+        const int cn = min(ATT_CHUNK, nc - c0);
+        __syncthreads();
+        for (int e = tid; e < hn * ATT_CHUNK; e += blockDim.x) {
+            int hh = e / ATT_CHUNK, cc = e - hh * ATT_CHUNK;
+            if (cc < cn)
+                sm.sc[e] = expf(__ldcg(part_ml + ((size_t)(i * n_heads + h0 + hh) * chunks + c0 + cc) * 2) - sm.mrow[hh]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < OUTS; k++) {
+            int e = tid + 128 * k;
+            if (e < hn * head_dim) {
+                int hh = e / head_dim, d = e - hh * head_dim;
+                const float* po = part_o + ((size_t)(i * n_heads + h0 + hh) * chunks + c0) * head_dim + d;
+                const float* w = sm.sc + hh * ATT_CHUNK;
+                float a = acc[k];
+#pragma unroll 8
+                for (int cc = 0; cc < cn; cc++) a = fmaf(w[cc], __ldcg(po + (size_t)cc * head_dim), a);
+                acc[k] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < OUTS; k++) {
+        int e = tid + 128 * k;
+        if (e < hn * head_dim) {
+            int hh = e / head_dim, d = e - hh * head_dim;
+            float v = acc[k] * (1.0f / sm.lrow[hh]);
+            out[(size_t)i * out_ld + (h0 + hh) * head_dim + d] = v;
+            sm.qs[hh * 256 + d] = v;
+        }
+    }
+    if (xq) {
+        __syncthreads();
+        for (int b = warp; b < hn * nb; b += ATTG_WARPS) {
+            int hh = b / nb, k = b - hh * nb;
+            size_t at = (size_t)i * out_ld + (h0 + hh) * head_dim + 32 * k;
+            quant_block32(sm.qs[hh * 256 + 32 * k + lane], xq + at, xs + at / 32);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) attn_group(
+    const float* q, int q_ld, u16* k_cache, u16* v_cache, int max_slots,
+    int n_heads, int n_kv_heads, int head_dim, float scale,
+    const Batch* batch, const int* pos, const int* path,
+    float* part_ml, float* part_o, int chunks,
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, PostArgs post) {
+    wait_for_predecessor();
+    __shared__ __align__(16) float qs[ATTG_HEADS * 256];
+    __shared__ __align__(16) float parts[ATTG_PARTS];
+    __shared__ float sc[ATTG_HEADS * ATT_CHUNK];
+    __shared__ __align__(16) u16 knew[256];
+    __shared__ __align__(16) u16 vnew[256];
+    __shared__ float mrow[ATTG_HEADS];
+    __shared__ float lrow[ATTG_HEADS];
+    __shared__ int last;
+    AttgShared sm = {qs, parts, sc, knew, vnew, mrow, lrow, &last};
+#define ATTG_RUN(L)                                                                                           \
+    attn_group_body<L>(q, q_ld, k_cache, v_cache, max_slots, n_heads, n_kv_heads, head_dim, scale, batch, pos, \
+                       path, part_ml, part_o, chunks, arrivals, out, out_ld, xq, xs, post, sm)
+    if (head_dim <= 32) ATTG_RUN(4);
+    else if (head_dim <= 64) ATTG_RUN(8);
+    else if (head_dim <= 128) ATTG_RUN(16);
+    else ATTG_RUN(32);
+#undef ATTG_RUN
+}

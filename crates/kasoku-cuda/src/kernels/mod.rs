@@ -7,7 +7,9 @@
 //!   capability 8.0 and later), so that 16 or 64 rows cost little more than one.
 //! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
 //!   SwiGLU, argmax, KV-cache commit.
-//! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility.
+//! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility
+//!   (`attn_group`, a block per KV head's group of query heads; `KASOKU_CUDA_ATTN=0`:
+//!   `attn_partial`, a block per query head).
 //! - `sample.cu`: exact top-K selection of a logits row in the host sampler's order, for
 //!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
 //! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
@@ -53,7 +55,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 28] = [
+pub const NAMES: [&str; 29] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -70,6 +72,7 @@ pub const NAMES: [&str; 28] = [
     "argmax",
     "kv_commit",
     "attn_partial",
+    "attn_group",
     "top_k_select",
     "gemm_prepare",
     "gemm_128x128",
@@ -89,6 +92,29 @@ pub const NAMES: [&str; 28] = [
 pub const ATT_BLOCKS: usize = 32;
 /// Key positions per attention chunk (ATT_CHUNK in attention.cu).
 pub const ATT_CHUNK: usize = 64;
+/// Query heads per block of the grouped attention kernel (ATTG_HEADS in attention.cu): a GQA
+/// group of more takes several blocks.
+pub const ATTG_HEADS: usize = 8;
+
+/// Whether attention runs the grouped kernel (`attn_group`: one block per row, KV head and
+/// split for the group's query heads) rather than `attn_partial` (one block per query head):
+/// on unless `KASOKU_CUDA_ATTN=0`. Read once per process by [`Kernels::new`].
+pub fn attention_grouped_asked() -> bool {
+    !std::env::var("KASOKU_CUDA_ATTN").is_ok_and(|v| v == "0")
+}
+
+/// The grid of [`Kernels::attention`]: (rows, blocks per row and split, splits), by the
+/// kernel. `grouped`: one block per KV head and ATTG_HEADS query heads of its group;
+/// otherwise one per query head. Depends only on the call's shape and `chunks`.
+pub fn attention_grid(a: &AttnCall, grouped: bool) -> (u32, u32, u32) {
+    let heads = if grouped {
+        let group = a.n_heads / a.n_kv_heads.max(1);
+        a.n_kv_heads * group.div_ceil(ATTG_HEADS)
+    } else {
+        a.n_heads
+    };
+    (a.n as u32, heads as u32, a.chunks.min(ATT_BLOCKS) as u32)
+}
 /// The matvec kernel for `n` activation rows: tiles of 1, 2, 4 or 8 rows.
 pub fn matvec_kernel(n: usize) -> &'static str {
     match n {
@@ -499,6 +525,9 @@ pub struct Kernels {
     /// Products stream their weights through shared memory (`KASOKU_CUDA_STREAM=1`, compute
     /// capability 9.0; until measured on a GPU it is opt-in).
     stream: Option<StreamPlan>,
+    /// Attention runs `attn_group` ([`attention_grouped_asked`]); the choice holds for the
+    /// process, so every row is always computed the same way.
+    attn_grouped: bool,
 }
 
 /// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
@@ -526,6 +555,7 @@ impl Kernels {
             module,
             mma,
             stream,
+            attn_grouped: attention_grouped_asked(),
         })
     }
 
@@ -858,8 +888,30 @@ impl Kernels {
     /// Attention of `n` rows (queries at `q`, `n × n_heads × head_dim`) over one layer's
     /// cache, into `out` (same shape); `chunks` bounds the key chunks of any row. With
     /// `post` on (one chain row only), `q` is the raw projection and the q/k/v epilogue runs
-    /// inside (see [`PostArgs`]).
+    /// inside (see [`PostArgs`]). By the process's kernel (`KASOKU_CUDA_ATTN`).
     pub fn attention(&self, a: &AttnCall) -> Result<()> {
+        self.attention_by(a, self.attn_grouped)
+    }
+
+    /// Whether this process's attention is the grouped kernel.
+    pub fn attention_grouped(&self) -> bool {
+        self.attn_grouped
+    }
+
+    /// [`Kernels::attention`] by the kernel named: `grouped` `attn_group`, else
+    /// `attn_partial` (the checks run both; a model uses the process's one).
+    pub fn attention_by(&self, a: &AttnCall, grouped: bool) -> Result<()> {
+        if grouped
+            && (a.n_kv_heads == 0
+                || !a.n_heads.is_multiple_of(a.n_kv_heads)
+                || a.head_dim > MAX_HEAD_DIM
+                || !a.head_dim.is_multiple_of(8))
+        {
+            return Err(Error::Invalid(format!(
+                "attention of {} query heads over {} KV heads of {} (a whole group per KV head, head_dim a multiple of 8 up to {MAX_HEAD_DIM})",
+                a.n_heads, a.n_kv_heads, a.head_dim
+            )));
+        }
         if a.post.on != 0 && a.n != 1 {
             return Err(Error::Invalid(format!(
                 "the fused q/k/v epilogue takes one row, not {}",
@@ -875,12 +927,12 @@ impl Kernels {
         );
         let q_ld = (a.n_heads * a.head_dim) as i32;
         self.launch(
-            "attn_partial",
-            (
-                a.n as u32,
-                a.n_heads as u32,
-                a.chunks.min(ATT_BLOCKS) as u32,
-            ),
+            if grouped {
+                "attn_group"
+            } else {
+                "attn_partial"
+            },
+            attention_grid(a, grouped),
             128,
             &mut [
                 p(&a.q),

@@ -146,6 +146,47 @@ fn attention_chunks_follow_positions() {
 }
 
 #[test]
+fn attention_grids_follow_the_shape_and_the_cache_only() {
+    let call = |n, n_heads, n_kv_heads, chunks| AttnCall {
+        q: 0,
+        k_cache: 0,
+        v_cache: 0,
+        max_slots: 0,
+        n,
+        n_heads,
+        n_kv_heads,
+        head_dim: 128,
+        scale: 1.0,
+        batch: 0,
+        pos: 0,
+        path: 0,
+        part_ml: 0,
+        part_o: 0,
+        chunks,
+        arrivals: 0,
+        out: 0,
+        out_q: 0,
+        out_s: 0,
+        post: PostArgs::default(),
+    };
+    // attn_partial: a block per query head; attn_group: per KV head and ATTG_HEADS of its
+    // query heads (GQA 6: one; 14: two; 1: one per head). Splits: the cache's chunks, at
+    // most ATT_BLOCKS, whatever the rows' lengths.
+    assert_eq!(attention_grid(&call(1, 12, 2, 5), false), (1, 12, 5));
+    assert_eq!(attention_grid(&call(1, 12, 2, 5), true), (1, 2, 5));
+    assert_eq!(attention_grid(&call(3, 28, 2, 70), true), (3, 4, 32));
+    assert_eq!(attention_grid(&call(9, 4, 4, 33), true), (9, 4, 32));
+    assert_eq!(attention_grid(&call(2, 32, 8, 1), true), (2, 8, 1));
+    assert_eq!(attention_grid(&call(2, 64, 4, 1), true), (2, 8, 1));
+    // The grouped kernel's blocks of query heads never outnumber the arrival counts (one
+    // per row and query head).
+    for (nh, nkv) in [(12, 2), (28, 2), (4, 4), (64, 4), (40, 8), (9, 1)] {
+        let (_, y, _) = attention_grid(&call(1, nh, nkv, 1), true);
+        assert!(y as usize <= nh);
+    }
+}
+
+#[test]
 fn every_format_is_readable_at_its_block_size() {
     for d in DType::ALL {
         assert!(matvec_supports(d, 256), "{d}");
