@@ -457,26 +457,76 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Warps per 16-row tile of the tensor-core kernel: one per `subs` of the row's 32-value
-/// blocks (4 unless `KASOKU_CUDA_MMA_SUBS` says otherwise, for measuring), 1 to
+/// Warps per 16-row tile of the tensor-core kernel: one per `units` of the row's super-blocks
+/// of 256 values (1 unless `KASOKU_CUDA_MMA_UNITS` says otherwise, for measuring), 1 to
 /// [`MMA_MAX_SPLIT`]. Depends only on the width, never on the number of activation rows, so a
 /// row's arithmetic is the same at every batch size.
-pub fn mma_split(cols: usize, subs: usize) -> usize {
-    (cols / 32 / subs.max(1)).clamp(1, MMA_MAX_SPLIT)
+pub fn mma_split(cols: usize, units: usize) -> usize {
+    cols.div_ceil(256)
+        .div_ceil(units.max(1))
+        .clamp(1, MMA_MAX_SPLIT)
 }
 
-/// Sub-blocks per warp of the tensor-core kernel in this process ([`mma_split`]).
-fn mma_subs() -> usize {
-    std::env::var("KASOKU_CUDA_MMA_SUBS")
+/// Super-blocks per warp of the tensor-core kernel in this process ([`mma_split`]).
+fn mma_units() -> usize {
+    std::env::var("KASOKU_CUDA_MMA_UNITS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&v| (1..=64).contains(&v))
-        .unwrap_or(4)
+        .unwrap_or(1)
+}
+
+/// Most dynamic shared memory a tensor-core block takes (its warps' rings of stages; the
+/// kernels are allowed it at load). Fits every device of compute capability 8.0 and later.
+pub const MMA_SHARED_MAX: usize = 80 * 1024;
+
+/// Bytes of 256 values of a block format (`mma_sup_bytes` in mma.cu).
+fn mma_sup_bytes(fmt: i32) -> usize {
+    match fmt {
+        2 => 8 * 18,
+        3 => 8 * 20,
+        6 => 8 * 22,
+        7 => 8 * 24,
+        8 => 8 * 34,
+        12 => 144,
+        13 => 176,
+        _ => 210,
+    }
+}
+
+/// The row stride of a tensor-core stage (16 rows of one super-block each, widened to 16-byte
+/// bounds): the most bytes a row's copy can take, an odd number of 16-byte lines (the 8 rows
+/// one shared-memory load touches then start in different banks).
+pub fn mma_stride(segs: &[MatSeg]) -> usize {
+    let need = segs
+        .iter()
+        .map(|s| {
+            let sup = mma_sup_bytes(s.fmt);
+            if s.w.is_multiple_of(16) && s.row_bytes % 16 == 0 && sup.is_multiple_of(16) {
+                sup
+            } else {
+                // At most 15 bytes before the first (its 16-byte line) and to the end of the last.
+                (sup + 30).div_ceil(16) * 16
+            }
+        })
+        .max()
+        .unwrap_or(16);
+    let lines = need.div_ceil(16);
+    16 * (lines | 1)
+}
+
+/// Stages of each warp's ring: as many of its super-blocks as fit `budget` bytes for the
+/// block (`split` warps), 1 to 4 and at most the most super-blocks a warp takes. Changes no
+/// result: only how many copies are in flight.
+pub fn mma_stages(cols: usize, split: usize, stride: usize, budget: usize) -> usize {
+    let most = cols.div_ceil(256).div_ceil(split.max(1));
+    (budget / (split.max(1) * 16 * stride)).clamp(1, most.clamp(1, 4))
 }
 
 /// Builds the tensor-core kernel's parameters for block-format `segs` (at most 3, each the
 /// same width `cols`) over `n` activation rows `x`; returns them with the grid size (one
-/// block of `split` warps per 16 weight rows).
+/// block of `split` warps per 16 weight rows). `stream_stages` / `stream_stage_bytes` carry
+/// the ring's stages and stride ([`mma_shared`] bytes of dynamic shared memory a block).
 pub fn mma_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatArgs, u32)> {
     let (mut a, _) = matvec_args(segs, x, n, cols)?;
     if let Some(s) = segs.iter().find(|s| !is_block_format(s.fmt)) {
@@ -485,9 +535,26 @@ pub fn mma_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatA
             s.fmt
         )));
     }
-    a.split = mma_split(cols, mma_subs()) as i32;
+    let split = mma_split(cols, mma_units());
+    let stride = mma_stride(segs);
+    let budget = env_usize("KASOKU_CUDA_MMA_KB", MMA_SHARED_MAX / 1024) * 1024;
+    let stages = mma_stages(cols, split, stride, budget.min(MMA_SHARED_MAX));
+    a.split = split as i32;
+    a.stream_stages = stages as i32;
+    a.stream_stage_bytes = stride as i32;
+    if mma_shared(&a) > MMA_SHARED_MAX {
+        return Err(Error::Invalid(format!(
+            "tensor-core ring of {} bytes (at most {MMA_SHARED_MAX})",
+            mma_shared(&a)
+        )));
+    }
     let tiles: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(16)).sum();
     Ok((a, tiles as u32))
+}
+
+/// Dynamic shared memory of a tensor-core block built by [`mma_args`].
+pub fn mma_shared(a: &MatArgs) -> usize {
+    (a.split * a.stream_stages * 16 * a.stream_stage_bytes) as usize
 }
 
 /// Whether GGML type id `fmt` is a block format the tensor-core kernel reads (every format
@@ -545,6 +612,11 @@ impl Kernels {
             blocks_per_sm: env_usize("KASOKU_CUDA_STREAM_BLOCKS", 4),
             budget: env_usize("KASOKU_CUDA_STREAM_KB", 48) * 1024,
         });
+        if mma {
+            for name in ["mma_1", "mma_2", "mma_4", "mma_8"] {
+                gpu.allow_shared(module.function(name), MMA_SHARED_MAX as u32)?;
+            }
+        }
         if stream.is_some() {
             for name in ["matvec_1", "matvec_2", "matvec_4", "matvec_8"] {
                 gpu.allow_shared(module.function(name), STREAM_SHARED_MAX as u32)?;
@@ -626,10 +698,11 @@ impl Kernels {
         }
         if !blocks.is_empty() {
             let (args, grid) = mma_args(&blocks, x, n, cols)?;
-            self.launch(
-                mma_kernel(n),
+            self.gpu.launch_shared(
+                self.module.function(mma_kernel(n)),
                 (grid, 1, 1),
                 (args.split * 32) as u32,
+                mma_shared(&args) as u32,
                 &mut [p(&args)],
             )?;
         }

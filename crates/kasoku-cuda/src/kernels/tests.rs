@@ -276,12 +276,15 @@ fn tensor_core_products_take_block_formats_in_16_row_tiles_split_by_width() {
     for name in ["mma_1", "mma_2", "mma_4", "mma_8"] {
         assert!(NAMES.contains(&name));
     }
-    // One warp per 4 blocks of 32 values, 1..=16: the 1.5B model's 1536 and 8960 widths.
-    assert_eq!(mma_split(64, 4), 1);
-    assert_eq!(mma_split(512, 4), 4);
-    assert_eq!(mma_split(1536, 4), 12);
-    assert_eq!(mma_split(8960, 4), 16);
-    assert_eq!(mma_split(1536, 16), 3);
+    // One warp per super-block of 256 values, 1..=16: the 1.5B model's 1536 and 8960 widths;
+    // a partial super-block (legacy formats) counts whole.
+    assert_eq!(mma_split(64, 1), 1);
+    assert_eq!(mma_split(512, 1), 2);
+    assert_eq!(mma_split(896, 1), 4);
+    assert_eq!(mma_split(1536, 1), 6);
+    assert_eq!(mma_split(8960, 1), 16);
+    assert_eq!(mma_split(1536, 2), 3);
+    assert_eq!(mma_split(1536, 4), 2);
     // q/k/v of 1536 + 256 + 256 rows: 96 + 16 + 16 tiles; a partial tile counts whole.
     let segs = [
         seg(DType::Q4K, 1536),
@@ -289,7 +292,29 @@ fn tensor_core_products_take_block_formats_in_16_row_tiles_split_by_width() {
         seg(DType::Q6K, 250),
     ];
     let (a, grid) = mma_args(&segs, acts(1536), 3, 1536).unwrap();
-    assert_eq!((a.split, a.nseg, grid), (12, 3, 128));
+    assert_eq!((a.split, a.nseg, grid), (6, 3, 128));
+    // Stage rows: Q6_K's 210 bytes from any even address take 15 lines (odd); Q4_K's 144
+    // aligned ones 9; Q8_0's 272 bytes (17 lines) when aligned, else 19.
+    assert_eq!(a.stream_stage_bytes, 240);
+    let aligned = |dtype: DType, row_bytes: i64| MatSeg {
+        fmt: dtype.ggml_id() as i32,
+        w: 256,
+        row_bytes,
+        ..MatSeg::default()
+    };
+    assert_eq!(mma_stride(&[aligned(DType::Q4K, 864)]), 144);
+    assert_eq!(mma_stride(&[aligned(DType::Q5K, 1056)]), 176);
+    assert_eq!(mma_stride(&[aligned(DType::Q8_0, 1632)]), 272);
+    assert_eq!(mma_stride(&[aligned(DType::Q8_0, 34 * 28)]), 304);
+    assert_eq!(mma_stride(&[aligned(DType::Q4_1, 960)]), 176);
+    // One super-block a warp at 1536: one stage; at 8960, 16 warps of 2-3 super-blocks: as
+    // many stages as the budget holds, at least one.
+    assert_eq!(a.stream_stages, 1);
+    assert_eq!(mma_shared(&a), 6 * 16 * 240);
+    assert_eq!(mma_stages(8960, 16, 144, MMA_SHARED_MAX), 2);
+    assert_eq!(mma_stages(8960, 16, 304, MMA_SHARED_MAX), 1);
+    assert_eq!(mma_stages(8960 * 4, 16, 144, 1 << 20), 4);
+    const { assert!(16 * 16 * 304 <= MMA_SHARED_MAX) };
     // Float formats stay on the FMA kernel.
     assert!(!is_block_format(DType::F16.ggml_id() as i32));
     assert!(is_block_format(DType::Q8_0.ggml_id() as i32));

@@ -1,0 +1,45 @@
+"""Builds the host emulation's translation unit for kernels/mma.cu: matvec_emulate's unit
+(common.cuh and matvec.cu, the real sources, through tools/matvec_emulate/gen.py: mma.cu uses
+matvec.cu's MatArgs, quantize_acts and argmax_key) with its pre.h inlined for blocks of up to
+512 threads, then mma.cu with its PTX wrappers (mma.sync, cp.async) cut out for emu_mma.h's
+emulations, its dynamic shared memory mapped onto the emulator's and its static shared arrays
+registered (poisoned at each block's start). Fails if any asm is left or a pattern is not
+found (the kernel source changed: adjust this file)."""
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MV = os.path.join(HERE, "../matvec_emulate")
+K = os.environ.get("KASOKU_KERNELS", os.path.join(HERE, "../../crates/kasoku-cuda/src/kernels"))
+OUT = sys.argv[1]
+
+
+def sub(pat, rep, text, count_min=1, flags=re.S):
+    new, n = re.subn(pat, rep, text, flags=flags)
+    if n < count_min:
+        sys.exit(f"gen.py: pattern not found ({n} < {count_min}): {pat}")
+    return new
+
+
+subprocess.run([sys.executable, os.path.join(MV, "gen.py"), OUT + ".mv"], check=True,
+               env=dict(os.environ, KASOKU_KERNELS=K))
+unit = open(OUT + ".mv").read()
+os.remove(OUT + ".mv")
+pre = open(os.path.join(MV, "pre.h")).read()
+pre = sub(r"#define EMU_MAXT 256\b", "#define EMU_MAXT 512", pre)
+pre = sub(r"#define EMU_STACK \(256 \* 1024\)", "#define EMU_STACK (128 * 1024)", pre)
+unit = sub(r'#include "pre.h"\n', lambda m: pre + "\n", unit)
+unit = sub(r'\n#include "main.h"\n$', "\n", unit)
+
+mma = open(os.path.join(K, "mma.cu")).read()
+a = mma.index("// ---- PTX wrappers")
+b = mma.index("// ---- end of PTX wrappers")
+mma = mma[:a] + '#include "emu_mma.h"\n' + mma[b:]
+mma = sub(r"extern __shared__ __align__\(16\) u8 mma_smem\[\];", "u8* mma_smem = g_dyn_smem;", mma)
+mma = sub(r"(\n\s*)__shared__ ([^;\n]*?)(\w+)(\[[^\]\n]*\])?;", r"\1__shared__ \2\3\4; emu_shared(&\3, sizeof(\3));", mma, 1)
+code = re.sub(r"//[^\n]*", "", mma)
+if re.search(r"\basm\b", code):
+    sys.exit("gen.py: inline asm left in mma.cu: " + code[re.search(r'\basm\b', code).start():][:120])
+open(OUT, "w").write(unit + "\n// ---- mma.cu\n" + mma + '\n#include "mma_main.h"\n')
