@@ -7,9 +7,10 @@
 //! device (`sample.cu`: 8 bytes per candidate, 4 per gathered penalized logit); for other
 //! host-sampled requests (top-k off, constraints, log-probabilities, greedy with penalties),
 //! the rows it samples from, `vocab × 4` bytes each through pinned memory; for a drafter that
-//! reads the target's layer outputs (DFlash), the accepted rows' taps (`taps × hidden × 4`
-//! bytes a token). Every error is the
-//! engine's `Device` error with the driver's words.
+//! reads the target's layer outputs (DFlash) on the host, the accepted rows' taps (`taps ×
+//! hidden × 4` bytes a token; nothing for the GPU's DFlash drafter, which reads them in place
+//! through `DeviceState::device_taps`). Every error is the engine's `Device` error with the
+//! driver's words.
 
 use std::sync::Arc;
 
@@ -160,6 +161,14 @@ impl DeviceState for CudaSequence {
         self.state
             .tap_rows(&self.model, rows, out)
             .map_err(device_error)
+    }
+
+    /// The state's [`crate::model::TapView`]: a DFlash drafter on this GPU reads the rows in
+    /// place.
+    fn device_taps(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.state
+            .device_taps()
+            .map(|v| v as &(dyn std::any::Any + Send + Sync))
     }
 }
 

@@ -631,6 +631,22 @@ struct TapBufs {
     /// The rows a read asked for, compacted (same layout), and their host copy.
     picked: DeviceBuffer,
     host: PinnedBuffer,
+    /// Where `rows` is, for a drafter on this GPU that reads them in place.
+    view: TapView,
+}
+
+/// The recorded layer outputs of a state's last pass, as a drafter on the same GPU reads them
+/// in place ([`CudaState::device_taps`]; the engine hands it on as `Features::device_taps`):
+/// `rows` rows of `layers.len() × hidden` f32 at `ptr`, each row's taps in `layers`' order.
+/// Valid until the state's next pass, on the GPU's one stream (work queued before that pass
+/// reads the rows of this one).
+pub struct TapView {
+    pub gpu: Arc<Gpu>,
+    pub ptr: u64,
+    pub layers: Vec<usize>,
+    pub hidden: usize,
+    /// Rows of the last pass.
+    pub rows: usize,
 }
 
 /// The f16 scratch of the prefill products: the largest layer product's weights (q|k|v,
@@ -1225,6 +1241,9 @@ impl CudaState {
         }
         self.gpu.synchronize()?;
         self.last_rows = n;
+        if let Some(t) = &mut self.taps {
+            t.view.rows = n;
+        }
         let rows = if head == Head::All { n } else { 1 };
         let keys = self.best_host.get_u32s(0, 2 * rows);
         Ok((0..rows).map(|r| argmax_id(keys[2 * r] as u64)).collect())
@@ -1400,6 +1419,9 @@ impl CudaState {
             self.meta_host.put_u32s(0, &words);
             self.record(m, n, Head::All)?;
             self.last_rows = n;
+            if let Some(t) = &mut self.taps {
+                t.view.rows = n;
+            }
             out.extend(self.logits.read_f32(n * vocab)?);
             self.len += n;
         }
@@ -1439,13 +1461,27 @@ impl CudaState {
             return Ok(());
         }
         let bytes = self.rows * layers.len() * m.config.hidden * 4;
+        let rows = self.gpu.alloc(bytes)?;
         self.taps = Some(TapBufs {
             layers: layers.to_vec(),
-            rows: self.gpu.alloc(bytes)?,
+            view: TapView {
+                gpu: self.gpu.clone(),
+                ptr: rows.ptr(),
+                layers: layers.to_vec(),
+                hidden: m.config.hidden,
+                rows: 0,
+            },
+            rows,
             picked: self.gpu.alloc(bytes)?,
             host: self.gpu.pinned(bytes)?,
         });
         Ok(())
+    }
+
+    /// The recorded rows of the last pass, for a drafter on this GPU that reads them in place
+    /// (none when no layers are recorded).
+    pub fn device_taps(&self) -> Option<&TapView> {
+        self.taps.as_ref().map(|t| &t.view)
     }
 
     /// The decoder layers each pass records (empty: none).
@@ -1853,7 +1889,7 @@ pub fn generate_greedy(
     mut drafting: Option<Drafting<'_>>,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<SpecRun> {
-    use kasoku::spec::{Accepted, DraftRequest, Features};
+    use kasoku::spec::{Accepted, DeviceTaps, DraftRequest, Features};
     let err = |e: kasoku::spec::DraftError| Error::Invalid(e.to_string());
     let mut run = SpecRun::default();
     if n == 0 {
@@ -1867,20 +1903,42 @@ pub fn generate_greedy(
         .unwrap_or_default();
     st.set_tap_layers(m, &tap_layers)?;
     let wants_taps = !tap_layers.is_empty();
+    // A drafter on this GPU reads the recorded rows in place (a prompt of one pass too):
+    // nothing crosses to the host.
+    let in_place = wants_taps
+        && drafting
+            .as_ref()
+            .zip(st.device_taps())
+            .is_some_and(|(d, v)| {
+                d.drafter
+                    .reads_device_taps(v as &(dyn std::any::Any + Send + Sync))
+            });
+    let prompt_in_place = in_place && prompt.len() <= PREFILL_ROWS;
     let (mut taps, mut chunk_taps) = (Vec::new(), Vec::new());
     let mut first = 0;
     for chunk in prompt.chunks(PREFILL_ROWS) {
         first = st.prefill(m, chunk)?;
-        if wants_taps {
+        if wants_taps && !prompt_in_place {
             let rows: Vec<usize> = (0..chunk.len()).collect();
             st.tap_rows(m, &rows, &mut chunk_taps)?;
             taps.extend_from_slice(&chunk_taps);
         }
     }
     if let Some(d) = drafting.as_mut() {
-        let f = Features {
-            hidden: None,
-            taps: wants_taps.then_some(&taps[..]),
+        let rows: Vec<usize> = (0..prompt.len()).collect();
+        let f = match st.device_taps().filter(|_| prompt_in_place) {
+            Some(v) => Features {
+                device_taps: Some(DeviceTaps {
+                    source: v,
+                    rows: &rows,
+                }),
+                ..Features::default()
+            },
+            None => Features {
+                hidden: None,
+                taps: wants_taps.then_some(&taps[..]),
+                device_taps: None,
+            },
         };
         d.drafter.start(prompt, f).map_err(err)?;
     }
@@ -1934,7 +1992,7 @@ pub fn generate_greedy(
                 None => break,
             }
         }
-        if wants_taps {
+        if wants_taps && !in_place {
             st.tap_rows(m, &path, &mut taps)?;
         }
         st.commit(m, &path)?;
@@ -1942,14 +2000,27 @@ pub fn generate_greedy(
         run.drafted += tree.len() - 1;
         run.accepted += path.len() - 1;
         let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
+        // In place: the path's rows as the verification recorded them (the commit runs no
+        // pass; the drafter's reads queue before the next one).
+        let features = match st.device_taps().filter(|_| in_place) {
+            Some(v) => Features {
+                device_taps: Some(DeviceTaps {
+                    source: v,
+                    rows: &path,
+                }),
+                ..Features::default()
+            },
+            None => Features {
+                hidden: None,
+                taps: wants_taps.then_some(&taps[..]),
+                device_taps: None,
+            },
+        };
         d.drafter
             .accept(&Accepted {
                 tokens: &committed,
                 committed_len: st.len,
-                features: Features {
-                    hidden: None,
-                    taps: wants_taps.then_some(&taps[..]),
-                },
+                features,
             })
             .map_err(err)?;
         history.extend_from_slice(&new);

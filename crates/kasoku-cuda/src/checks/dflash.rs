@@ -4,18 +4,91 @@
 //! with the whole head and a reduced one; then speculative decoding with the GPU drafter
 //! (features tapped from the GPU target) against plain GPU decoding, token for token, through
 //! `generate_speculative` and the engine's `DeviceSession`, with the tokens each pass yields.
+//! The drafter's passes replayed from captured graphs must give the bits of plain launches,
+//! and features read in place from the GPU target's recorded rows the bits of the same rows
+//! uploaded from the host. Timings: a draft (one block pass) with and without graphs, a
+//! cycle's drafter work (projection of an accepted path's rows + block pass), and per
+//! speculative cycle the drafter's share with its host stream operations and
+//! synchronisations.
 
+use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kasoku::model::dflash::Block;
-use kasoku::model::{DFlash, Model};
+use kasoku::model::{DFlash, Model, TokenTree};
 use kasoku::spec::marginal_tree::top_k_log_probs;
-use kasoku::spec::{DFlashBlocks, DFlashDrafterConfig};
+use kasoku::spec::{
+    Accepted, DFlashBlocks, DFlashDrafterConfig, DraftError, DraftRequest, Drafter, Features,
+};
 
 use super::{Report, R};
-use crate::dflash::{dflash_drafter, load_weights, CudaDFlash};
+use crate::dflash::{dflash_drafter, load_weights, CudaDFlash, PassCounts};
 use crate::CudaModel;
+
+/// A drafter whose drafts and accepts are timed (host wall time: a draft waits for the
+/// device, an accept only queues work the next draft waits for).
+struct Timed<'a, D: Drafter> {
+    inner: &'a mut D,
+    draft: Duration,
+    accept: Duration,
+    drafts: usize,
+}
+
+impl<'a, D: Drafter> Timed<'a, D> {
+    fn new(inner: &'a mut D) -> Self {
+        Timed {
+            inner,
+            draft: Duration::ZERO,
+            accept: Duration::ZERO,
+            drafts: 0,
+        }
+    }
+}
+
+impl<D: Drafter> Drafter for Timed<'_, D> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn tap_layers(&self) -> Vec<usize> {
+        self.inner.tap_layers()
+    }
+    fn reads_device_taps(&self, source: &(dyn Any + Send + Sync)) -> bool {
+        self.inner.reads_device_taps(source)
+    }
+    fn flat_draft_cost(&self) -> bool {
+        self.inner.flat_draft_cost()
+    }
+    fn start(&mut self, prompt: &[u32], features: Features) -> Result<(), DraftError> {
+        self.inner.start(prompt, features)
+    }
+    fn catch_up(&mut self, tokens: &[u32]) -> Result<(), DraftError> {
+        self.inner.catch_up(tokens)
+    }
+    fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
+        let t = Instant::now();
+        let tree = self.inner.draft(req);
+        self.draft += t.elapsed();
+        self.drafts += 1;
+        tree
+    }
+    fn accept(&mut self, accepted: &Accepted) -> Result<(), DraftError> {
+        let t = Instant::now();
+        let r = self.inner.accept(accepted);
+        self.accept += t.elapsed();
+        r
+    }
+}
+
+/// `after − before`, per `cycles`.
+fn per_cycle(before: PassCounts, after: PassCounts, cycles: usize) -> (f64, f64) {
+    let c = cycles.max(1) as f64;
+    (
+        (after.ops - before.ops) as f64 / c,
+        (after.syncs - before.syncs) as f64 / c,
+    )
+}
 
 /// Log-probabilities of the GPU's candidates may differ from the CPU's by this much (the
 /// GPU keeps the context's keys and values in f16).
@@ -127,6 +200,107 @@ pub fn dflash_checks(gpu: &Arc<crate::Gpu>, target: &Path, dir: &Path, n: usize)
         }
     }
 
+    // (a2) The same drafter's passes from captured graphs and from plain launches, and from
+    // features read in place on the GPU target and uploaded from the host: the same bits.
+    let mut gt = m.new_state(tokens.len() + 8)?;
+    gt.set_tap_layers(&m, &c.taps)?;
+    gt.prefill(&m, &tokens)?;
+    let view = gt
+        .device_taps()
+        .ok_or_else(|| invalid("no recorded layer outputs".into()))?;
+    let source = view as &(dyn Any + Send + Sync);
+    // Rows out of order (a tree's path need not be consecutive), then a short path.
+    let last = tokens.len() - 1;
+    let mut first: Vec<usize> = (0..last - 3).collect();
+    first.swap(2, 5);
+    let firsts: Vec<usize> = (0..first.len()).collect();
+    let path = [last - 3, last - 1, last - 2];
+    let paths: Vec<usize> = (first.len()..last).collect();
+    let mut host_rows = Vec::new();
+    let config = DFlashDrafterConfig::default();
+    let make = || {
+        CudaDFlash::new(
+            m.clone(),
+            weights.clone(),
+            tokens.len() + 8,
+            config.vocab_rows,
+        )
+        .map_err(|e| invalid(e.to_string()))
+    };
+    let (mut on_host, mut in_place) = (make()?, make()?);
+    let draft_err = |e: DraftError| invalid(e.to_string());
+    if !in_place.reads_device_taps(source) {
+        rep.check(
+            false,
+            "the GPU drafter reads the GPU target's recorded rows in place".into(),
+        );
+    }
+    for (rows, pos) in [(&first[..], &firsts), (&path[..], &paths)] {
+        gt.tap_rows(&m, rows, &mut host_rows)?;
+        on_host.append_context(&host_rows, pos).map_err(draft_err)?;
+        in_place
+            .append_device_context(source, rows, pos)
+            .map_err(draft_err)?;
+    }
+    let rows = c.block_size - 1;
+    let (root, pos) = (tokens[last], last);
+    on_host.state_mut().use_graphs = false;
+    let plain = on_host
+        .marginals(root, pos, rows, top_k)
+        .map_err(draft_err)?;
+    let graphed = in_place
+        .marginals(root, pos, rows, top_k)
+        .map_err(draft_err)?;
+    let again = in_place
+        .marginals(root, pos, rows, top_k)
+        .map_err(draft_err)?;
+    rep.check(
+        plain == graphed && graphed == again,
+        format!(
+            "DFlash block pass replayed from a graph, features gathered in place ({} + {} rows, out of order) == plain launches on uploaded features, bit for bit ({rows} rows, top-{top_k}, head of {} ids)",
+            first.len(),
+            path.len(),
+            in_place.state().head_rows()
+        ),
+    );
+
+    // (a3) Time a draft (block pass) and a cycle's drafter work (a 3-row projection in place,
+    // then the block pass), graphs on and off.
+    let reps = 50;
+    for graphs in [true, false] {
+        in_place.state_mut().use_graphs = graphs;
+        in_place
+            .marginals(root, pos, rows, top_k)
+            .map_err(draft_err)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            in_place
+                .marginals(root, pos, rows, top_k)
+                .map_err(draft_err)?;
+        }
+        let draft_us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        let before = in_place.state().counts();
+        let t = Instant::now();
+        for _ in 0..reps {
+            in_place.truncate_context(first.len());
+            in_place
+                .append_device_context(source, &path, &paths)
+                .map_err(draft_err)?;
+            in_place
+                .marginals(root, pos, rows, top_k)
+                .map_err(draft_err)?;
+        }
+        let cycle_us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        let (ops, syncs) = per_cycle(before, in_place.state().counts(), reps);
+        rep.lines.push(format!(
+            "     DFlash drafter {}: {draft_us:.0} us a draft ({rows} rows, top-{top_k}, head of {} ids); {cycle_us:.0} us a cycle with a {}-row projection in place, {ops:.0} host stream operations and {syncs:.0} synchronisation(s) a cycle",
+            if graphs { "graphs" } else { "plain launches" },
+            in_place.state().head_rows(),
+            path.len(),
+        ));
+    }
+    drop(gt);
+
     // (b) Speculative decoding with the GPU drafter == plain decoding.
     let prompt: Vec<u32> = base.iter().chain(&base).copied().collect();
     let ctx = prompt.len() + n + 80;
@@ -140,10 +314,21 @@ pub fn dflash_checks(gpu: &Arc<crate::Gpu>, target: &Path, dir: &Path, n: usize)
         let mut st = m.new_state(ctx)?;
         let mut drafter = dflash_drafter(m.clone(), weights.clone(), ctx, config)
             .map_err(|e| invalid(e.to_string()))?;
-        let t = std::time::Instant::now();
-        let run =
-            crate::generate_speculative(&m, &mut st, &prompt, n, &mut drafter, budget, depth)?;
+        let before = drafter.blocks().state().counts();
+        let mut timed = Timed::new(&mut drafter);
+        let t = Instant::now();
+        let run = crate::generate_speculative(&m, &mut st, &prompt, n, &mut timed, budget, depth)?;
         let secs = t.elapsed().as_secs_f64();
+        let (draft, accept, drafts) = (timed.draft, timed.accept, timed.drafts);
+        let (ops, syncs) = per_cycle(before, drafter.blocks().state().counts(), run.passes);
+        let cycles = run.passes.max(1) as f64;
+        let tail = format!(
+            "\n     {:.2} ms a cycle, of which the drafter {:.0} us (drafts {:.0} us each over {drafts}, accepts {:.0} us a cycle); the drafter's host stream operations {ops:.1} and synchronisations {syncs:.2} a cycle (before: 2-4 + 8 + 39 and 3)",
+            secs * 1e3 / cycles,
+            (draft + accept).as_secs_f64() * 1e6 / cycles,
+            draft.as_secs_f64() * 1e6 / drafts.max(1) as f64,
+            accept.as_secs_f64() * 1e6 / cycles,
+        );
         rep.speculative_run(
             &run,
             &plain,
@@ -151,7 +336,7 @@ pub fn dflash_checks(gpu: &Arc<crate::Gpu>, target: &Path, dir: &Path, n: usize)
                 "speculative == plain with the GPU DFlash drafter (budget {budget}, depth {depth})"
             ),
             secs,
-            "",
+            &tail,
         );
     }
     let engine = |e: kasoku::engine::EngineError| invalid(e.to_string());

@@ -10,25 +10,32 @@
 //!   target's embedding and the first `vocab_rows` rows of its head), after which only each
 //!   row's top-k ids and log-probabilities come back to the host.
 //!
-//! The features are the target's layer outputs (`CudaState::set_tap_layers`): the device
-//! session reads the accepted rows' taps to the host (`taps × hidden × 4` bytes a token) and
-//! the drafter uploads them again; keeping them on the device is a later step.
+//! The features are the target's layer outputs (`CudaState::set_tap_layers`), read in place:
+//! the target's state hands its recorded rows' [`crate::model::TapView`] to the drafter
+//! (`Features::device_taps`, through `DeviceSession` or `generate_greedy`), and the
+//! projection gathers the accepted path's rows on the device. Host features (the CPU's, or a
+//! prompt longer than one pass) are uploaded as before.
 //!
 //! `kasoku-cuda-check dflash` compares its marginals with the CPU network's and its
 //! speculative output with plain decoding; both passed on an H100 (2026-12-06: log-probs within
-//! 2.1e-2 on the 1.5B shape, top-1 equal; speculative == plain through DeviceSession).
+//! 2.1e-2 on the 1.5B shape, top-1 equal; speculative == plain through DeviceSession) before
+//! the graphs, the one-launch top-k and the taps in place (not yet run on a GPU: the check
+//! now also compares graph replays with plain launches and device features with host ones,
+//! bit for bit, and times a draft).
 
 pub mod state;
 pub mod weights;
 
+use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
 
 use kasoku::spec::{BlockDrafter, DFlashBlocks, DFlashDrafterConfig, DraftError};
 
-pub use state::{DFlashState, APPEND_ROWS, MAX_DRAFT_TOP_K};
+pub use state::{DFlashState, PassCounts, APPEND_ROWS, GRAPH_APPEND_ROWS, MAX_DRAFT_TOP_K};
 pub use weights::DFlashWeights;
 
+use crate::model::TapView;
 use crate::runtime::Error;
 use crate::CudaModel;
 
@@ -80,6 +87,18 @@ impl CudaDFlash {
     pub fn state(&self) -> &DFlashState {
         &self.state
     }
+
+    /// The same, to change how it runs (`use_graphs`).
+    pub fn state_mut(&mut self) -> &mut DFlashState {
+        &mut self.state
+    }
+
+    /// The target state's recorded rows, when this drafter reads them in place.
+    fn view<'a>(&self, source: &'a (dyn Any + Send + Sync)) -> Option<&'a TapView> {
+        source
+            .downcast_ref::<TapView>()
+            .filter(|v| self.state.reads(&self.weights, v))
+    }
 }
 
 impl DFlashBlocks for CudaDFlash {
@@ -106,6 +125,24 @@ impl DFlashBlocks for CudaDFlash {
     fn append_context(&mut self, features: &[f32], positions: &[usize]) -> Result<(), DraftError> {
         self.state
             .append(&self.target, &self.weights, features, positions)
+            .map_err(device_error)
+    }
+
+    fn reads_device_taps(&self, source: &(dyn Any + Send + Sync)) -> bool {
+        self.view(source).is_some()
+    }
+
+    fn append_device_context(
+        &mut self,
+        source: &(dyn Any + Send + Sync),
+        rows: &[usize],
+        positions: &[usize],
+    ) -> Result<(), DraftError> {
+        let view = self.view(source).ok_or_else(|| {
+            DraftError::Incompatible("not the recorded layer outputs of this GPU's target".into())
+        })?;
+        self.state
+            .append_device(&self.target, &self.weights, view, rows, positions)
             .map_err(device_error)
     }
 

@@ -5,7 +5,7 @@ use kasoku::format::{HfCheckpoint, TensorSource};
 use kasoku::model::dflash::DFlashConfig;
 use kasoku::spec::marginal_tree::top_k_log_probs;
 
-use super::state::{append_meta, block_meta, candidates_from_words, DraftMeta};
+use super::state::{append_meta, block_meta, candidates_from_words, gather_meta, DraftMeta};
 use super::weights::{check_geometry, check_tensors, expected_tensors};
 use super::*;
 use crate::kernels::{RowTop2, TOP2_WORDS};
@@ -30,6 +30,19 @@ fn a_block_is_unmasked_and_rotated_at_its_own_positions() {
     assert_eq!(&w[..4], &[3, 3, 1, 0]);
     assert_eq!(&w[layout.rope_pos..layout.rope_pos + 3], &[3, 4, 7]);
     assert_eq!(layout.words, 4 + 3 * 8);
+}
+
+/// A projection of rows the target recorded names them in the token slots (a path's nodes,
+/// in any order), its positions and the context's length as a projection of host features.
+#[test]
+fn a_projection_in_place_names_the_recorded_rows() {
+    let layout = DraftMeta::new(8);
+    let w = gather_meta(&layout, 6, &[6, 7, 8], &[0, 4, 2]);
+    assert_eq!(&w[..4], &[6, 3, 1, 0]);
+    assert_eq!(&w[layout.rope_pos..layout.rope_pos + 3], &[6, 7, 8]);
+    assert_eq!(&w[layout.tokens..layout.tokens + 3], &[0, 4, 2]);
+    let plain = append_meta(&layout, 6, &[6, 7, 8]);
+    assert_eq!(&w[..layout.tokens], &plain[..layout.tokens]);
 }
 
 /// The device's words give the host's `top_k_log_probs` of the same rows.

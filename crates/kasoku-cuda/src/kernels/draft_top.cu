@@ -74,3 +74,25 @@ row_top2(const float* logits, int ld, int cols, u32* out) {
         out[(size_t)blockIdx.x * TOP2_WORDS + 4] = __float_as_uint(z);
     }
 }
+
+// The top-K selection of each of gridDim.x rows of logits (row r at logits + r * ld, its
+// first `cols` values) into out + r * 2 * count: top_k_select_row (sample.cu) per block, so a
+// DFlash block's rows take one launch. The same pairs as top_k_select on each row.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+rows_top_k(const float* logits, int ld, int cols, int count, int id_bits, u32* out) {
+    wait_for_predecessor();
+    const size_t r = blockIdx.x;
+    top_k_select_row(logits + r * ld, cols, count, id_bits, out + r * 2 * count);
+}
+
+// Row r of dst (`width` floats, rows `width` apart) = row idx[r] of src (rows `ld` floats
+// apart), for the gridDim.x rows: a DFlash drafter's features gathered from the layer outputs
+// the target recorded for its pass's rows (the accepted path's nodes), read in place.
+extern "C" __global__ void __launch_bounds__(256)
+gather_rows(const float* src, int ld, const u32* idx, int width, float* dst) {
+    wait_for_predecessor();
+    const float* s = src + (size_t)idx[blockIdx.x] * ld;
+    float* d = dst + (size_t)blockIdx.x * width;
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < width; i += gridDim.y * blockDim.x)
+        d[i] = s[i];
+}

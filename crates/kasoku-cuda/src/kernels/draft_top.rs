@@ -1,8 +1,11 @@
-//! Launcher of `draft_top.cu`: for each row of a pass's logits, the best and runner-up token
+//! Launchers of `draft_top.cu`: for each row of a pass's logits, the best and runner-up token
 //! among its first columns and the softmax mass around the best, which is all a draft model's
-//! tree (crate::draft) needs of a row: 20 bytes cross to the host instead of the row.
+//! tree (crate::draft) needs of a row: 20 bytes cross to the host instead of the row; a
+//! DFlash block's per-row top-k selections in one launch ([`Kernels::rows_top_k`]); and the
+//! rows of a target's recorded layer outputs a DFlash drafter projects, gathered on the
+//! device ([`Kernels::gather_rows`]).
 
-use super::{p, Kernels};
+use super::{id_bits, p, Kernels};
 use crate::runtime::{Error, Result};
 
 /// Words [`Kernels::row_top2`] writes per row (TOP2_WORDS in draft_top.cu).
@@ -81,6 +84,62 @@ impl Kernels {
             (rows as u32, 1, 1),
             256,
             &mut [p(&logits), p(&ld), p(&cols), p(&out)],
+        )
+    }
+}
+
+impl Kernels {
+    /// [`Kernels::top_k_select`] of each of `rows` rows of logits at `logits` (row stride `ld`
+    /// floats, the first `cols` of each scored) in one launch: row `r`'s `count` (id, logit
+    /// bits) pairs at `out + r × 2·count` words, the same pairs as the one-row kernel gives.
+    /// `count` in 1..`cols`.
+    pub fn rows_top_k(
+        &self,
+        logits: u64,
+        ld: usize,
+        cols: usize,
+        rows: usize,
+        count: usize,
+        out: u64,
+    ) -> Result<()> {
+        if count == 0 || count >= cols || cols > ld || rows == 0 || i32::try_from(ld).is_err() {
+            return Err(Error::Invalid(format!(
+                "top-{count} selections of {cols} logits in {rows} rows of {ld}"
+            )));
+        }
+        let (ld, c, k, b) = (ld as i32, cols as i32, count as i32, id_bits(cols) as i32);
+        self.launch(
+            "rows_top_k",
+            (rows as u32, 1, 1),
+            1024,
+            &mut [p(&logits), p(&ld), p(&c), p(&k), p(&b), p(&out)],
+        )
+    }
+
+    /// Row `r` of `dst` (`width` f32, packed) = row `idx[r]` of `src` (rows `ld` f32 apart)
+    /// for the `rows` u32 indices at `idx` (device memory: a captured graph reads new ones
+    /// each replay). The indices must be rows of `src`.
+    pub fn gather_rows(
+        &self,
+        src: u64,
+        ld: usize,
+        idx: u64,
+        rows: usize,
+        width: usize,
+        dst: u64,
+    ) -> Result<()> {
+        if width == 0 || width > ld || rows == 0 || i32::try_from(ld).is_err() {
+            return Err(Error::Invalid(format!(
+                "a gather of {rows} rows of {width} from rows of {ld}"
+            )));
+        }
+        let (ld, w) = (ld as i32, width as i32);
+        let split = width.div_ceil(1024).min(16) as u32;
+        self.launch(
+            "gather_rows",
+            (rows as u32, split, 1),
+            256,
+            &mut [p(&src), p(&ld), p(&idx), p(&w), p(&dst)],
         )
     }
 }

@@ -18,7 +18,8 @@
 //!   over a chain or a tree, the gated output norm, the commit of an accepted path; launchers
 //!   in `delta_net.rs`).
 //! - `draft_top.cu`: each row's best two logits and softmax mass, for a draft model's trees
-//!   ([`Kernels::row_top2`], launcher in `draft_top.rs`).
+//!   ([`Kernels::row_top2`]), and a DFlash block's top-k selections in one launch and its
+//!   features gathered in place (launchers in `draft_top.rs`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -55,7 +56,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 29] = [
+pub const NAMES: [&str; 31] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -85,6 +86,8 @@ pub const NAMES: [&str; 29] = [
     "gdn_commit_state",
     "gdn_commit_conv",
     "row_top2",
+    "rows_top_k",
+    "gather_rows",
 ];
 
 /// Most blocks per (row, head) of attention: each takes every ATT_BLOCKS-th chunk of the

@@ -5,7 +5,7 @@
 // complement of the id (within the vocabulary's id bits) in the low bits. A radix select over
 // the keys, 11 bits at a time from the top, finds the K-th largest key; the K keys at or
 // above it are written out (in no particular order), and the logits of the gathered ids.
-// One block per call; the row is read once per digit (from L2: the head just wrote it).
+// One block per row; the row is read once per digit (from L2: the head just wrote it).
 
 #define TOPK_THREADS 1024
 #define TOPK_BITS 11
@@ -22,22 +22,16 @@ __device__ __forceinline__ u64 topk_key(float l, u32 id, int id_bits, u32 id_mas
     return ((u64)topk_monotone(l) << id_bits) | (u64)((~id) & id_mask);
 }
 
-// logits: the row (vocab values); count: K (1..vocab-1); id_bits: bits of the largest id.
-// out: K (id, logit bits) pairs; gather/n_gather: ids whose logits go to gathered.
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-top_k_select(const float* logits, int vocab, int count, int id_bits, const u32* gather,
-             int n_gather, u32* out, float* gathered) {
-    wait_for_predecessor();
+// The selection of one row by the whole block: logits: the row (vocab values); count: K
+// (1..vocab-1); id_bits: bits of the largest id; out: K (id, logit bits) pairs. Every thread
+// of the block calls it (it synchronises the block). Also draft_top.cu's rows_top_k.
+__device__ __forceinline__ void top_k_select_row(const float* logits, int vocab, int count,
+                                                 int id_bits, u32* out) {
     __shared__ u32 hist[TOPK_BINS];
     __shared__ u64 s_prefix;
     __shared__ int s_need, s_done;
     __shared__ u32 s_slot;
     const int tid = threadIdx.x, lane = tid & 31;
-    for (int i = tid; i < n_gather; i += blockDim.x) {
-        u32 id = gather[i];
-        gathered[i] = id < (u32)vocab ? logits[id] : 0.0f;
-    }
-    if (count <= 0) return;
     const u32 id_mask = id_bits >= 32 ? 0xffffffffu : ((1u << id_bits) - 1u);
     // Bits at or above `shift` are resolved: the K-th key has them equal to `prefix`.
     u64 prefix = 0;
@@ -113,4 +107,19 @@ top_k_select(const float* logits, int vocab, int count, int id_bits, const u32* 
             }
         }
     }
+}
+
+// logits: the row (vocab values); count: K (1..vocab-1, or 0: gather only); id_bits: bits of
+// the largest id. out: K (id, logit bits) pairs; gather/n_gather: ids whose logits go to
+// gathered.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+top_k_select(const float* logits, int vocab, int count, int id_bits, const u32* gather,
+             int n_gather, u32* out, float* gathered) {
+    wait_for_predecessor();
+    for (int i = threadIdx.x; i < n_gather; i += blockDim.x) {
+        u32 id = gather[i];
+        gathered[i] = id < (u32)vocab ? logits[id] : 0.0f;
+    }
+    if (count <= 0) return;
+    top_k_select_row(logits, vocab, count, id_bits, out);
 }

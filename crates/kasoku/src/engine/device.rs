@@ -32,6 +32,7 @@
 
 #![warn(missing_docs)]
 
+use std::any::Any;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -43,7 +44,7 @@ use super::stats::GenerationStats;
 use crate::constraint::Constraint;
 use crate::model::TokenTree;
 use crate::sampler;
-use crate::spec::{Accepted, Drafter, Features, NgramDrafter, PolicyConfig};
+use crate::spec::{Accepted, DeviceTaps, Drafter, Features, NgramDrafter, PolicyConfig};
 
 /// Prompt tokens per pass between cancellation checks.
 const PREFILL_BLOCK: usize = 512;
@@ -127,6 +128,13 @@ pub trait DeviceState {
         Err(EngineError::Device(
             "this device does not record layer outputs for a drafter".into(),
         ))
+    }
+    /// The handle on the layer outputs the last pass recorded ([`DeviceState::set_tap_layers`])
+    /// that a drafter on the same device reads in place ([`Drafter::reads_device_taps`],
+    /// [`Features::device_taps`]), so they need not cross to the host; `None` (the default)
+    /// when the device has none.
+    fn device_taps(&self) -> Option<&(dyn Any + Send + Sync)> {
+        None
     }
     /// Runs every node of `tree` (its root the last sampled token, not yet in the state) and
     /// returns each node's greedy next token; the tree stays pending until a commit.
@@ -328,6 +336,14 @@ impl DeviceSession {
             .map(|s| s.drafter.tap_layers())
             .unwrap_or_default();
         self.state.set_tap_layers(&tap_layers)?;
+        // A drafter on the device reads the rows in place when the fresh prompt is one feed
+        // (the recorded rows are the last pass's); else they cross to the host.
+        let in_place = !tap_layers.is_empty()
+            && prompt.len() - reused <= PREFILL_BLOCK
+            && self
+                .spec
+                .as_ref()
+                .is_some_and(|s| reads_in_place(&*self.state, &*s.drafter));
         let mut prompt_taps = Vec::new();
         let mut pos = reused;
         let mut greedy = 0;
@@ -349,7 +365,7 @@ impl DeviceSession {
             }
             let next = (pos + PREFILL_BLOCK).min(prompt.len());
             greedy = self.state.feed(&prompt[pos..next])?;
-            if !tap_layers.is_empty() {
+            if !tap_layers.is_empty() && !in_place {
                 let rows: Vec<usize> = (0..next - pos).collect();
                 self.state.tap_rows(&rows, &mut self.taps)?;
                 prompt_taps.extend_from_slice(&self.taps);
@@ -385,7 +401,14 @@ impl DeviceSession {
                         &mut spec,
                         &mut run,
                         first,
-                        (prompt, &prompt_taps),
+                        (
+                            prompt,
+                            if in_place {
+                                PromptTaps::InPlace(prompt.len() - reused)
+                            } else {
+                                PromptTaps::Host(&prompt_taps)
+                            },
+                        ),
                         ids_only,
                     );
                     run.stats.spec = Some(spec.take_stats());
@@ -483,18 +506,35 @@ impl DeviceSession {
 
     /// Speculative decoding: each cycle verifies the drafted tree in one pass and walks it
     /// as plain decoding would sample: with the device's argmax of every node when only ids
-    /// cross, else with the host sampler on each visited node's row.
+    /// cross, else with the host sampler on each visited node's row. A drafter reading layer
+    /// outputs gets the prompt's ([`PromptTaps`]) and each committed path's, in place when it
+    /// reads them there (nothing then crosses to the host).
     fn decode_drafted(
         &mut self,
         spec: &mut Speculator,
         run: &mut Run,
         first: u32,
-        (prompt, prompt_taps): (&[u32], &[f32]),
+        (prompt, prompt_taps): (&[u32], PromptTaps),
         ids_only: bool,
     ) -> Result<FinishReason, EngineError> {
         let wants_taps = !spec.drafter.tap_layers().is_empty();
-        spec.drafter
-            .start(prompt, tap_features(wants_taps, prompt_taps))?;
+        let in_place = wants_taps && reads_in_place(&*self.state, &*spec.drafter);
+        let prompt_rows: Vec<usize> = match prompt_taps {
+            PromptTaps::InPlace(n) if in_place => (0..n).collect(),
+            _ => Vec::new(),
+        };
+        let features = match (prompt_taps, self.state.device_taps()) {
+            (PromptTaps::Host(taps), _) => tap_features(wants_taps, taps),
+            (PromptTaps::InPlace(_), Some(source)) if in_place => Features {
+                device_taps: Some(DeviceTaps {
+                    source,
+                    rows: &prompt_rows,
+                }),
+                ..Features::default()
+            },
+            (PromptTaps::InPlace(_), _) => tap_features(wants_taps, &[]),
+        };
+        spec.drafter.start(prompt, features)?;
         let mut token = first;
         if let Some(finish) = run.take(token, &self.logits)? {
             return Ok(finish);
@@ -543,17 +583,26 @@ impl DeviceSession {
                 }
             }
             let path = &path[..fed.min(path.len())];
-            if wants_taps {
+            if wants_taps && !in_place {
                 // The verification's rows: read before the commit (which runs no pass).
                 self.state.tap_rows(path, &mut self.taps)?;
             }
             self.state.commit(path)?;
             let committed: Vec<u32> = path.iter().map(|&i| tree.token(i)).collect();
             self.tokens.extend_from_slice(&committed);
+            // In place: the drafter reads the path's rows where the verification left them
+            // (the commit runs no pass; the drafter's reads queue before the next one).
+            let features = match self.state.device_taps().filter(|_| in_place) {
+                Some(source) => Features {
+                    device_taps: Some(DeviceTaps { source, rows: path }),
+                    ..Features::default()
+                },
+                None => tap_features(wants_taps, &self.taps),
+            };
             spec.drafter.accept(&Accepted {
                 tokens: &committed,
                 committed_len: self.state.len(),
-                features: tap_features(wants_taps, &self.taps),
+                features,
             })?;
             if let Some(f) = finish {
                 return Ok(f);
@@ -608,11 +657,29 @@ impl DeviceSession {
     }
 }
 
+/// Whether `drafter` reads `state`'s recorded layer outputs in place.
+fn reads_in_place(state: &dyn DeviceState, drafter: &dyn Drafter) -> bool {
+    state
+        .device_taps()
+        .is_some_and(|source| drafter.reads_device_taps(source))
+}
+
+/// The layer outputs of a prompt's freshly computed rows, for a drafter that reads them.
+#[derive(Clone, Copy)]
+enum PromptTaps<'a> {
+    /// Read to the host.
+    Host(&'a [f32]),
+    /// Left on the device: the first this many rows of the last feed (the fresh prompt was
+    /// one feed), read in place by the drafter.
+    InPlace(usize),
+}
+
 /// A drafter's features: the layer outputs read from the device, when it asked for them.
 fn tap_features(wanted: bool, taps: &[f32]) -> Features<'_> {
     Features {
         hidden: None,
         taps: wanted.then_some(taps),
+        device_taps: None,
     }
 }
 

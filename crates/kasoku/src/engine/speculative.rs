@@ -119,6 +119,7 @@ impl Speculator {
         let prompt_features = Features {
             hidden: want_hidden.then_some(&session.out.hidden[..]),
             taps: (!taps.is_empty()).then_some(&session.out.taps[..]),
+            device_taps: None,
         };
         self.drafter.start(prompt, prompt_features)?;
         let mut token = first;
@@ -195,6 +196,7 @@ impl Speculator {
                 features: Features {
                     hidden: hidden_rows.as_deref(),
                     taps: tap_rows.as_deref(),
+                    device_taps: None,
                 },
             })?;
             if let Some(f) = finish {

@@ -15,9 +15,10 @@
 //! drops the rest. Rows it never got features for (a prefix the target took from a cache)
 //! are simply missing: drafts get worse, never wrong, since the target verifies them.
 
+use std::any::Any;
 use std::sync::Arc;
 
-use super::drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
+use super::drafter::{Accepted, DeviceTaps, DraftError, DraftRequest, Drafter, Features};
 use super::marginal_tree::{add_best_paths, top_k_log_probs};
 use super::ngram::NgramDrafter;
 use crate::kernels::matmul::MatMulWeight;
@@ -64,6 +65,27 @@ pub trait DFlashBlocks: Send {
     /// Projects the features of tokens at `positions` (`positions.len()` rows of
     /// [`DFlashBlocks::feature_width`] values) into context rows.
     fn append_context(&mut self, features: &[f32], positions: &[usize]) -> Result<(), DraftError>;
+    /// Whether the network reads a target's recorded layer outputs in place from `source`
+    /// (a device state's handle, [`DeviceTaps`]): a network on the target's device. False by
+    /// default (the CPU's).
+    fn reads_device_taps(&self, source: &(dyn Any + Send + Sync)) -> bool {
+        let _ = source;
+        false
+    }
+    /// Projects the features of tokens at `positions`, rows `rows` of the target's last pass
+    /// as `source` recorded them, into context rows (asked only where
+    /// [`DFlashBlocks::reads_device_taps`] says yes).
+    fn append_device_context(
+        &mut self,
+        source: &(dyn Any + Send + Sync),
+        rows: &[usize],
+        positions: &[usize],
+    ) -> Result<(), DraftError> {
+        let _ = (source, rows, positions);
+        Err(DraftError::Incompatible(
+            "this DFlash network reads host features only".into(),
+        ))
+    }
     /// One block pass rooted at `root` (position `pos`): each of the `rows` depths' `top_k`
     /// most likely tokens with their log-probabilities, most likely first.
     fn marginals(
@@ -253,6 +275,24 @@ impl<N: DFlashBlocks> BlockDrafter<N> {
         let positions: Vec<usize> = (first..first + n).collect();
         self.blocks.append_context(&rows, &positions)
     }
+
+    /// The device taps of `features`, when the network reads them in place.
+    fn device_taps<'a>(&self, features: &Features<'a>) -> Option<DeviceTaps<'a>> {
+        features
+            .device_taps
+            .filter(|d| self.blocks.reads_device_taps(d.source))
+    }
+
+    /// Adds the features of the tokens at positions `first..first + rows.len()`: rows `rows`
+    /// of the target's last pass, read on the device.
+    fn ingest_device(&mut self, first: usize, taps: DeviceTaps) -> Result<(), DraftError> {
+        if taps.rows.is_empty() {
+            return Ok(());
+        }
+        let positions: Vec<usize> = (first..first + taps.rows.len()).collect();
+        self.blocks
+            .append_device_context(taps.source, taps.rows, &positions)
+    }
 }
 
 /// The tree a DFlash drafter proposes for `req`: up to `config.lookup_nodes` nodes of prompt
@@ -304,10 +344,19 @@ impl<N: DFlashBlocks> Drafter for BlockDrafter<N> {
         true
     }
 
+    fn reads_device_taps(&self, source: &(dyn Any + Send + Sync)) -> bool {
+        self.blocks.reads_device_taps(source)
+    }
+
     fn start(&mut self, prompt: &[u32], features: Features) -> Result<(), DraftError> {
+        // The features cover the last `m` prompt tokens: host rows, or rows the target left
+        // on its device.
+        let dev = self.device_taps(&features);
         let width = self.blocks.feature_width();
         let taps = features.taps.unwrap_or(&[]);
-        let m = (taps.len() / width.max(1)).min(prompt.len());
+        let m = dev
+            .map_or(taps.len() / width.max(1), |d| d.rows.len())
+            .min(prompt.len());
         let fresh = prompt.len() - m;
         let common = self
             .known
@@ -316,7 +365,16 @@ impl<N: DFlashBlocks> Drafter for BlockDrafter<N> {
             .take_while(|(a, b)| a == b)
             .count();
         self.forget_from(common.min(fresh));
-        self.ingest(fresh, &taps[..m * width], m)?;
+        match dev {
+            Some(d) => self.ingest_device(
+                fresh,
+                DeviceTaps {
+                    rows: &d.rows[..m],
+                    ..d
+                },
+            )?,
+            None => self.ingest(fresh, &taps[..m * width], m)?,
+        }
         self.known = prompt.to_vec();
         Ok(())
     }
@@ -355,7 +413,11 @@ impl<N: DFlashBlocks> Drafter for BlockDrafter<N> {
             // A gap the drafter was not told about: keep the rows, forget the tokens.
             self.known.clear();
         }
-        if let Some(taps) = accepted.features.taps {
+        if let Some(dev) = self.device_taps(&accepted.features) {
+            if dev.rows.len() == n {
+                self.ingest_device(first, dev)?;
+            }
+        } else if let Some(taps) = accepted.features.taps {
             self.ingest(first, taps, n)?;
         }
         Ok(())
@@ -399,6 +461,7 @@ mod tests {
             Features {
                 hidden: None,
                 taps: Some(&taps(&target, &d, &prompt)),
+                device_taps: None,
             },
         )
         .unwrap();
@@ -443,6 +506,7 @@ mod tests {
             features: Features {
                 hidden: None,
                 taps: Some(&all[prompt.len() * width..]),
+                device_taps: None,
             },
         })
         .unwrap();
@@ -457,6 +521,7 @@ mod tests {
             Features {
                 hidden: None,
                 taps: Some(&all2[9 * width..]),
+                device_taps: None,
             },
         )
         .unwrap();
@@ -477,6 +542,7 @@ mod tests {
                 Features {
                     hidden: None,
                     taps: Some(&all2),
+                    device_taps: None,
                 },
             )
             .unwrap();
@@ -559,6 +625,7 @@ mod tests {
             Features {
                 hidden: None,
                 taps: Some(&taps(&target, &d, &prompt)),
+                device_taps: None,
             },
         )
         .unwrap();

@@ -3,6 +3,8 @@
 //! pass it is told which tokens were committed, with the target's hidden states for them when
 //! it asked for those (MTP reads them today; DFlash and Weaver drafters will too).
 
+use std::any::Any;
+
 use crate::model::{ModelError, TokenTree};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,22 @@ pub struct Features<'a> {
     /// Outputs of the decoder layers [`Drafter::tap_layers`] (before the final norm),
     /// `tokens × taps × hidden`, token by token.
     pub taps: Option<&'a [f32]>,
+    /// The same layer outputs left where the target computed them, for a drafter on the same
+    /// device ([`Drafter::reads_device_taps`]): then `taps` is `None` (nothing crossed to the
+    /// host).
+    pub device_taps: Option<DeviceTaps<'a>>,
+}
+
+/// Layer outputs a target recorded on its device for the rows of its last pass, handed to a
+/// drafter that reads them there (a GPU drafter beside a GPU target) instead of a host copy.
+/// What `source` is belongs to the device: its drafter downcasts it.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceTaps<'a> {
+    /// The device state's handle on its recorded rows ([`Drafter::reads_device_taps`]).
+    pub source: &'a (dyn Any + Send + Sync),
+    /// The rows of the last pass the tokens' features are, in token order (a prefill's rows,
+    /// or the nodes of the path just committed).
+    pub rows: &'a [usize],
 }
 
 /// What the target committed in a pass.
@@ -64,6 +82,14 @@ pub trait Drafter: Send {
     /// drafters condition on a few of the target's layers); none by default.
     fn tap_layers(&self) -> Vec<usize> {
         Vec::new()
+    }
+
+    /// Whether the drafter reads its layer outputs in place from `source`, a device state's
+    /// handle on its recorded rows: a caller that has one then passes
+    /// [`Features::device_taps`] instead of copying the rows to the host. False by default.
+    fn reads_device_taps(&self, source: &(dyn Any + Send + Sync)) -> bool {
+        let _ = source;
+        false
     }
 
     /// Whether a draft costs about the same whatever its depth (a block drafter's one pass)

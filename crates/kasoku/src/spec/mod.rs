@@ -34,7 +34,7 @@ pub use dflash::{
     dflash_tree, BlockDrafter, CpuDFlash, DFlashBlocks, DFlashDrafter, DFlashDrafterConfig,
 };
 pub use draft_model::DraftModelDrafter;
-pub use drafter::{Accepted, DraftError, DraftRequest, Drafter, Features};
+pub use drafter::{Accepted, DeviceTaps, DraftError, DraftRequest, Drafter, Features};
 pub use merged::MergedDrafter;
 pub use mtp::MtpDrafter;
 pub use ngram::NgramDrafter;

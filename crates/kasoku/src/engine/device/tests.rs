@@ -591,3 +591,206 @@ fn a_full_context_ends_the_answer_as_on_the_cpu() {
     assert_eq!(got.finish, FinishReason::ContextFull);
     assert_eq!(cpu.finish, FinishReason::ContextFull);
 }
+
+/// Layer outputs a stand-in device recorded for its last pass: what a drafter "on the
+/// device" reads in place.
+struct Recorded {
+    width: usize,
+    rows: Vec<f32>,
+}
+
+/// The stand-in device recording layer outputs, and handing them to a drafter that reads
+/// them in place when `in_place` (else only through `tap_rows`, to the host).
+struct TappedCpu {
+    model: Arc<Model>,
+    state: ModelState,
+    out: Output,
+    layers: Vec<usize>,
+    recorded: Recorded,
+    in_place: bool,
+    host_reads: Rc<Cell<usize>>,
+}
+
+impl TappedCpu {
+    fn record(&mut self) {
+        self.recorded.width = self.layers.len() * self.model.config.hidden;
+        self.recorded.rows.clone_from(&self.out.taps);
+    }
+}
+
+impl DeviceState for TappedCpu {
+    fn len(&self) -> usize {
+        self.state.len()
+    }
+    fn max_len(&self) -> usize {
+        self.state.max_len()
+    }
+    fn max_tree(&self) -> usize {
+        16
+    }
+    fn truncate(&mut self, len: usize) {
+        assert!(self.state.truncate(len));
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<u32, EngineError> {
+        let batch = Batch::chain(tokens).taps(&self.layers);
+        self.model.run(&mut self.state, &batch, &mut self.out)?;
+        self.record();
+        Ok(argmax(&self.out.logits))
+    }
+    fn last_logits(&mut self, _: &mut Vec<f32>) -> Result<(), EngineError> {
+        unreachable!("greedy ids only")
+    }
+    fn node_logits(&mut self, _: usize, _: &mut Vec<f32>) -> Result<(), EngineError> {
+        unreachable!("greedy ids only")
+    }
+    fn vocab(&self) -> usize {
+        self.model.config.vocab
+    }
+    fn set_tap_layers(&mut self, layers: &[usize]) -> Result<(), EngineError> {
+        self.layers = layers.to_vec();
+        Ok(())
+    }
+    fn tap_rows(&mut self, rows: &[usize], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.host_reads.set(self.host_reads.get() + 1);
+        let w = self.recorded.width;
+        out.clear();
+        for &r in rows {
+            out.extend_from_slice(&self.recorded.rows[r * w..(r + 1) * w]);
+        }
+        Ok(())
+    }
+    fn device_taps(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.in_place
+            .then_some(&self.recorded as &(dyn std::any::Any + Send + Sync))
+    }
+    fn verify(&mut self, tree: &TokenTree) -> Result<Vec<u32>, EngineError> {
+        let batch = Batch::tree(tree).taps(&self.layers);
+        self.model.run(&mut self.state, &batch, &mut self.out)?;
+        self.record();
+        let vocab = self.model.config.vocab;
+        Ok(self.out.logits.chunks(vocab).map(argmax).collect())
+    }
+    fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {
+        Ok(self.model.commit(&mut self.state, path)?)
+    }
+}
+
+/// The CPU's DFlash network reading [`Recorded`] rows "in place", counting the rows so read.
+struct InPlaceDFlash {
+    net: crate::spec::CpuDFlash,
+    rows_read: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl crate::spec::DFlashBlocks for InPlaceDFlash {
+    fn tap_layers(&self) -> Vec<usize> {
+        self.net.tap_layers()
+    }
+    fn feature_width(&self) -> usize {
+        self.net.feature_width()
+    }
+    fn block_size(&self) -> usize {
+        self.net.block_size()
+    }
+    fn context_positions(&self) -> &[usize] {
+        self.net.context_positions()
+    }
+    fn truncate_context(&mut self, rows: usize) {
+        self.net.truncate_context(rows)
+    }
+    fn append_context(
+        &mut self,
+        features: &[f32],
+        positions: &[usize],
+    ) -> Result<(), crate::spec::DraftError> {
+        self.net.append_context(features, positions)
+    }
+    fn reads_device_taps(&self, source: &(dyn std::any::Any + Send + Sync)) -> bool {
+        source.downcast_ref::<Recorded>().is_some()
+    }
+    fn append_device_context(
+        &mut self,
+        source: &(dyn std::any::Any + Send + Sync),
+        rows: &[usize],
+        positions: &[usize],
+    ) -> Result<(), crate::spec::DraftError> {
+        let rec = source.downcast_ref::<Recorded>().expect("recorded rows");
+        let w = rec.width;
+        let feats: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| rec.rows[r * w..(r + 1) * w].iter().copied())
+            .collect();
+        self.rows_read
+            .fetch_add(rows.len(), std::sync::atomic::Ordering::Relaxed);
+        self.net.append_context(&feats, positions)
+    }
+    fn marginals(
+        &mut self,
+        root: u32,
+        pos: usize,
+        rows: usize,
+        top_k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, crate::spec::DraftError> {
+        self.net.marginals(root, pos, rows, top_k)
+    }
+}
+
+/// A DFlash drafter that reads the device's recorded rows in place gets the prompt's rows and
+/// every committed path's without any crossing to the host, and drafts exactly what the same
+/// drafter given host copies drafts: the same answers (plain decoding's), passes and
+/// acceptances. A prompt of more than one feed still crosses (the device keeps one pass).
+#[test]
+fn a_drafter_reads_the_devices_layer_outputs_in_place() {
+    use crate::model::DFlash;
+    use crate::spec::{BlockDrafter, CpuDFlash, DFlashDrafterConfig};
+    let model = fixture("qwen2/tiny/model-f32.gguf");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/tiny_dflash");
+    let net = Arc::new(DFlash::load(&dir, &model, None).unwrap());
+    let config = DFlashDrafterConfig {
+        vocab_rows: 0,
+        ..DFlashDrafterConfig::default()
+    };
+    let p = PolicyConfig::default();
+    let o = options(SamplingParams::default(), 40);
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 37 + 5) % 300).collect();
+    let plain = generate(&mut Session::new(model.clone(), CTX), &prompt, &o);
+    let mut results = Vec::new();
+    for in_place in [false, true] {
+        let host_reads = Rc::new(Cell::new(0));
+        let rows_read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let state = TappedCpu {
+            model: model.clone(),
+            state: model.new_state(CTX),
+            out: Output::default(),
+            layers: Vec::new(),
+            recorded: Recorded {
+                width: 0,
+                rows: Vec::new(),
+            },
+            in_place,
+            host_reads: host_reads.clone(),
+        };
+        let blocks = InPlaceDFlash {
+            net: CpuDFlash::new(model.clone(), net.clone(), config.vocab_rows).unwrap(),
+            rows_read: rows_read.clone(),
+        };
+        let drafter = Box::new(BlockDrafter::over(blocks, config));
+        let mut dev = DeviceSession::new(Box::new(state), "test:0");
+        dev.set_speculator(device_draft_speculator(SpecKind::DFlash, drafter, p).unwrap());
+        let got = generate(&mut dev, &prompt, &o);
+        assert_eq!(got.tokens, plain.tokens);
+        let spec = got.stats.spec.clone().expect("drafted");
+        assert!(spec.accepted_tokens() > 0, "{spec:?}");
+        let read = rows_read.load(std::sync::atomic::Ordering::Relaxed);
+        if in_place {
+            // Every prompt row and every committed token, none through the host.
+            assert_eq!(host_reads.get(), 0);
+            assert_eq!(read, prompt.len() + got.stats.decode_tokens);
+        } else {
+            assert!(host_reads.get() > 0);
+            assert_eq!(read, 0);
+        }
+        results.push((got.stats.decode_passes, spec.accepted_tokens()));
+    }
+    assert_eq!(results[0], results[1]);
+}
