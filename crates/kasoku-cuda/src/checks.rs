@@ -21,6 +21,7 @@ use crate::model::{fill_meta, MetaLayout};
 use crate::runtime::{as_bytes, DeviceBuffer, Gpu};
 use crate::synth::{random_tensor, Rng};
 
+mod attention_prefill;
 mod delta_net;
 pub use delta_net::delta_net_checks;
 mod draft;
@@ -1361,6 +1362,7 @@ pub fn kernels(k: &Kernels) -> R<Report> {
     rep.merge(gemm(k)?);
     rep.merge(elementwise(k)?);
     rep.merge(attention_checks(k)?);
+    rep.merge(attention_prefill::checks(k)?);
     rep.merge(delta_net_checks(k)?);
     rep.merge(top_k_checks(k)?);
     rep.merge(row_top2_checks(k)?);

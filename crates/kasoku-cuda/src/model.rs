@@ -1057,7 +1057,7 @@ impl CudaState {
                         k.qkv_post(&post)?;
                     }
                     if !skip(Skip::ATTENTION) {
-                        k.attention(&AttnCall {
+                        let call = AttnCall {
                             q: self.q.ptr(),
                             k_cache,
                             v_cache,
@@ -1082,7 +1082,13 @@ impl CudaState {
                             } else {
                                 PostArgs::default()
                             },
-                        })?;
+                        };
+                        // Passes longer than any tree are chains: a prompt's prefill.
+                        if k.uses_prefill_attention(n, hd, MAX_TREE) {
+                            k.attention_prefill(&call)?;
+                        } else {
+                            k.attention(&call)?;
+                        }
                         match gate_out {
                             Some(gate) => k.sigmoid_gate(self.att.ptr(), gate, n * q_dim, att)?,
                             None if !fused_merge => k.quantize(att, n * q_dim)?,

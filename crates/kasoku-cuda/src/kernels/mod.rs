@@ -10,6 +10,9 @@
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility
 //!   (`attn_group`, a block per KV head's group of query heads; `KASOKU_CUDA_ATTN=0`:
 //!   `attn_partial`, a block per query head).
+//! - `attention_prefill.cu`: attention of long chain passes (prefill) on f16 tensor cores, a
+//!   block per 64 rows and query head (`KASOKU_CUDA_ATTN_PREFILL=0`: the decode kernels;
+//!   launcher in `attention_prefill.rs`).
 //! - `sample.cu`: exact top-K selection of a logits row in the host sampler's order, for
 //!   sampling on the host from K candidates ([`Kernels::top_k_select`]).
 //! - `gemm.cu`: prefill products on f16 tensor cores, the weights expanded to f16 once per
@@ -29,9 +32,13 @@ use kasoku::quant::DType;
 use crate::runtime::compile::{arch_of, compile_cached, Module};
 use crate::runtime::{Error, Gpu, Result};
 
+mod attention_prefill;
 mod delta_net;
 mod draft_top;
 mod gemm;
+pub use attention_prefill::{
+    prefill_attention_asked, prefill_attention_fits, prefill_attention_grid, ATTP_ROWS,
+};
 pub use delta_net::{GdnCommit, GdnConv, GdnRecurrence, GdnShape, GDN_MAX_DK, GDN_MAX_HEAD};
 pub use draft_top::{RowTop2, TOP2_WORDS};
 pub use gemm::{
@@ -49,6 +56,7 @@ pub fn source() -> String {
         include_str!("attention.cu"),
         include_str!("sample.cu"),
         include_str!("gemm.cu"),
+        include_str!("attention_prefill.cu"),
         include_str!("delta_net.cu"),
         include_str!("draft_top.cu"),
     ]
@@ -56,7 +64,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 31] = [
+pub const NAMES: [&str; 33] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -74,6 +82,8 @@ pub const NAMES: [&str; 31] = [
     "kv_commit",
     "attn_partial",
     "attn_group",
+    "attn_prefill_64",
+    "attn_prefill_128",
     "top_k_select",
     "gemm_prepare",
     "gemm_128x128",
@@ -598,6 +608,8 @@ pub struct Kernels {
     /// Attention runs `attn_group` ([`attention_grouped_asked`]); the choice holds for the
     /// process, so every row is always computed the same way.
     attn_grouped: bool,
+    /// Long chain passes take `attn_prefill` ([`prefill_attention_asked`]).
+    attn_prefill: bool,
 }
 
 /// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
@@ -631,6 +643,7 @@ impl Kernels {
             mma,
             stream,
             attn_grouped: attention_grouped_asked(),
+            attn_prefill: prefill_attention_asked(),
         })
     }
 
@@ -795,6 +808,13 @@ impl Kernels {
     /// Whether block formats run on the tensor-core kernel in this process.
     pub fn uses_mma(&self) -> bool {
         self.mma
+    }
+
+    /// Whether a chain pass of `n` rows of heads of `head_dim` takes the prefill attention
+    /// kernel in this process: passes longer than `min_rows` (callers pass the longest
+    /// speculative tree, so verification and decoding keep the decode kernels' bits).
+    pub fn uses_prefill_attention(&self, n: usize, head_dim: usize, min_rows: usize) -> bool {
+        self.attn_prefill && n > min_rows && prefill_attention_fits(head_dim)
     }
 
     /// Rows `tokens` of the embedding `table` into `y` (`n × dim` f32); also zeroes
