@@ -17,6 +17,8 @@ strip "$STAGE/kasoku-cuda-check" "$STAGE/kasoku" 2>/dev/null || true
 cp tools/gpu_device.sh "$STAGE/run.sh"
 cp tools/gpu_cli_checks.sh "$STAGE/cli_checks.sh"
 cp tools/gpu_switches.sh "$STAGE/switches.sh"
+cp tools/gpu_session.sh "$STAGE/session.sh"
+cp bench/results/gpu/2026-12-06/make_rand_dflash.py "$STAGE/"
 cp bench/gpu_bench.sh "$STAGE/bench.sh"
 cp bench/gpu_side_by_side.sh "$STAGE/side_by_side.sh"
 # llama.cpp's source for its CUDA build beside kasoku (bench/gpu_side_by_side.sh): the parts

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (tools/gpu_run.sh stages it as .gpu/session.sh): one session's checks
+# and A/B timings of the CUDA backend's switches in two bounded calls, so that a machine lent
+# for a few minutes answers the questions that matter first. Logs come back as one archive.
+#   bash .gpu/session.sh 1 [SECONDS]   correctness with the defaults (kernels, speculative ==
+#                                      plain, sessions, DFlash), then quick benchmarks of each
+#                                      switch against the defaults, alternated
+#   bash .gpu/session.sh 2 [SECONDS]   the opt-in tensor-core products' checks, the CLI checks,
+#                                      the full benchmark
+set -u
+G=$(cd "$(dirname "$0")" && pwd); B=$G/kasoku-cuda-check; F=$G/fixtures
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+OUT=${OUT:-/tmp/out}; L=/tmp/kasoku-session; M=/tmp/m; mkdir -p "$OUT" "$L" "$M"
+PART=${1:-1}; end=$(( $(date +%s) + ${2:-420} ))
+log() { echo "[$(date +%T)] $*" | tee -a "$L/progress.log"; }
+phase() {  # name timeout env-assignments... -- command...
+  local name=$1 t=$2; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  if [ "$(date +%s)" -ge "$end" ]; then log "skip $name: out of time"; return; fi
+  log "start $name (${envs[*]:-defaults})"
+  env "${envs[@]}" timeout "$t" "$@" > "$L/$name.log" 2>&1
+  log "end $name: rc=$? ($(grep -E 'checks,' "$L/$name.log" | tail -1 | cut -c1-100))"
+}
+wait_models() { for _ in $(seq 120); do [ -f $M/DONE ] && return; sleep 1; done; }
+if [ "$PART" = 1 ]; then
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
+  ( $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
+    python3 "$G/make_rand_dflash.py" >> $M/synth.log 2>&1; touch $M/DONE ) &
+  phase kernels 150 -- $B kernels
+  phase spec_tiny 40 -- $B spec "$F/llama/tiny/model-f32.gguf" 48
+  phase session_tiny 40 -- $B session "$F/llama/tiny/model-f32.gguf" 48
+  phase spec_qwen35_tiny 40 -- $B spec "$F/qwen3_5/tiny/model-f32.gguf" 48
+  phase dflash_tiny 60 -- $B dflash "$F/qwen2/tiny/model-f32.gguf" "$F/qwen2/tiny_dflash" 48
+  wait_models
+  phase spec_q15 60 -- $B spec $M/q15.gguf 96
+  phase session_q15 60 -- $B session $M/q15.gguf 128
+  phase dflash_q15 120 -- $B dflash $M/q15.gguf /tmp/rd/drafter 64
+  for round in 1 2; do
+    phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
+    phase q15_attn0_$round 60 KASOKU_CUDA_ATTN=0 -- $B bench $M/q15.gguf quick
+    phase q15_prefill0_$round 60 KASOKU_CUDA_ATTN_PREFILL=0 -- $B bench $M/q15.gguf quick
+    phase q15_mma_$round 60 KASOKU_CUDA_MMA=1 -- $B bench $M/q15.gguf quick
+  done
+else
+  wait_models
+  phase kernels_mma 150 KASOKU_CUDA_MMA=1 -- $B kernels
+  phase spec_q15_mma 60 KASOKU_CUDA_MMA=1 -- $B spec $M/q15.gguf 96
+  phase session_q15_mma 60 KASOKU_CUDA_MMA=1 -- $B session $M/q15.gguf 128
+  phase cli 150 -- bash "$G/cli_checks.sh" "$G"
+  phase bench_full 150 -- $B bench $M/q15.gguf
+  phase bench_full_mma 150 KASOKU_CUDA_MMA=1 -- $B bench $M/q15.gguf
+fi
+tar czf "$OUT/session$PART.tgz" -C "$L" .
+echo "=== summary"
+for f in "$L"/*.log; do
+  n=$(basename "$f" .log)
+  case $n in progress|sysinfo) continue;; esac
+  grep -h -E "checks,|^FAIL|pp512|tg128|verify depth|a cycle|us a draft|in-graph cost|kernel (attention|matvec)" "$f" | sed "s/^/$n: /" | cut -c1-230
+done
