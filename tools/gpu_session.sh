@@ -38,7 +38,7 @@ if [ "$PART" = 1 ]; then
   phase dflash_q15 120 -- $B dflash $M/q15.gguf /tmp/rd/drafter 64
   for round in 1 2; do
     phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
-    phase q15_attn0_$round 60 KASOKU_CUDA_ATTN=0 -- $B bench $M/q15.gguf quick
+    phase q15_attn1_$round 60 KASOKU_CUDA_ATTN=1 -- $B bench $M/q15.gguf quick
     phase q15_prefill0_$round 60 KASOKU_CUDA_ATTN_PREFILL=0 -- $B bench $M/q15.gguf quick
     phase q15_mma_$round 60 KASOKU_CUDA_MMA=1 -- $B bench $M/q15.gguf quick
   done

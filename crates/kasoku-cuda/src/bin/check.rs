@@ -225,6 +225,9 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
         for _ in 0..4 {
             st.reset();
             let mut tok = st.prefill(&m, &[1])?;
+            if st.skip & Skip::HEAD != 0 {
+                tok = 1;
+            }
             let t = Instant::now();
             for _ in 0..steps {
                 tok = st.step(&m, tok)?;

@@ -8,8 +8,8 @@
 //! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
 //!   SwiGLU, argmax, KV-cache commit.
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility
-//!   (`attn_group`, a block per KV head's group of query heads; `KASOKU_CUDA_ATTN=0`:
-//!   `attn_partial`, a block per query head).
+//!   (`attn_partial`, a block per query head; `KASOKU_CUDA_ATTN=1`: `attn_group`, a block
+//!   per KV head's group of query heads).
 //! - `attention_prefill.cu`: attention of long chain passes (prefill) on f16 tensor cores, a
 //!   block per 64 rows and query head (`KASOKU_CUDA_ATTN_PREFILL=0`: the decode kernels;
 //!   launcher in `attention_prefill.rs`).
@@ -111,9 +111,11 @@ pub const ATTG_HEADS: usize = 8;
 
 /// Whether attention runs the grouped kernel (`attn_group`: one block per row, KV head and
 /// split for the group's query heads) rather than `attn_partial` (one block per query head):
-/// on unless `KASOKU_CUDA_ATTN=0`. Read once per process by [`Kernels::new`].
+/// opt-in with `KASOKU_CUDA_ATTN=1` (on an H100, 2026-12-06, it made the 1.5B's decode step
+/// slower: tg128 428 against 463 tokens/s, a 1-row verify 2.11 against 1.62 ms). Read once
+/// per process by [`Kernels::new`].
 pub fn attention_grouped_asked() -> bool {
-    !std::env::var("KASOKU_CUDA_ATTN").is_ok_and(|v| v == "0")
+    std::env::var("KASOKU_CUDA_ATTN").is_ok_and(|v| v == "1")
 }
 
 /// The grid of [`Kernels::attention`]: (rows, blocks per row and split, splits), by the
