@@ -1,6 +1,6 @@
 """Builds the host emulation's translation unit: common.cuh (its PTX conversions and
 griddepcontrol replaced), the batch description, head_post and qkv_post of ops.cu,
-quant_block32 of matvec.cu and the whole of attention.cu, after pre.h's shims (every
+quant_block32 of matvec.cu and the whole of attention.cu, after tools/matvec_emulate/pre.h's shims (every
 __shared__ variable registered, so each block starts with it poisoned) and before main.h's
 driver. Fails if a pattern it replaces is not found or any asm is left."""
 import os

@@ -15,5 +15,5 @@ trap 'rm -rf "$T"' EXIT
 python3 "$D/gen.py" "$T/k.cpp"
 FLAGS="-O2 -std=c++20 -w -ffp-contract=off -fno-strict-aliasing"
 grep -qw fma /proc/cpuinfo && FLAGS="$FLAGS -mfma"
-g++ $FLAGS -I"$D" "$T/k.cpp" -o "$T/k"
+g++ $FLAGS -I"$D" -I"$D/../matvec_emulate" "$T/k.cpp" -o "$T/k"
 "$T/k" "$@"

@@ -102,6 +102,7 @@ static unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
     return (unsigned)(v >> (shift & 31));
 }
 static unsigned atomicAdd(unsigned* p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
+static int atomicAdd(int* p, int v) { int o = *p; *p = o + v; return o; }
 static unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
     unsigned long long o = *p; if (v > o) *p = v; return o;
 }
@@ -185,14 +186,16 @@ static void emu_shared(void* p, size_t n) {
 }
 static void block_start();  // emu_ptx.h: per-block state of the emulated mbarriers
 static void block_end();
-// Runs `body` as a grid of `blocks` blocks of `threads` threads (a multiple of 32).
-static void launch(unsigned blocks, int threads, std::function<void()> body) {
+// Runs `body` as a grid of gx × gy × gz blocks of `threads` threads (a multiple of 32), the
+// blocks in the order `order` gives (a permutation of the flat indices x + gx * (y + gy * z)).
+static void launch3(unsigned gx, unsigned gy, unsigned gz, int threads, const std::vector<unsigned>& order,
+                    std::function<void()> body) {
     if (!g_stacks) g_stacks = (char*)aligned_alloc(64, (size_t)EMU_MAXT * EMU_STACK);
     if (threads % 32 || threads > EMU_MAXT) EMU_FAIL("block of %d threads", threads);
-    blockDim = {(unsigned)threads, 1, 1}; gridDim = {blocks, 1, 1};
+    blockDim = {(unsigned)threads, 1, 1}; gridDim = {gx, gy, gz};
     g_body = body; g_nthreads = threads;
-    for (unsigned b = 0; b < blocks; b++) {
-        blockIdx = {b, 0, 0};
+    for (unsigned flat : order) {
+        blockIdx = {flat % gx, flat / gx % gy, flat / gx / gy};
         block_start();
         for (int i = 0; i < threads; i++) {
             void** top = (void**)(g_stacks + (size_t)(i + 1) * EMU_STACK);
@@ -214,7 +217,7 @@ static void launch(unsigned blocks, int threads, std::function<void()> body) {
                 if (g_f[i].state == F_DONE) done++;
             }
             if (!progress) {
-                fprintf(stderr, "EMULATION DEADLOCK in block %u:", b);
+                fprintf(stderr, "EMULATION DEADLOCK in block (%u, %u, %u):", blockIdx.x, blockIdx.y, blockIdx.z);
                 for (int i = 0; i < threads; i++)
                     fprintf(stderr, " t%d:%s", i, g_f[i].state == F_DONE ? "done" : g_f[i].bar == 0 ? "block" : "warp");
                 fprintf(stderr, "\n");
@@ -223,4 +226,10 @@ static void launch(unsigned blocks, int threads, std::function<void()> body) {
         }
         block_end();
     }
+}
+// Runs `body` as a grid of `blocks` blocks of `threads` threads, in order.
+static void launch(unsigned blocks, int threads, std::function<void()> body) {
+    std::vector<unsigned> order(blocks);
+    for (unsigned b = 0; b < blocks; b++) order[b] = b;
+    launch3(blocks, 1, 1, threads, order, body);
 }
