@@ -12,14 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 L=/tmp/kasoku-logs; mkdir -p "$L"
 M=/tmp/kasoku-models; mkdir -p $M
 end=$(( $(date +%s) + ${1:-420} ))
-log() { echo "[$(date +%T)] $*" | tee -a "$L/progress.log"; }
-phase() {  # name timeout command...
-  local name=$1 t=$2; shift 2
-  if [ "$(date +%s)" -ge "$end" ]; then log "skip $name: out of time"; return; fi
-  log "start $name"
-  timeout "$t" "$@" > "$L/$name.log" 2>&1
-  log "end $name: rc=$? ($(tail -1 "$L/$name.log" | cut -c1-160))"
-}
+. "$G/phase.sh"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$L/sysinfo.log" 2>&1
 # The random-weight models for the benchmark, made beside the kernel checks (other cores).

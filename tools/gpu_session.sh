@@ -12,16 +12,7 @@ G=$(cd "$(dirname "$0")" && pwd); B=$G/kasoku-cuda-check; F=$G/fixtures
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; L=/tmp/kasoku-session; M=/tmp/m; mkdir -p "$OUT" "$L" "$M"
 PART=${1:-1}; end=$(( $(date +%s) + ${2:-420} ))
-log() { echo "[$(date +%T)] $*" | tee -a "$L/progress.log"; }
-phase() {  # name timeout env-assignments... -- command...
-  local name=$1 t=$2; shift 2
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  if [ "$(date +%s)" -ge "$end" ]; then log "skip $name: out of time"; return; fi
-  log "start $name (${envs[*]:-defaults})"
-  env "${envs[@]}" timeout "$t" "$@" > "$L/$name.log" 2>&1
-  log "end $name: rc=$? ($(grep -E 'checks,' "$L/$name.log" | tail -1 | cut -c1-100))"
-}
+. "$G/phase.sh"
 wait_models() { for _ in $(seq 120); do [ -f $M/DONE ] && return; sleep 1; done; }
 if [ "$PART" = 1 ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1

@@ -13,16 +13,7 @@ M=/tmp/kasoku-models; mkdir -p $M
 F=$G/fixtures
 end=$(( $(date +%s) + ${1:-300} )); WHAT=${2:-all}
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-log() { echo "[$(date +%T)] $*" | tee -a "$L/progress.log"; }
-phase() {  # name timeout env-assignments... -- command...
-  local name=$1 t=$2; shift 2
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  if [ "$(date +%s)" -ge "$end" ]; then log "skip $name: out of time"; return; fi
-  log "start $name (${envs[*]:-defaults})"
-  env "${envs[@]}" timeout "$t" "$@" > "$L/$name.log" 2>&1
-  log "end $name: rc=$? ($(tail -1 "$L/$name.log" | cut -c1-160))"
-}
+. "$G/phase.sh"
 for spec in "1.5b q4_k_m q15-q4_k_m" "0.5b q4_k_m q05-q4_k_m" "qwen3.5-2b q4_k_m q35-2b-q4_k_m"; do
   set -- $spec; [ -f $M/$3.gguf ] || $B synth $1 $2 $M/$3.gguf >> "$L/synth.log" 2>&1
 done
