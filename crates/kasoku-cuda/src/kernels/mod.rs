@@ -36,9 +36,7 @@ mod attention_prefill;
 mod delta_net;
 mod draft_top;
 mod gemm;
-pub use attention_prefill::{
-    prefill_attention_asked, prefill_attention_fits, prefill_attention_grid, ATTP_ROWS,
-};
+use attention_prefill::{prefill_attention_asked, prefill_attention_fits};
 pub use delta_net::{GdnCommit, GdnConv, GdnRecurrence, GdnShape, GDN_MAX_DK, GDN_MAX_HEAD};
 pub use draft_top::{RowTop2, TOP2_WORDS};
 pub use gemm::{
