@@ -3,8 +3,9 @@
 # and A/B timings of the CUDA backend's switches in two bounded calls, so that a machine lent
 # for a few minutes answers the questions that matter first. Logs come back as one archive.
 #   bash .gpu/session.sh 1 [SECONDS]   correctness with the defaults (kernels, speculative ==
-#                                      plain, sessions, DFlash), then quick benchmarks of each
-#                                      switch against the defaults, alternated
+#                                      plain, sessions), attention alone by context length,
+#                                      the full benchmark, the grouped attention's quick one,
+#                                      DFlash on the 1.5B shape
 #   bash .gpu/session.sh 2 [SECONDS]   the opt-in tensor-core products' checks, the CLI checks,
 #                                      the full benchmark
 set -u
@@ -26,13 +27,10 @@ if [ "$PART" = 1 ]; then
   wait_models
   phase spec_q15 60 -- $B spec $M/q15.gguf 96
   phase session_q15 60 -- $B session $M/q15.gguf 128
+  phase attn 90 -- $B attn $M/q15.gguf
+  phase bench_full 200 -- $B bench $M/q15.gguf
+  phase q15_attn1 60 KASOKU_CUDA_ATTN=1 -- $B bench $M/q15.gguf quick
   phase dflash_q15 120 -- $B dflash $M/q15.gguf /tmp/rd/drafter 64
-  for round in 1 2; do
-    phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
-    phase q15_attn1_$round 60 KASOKU_CUDA_ATTN=1 -- $B bench $M/q15.gguf quick
-    phase q15_prefill0_$round 60 KASOKU_CUDA_ATTN_PREFILL=0 -- $B bench $M/q15.gguf quick
-    phase q15_mma_$round 60 KASOKU_CUDA_MMA=1 -- $B bench $M/q15.gguf quick
-  done
 else
   wait_models
   phase kernels_mma 150 KASOKU_CUDA_MMA=1 -- $B kernels
@@ -47,5 +45,5 @@ echo "=== summary"
 for f in "$L"/*.log; do
   n=$(basename "$f" .log)
   case $n in progress|sysinfo) continue;; esac
-  grep -h -E "checks,|^FAIL|pp512|tg128|verify depth|a cycle|us a draft|in-graph cost|kernel (attention|matvec)" "$f" | sed "s/^/$n: /" | cut -c1-230
+  grep -h -E "checks,|^FAIL|pp512|tg128|verify depth|a cycle|us a draft|in-graph cost|kernel (attention|matvec)|^depth" "$f" | sed "s/^/$n: /" | cut -c1-230
 done

@@ -44,7 +44,7 @@ batch = grab(r"struct Batch \{.*?\n\};\n", ops)
 head_post = register_shared(grab(r"__device__ __noinline__ void head_post\(.*?\n\}\n", ops), 1)
 qkv_post = register_shared(grab(r'extern "C" __global__ void __launch_bounds__\(128\) qkv_post\(.*?\n\}\n', ops), 1)
 quant = grab(r"__device__ __forceinline__ void quant_block32\(.*?\n\}\n", read("matvec.cu"))
-att = register_shared(read("attention.cu"), 16)
+att = register_shared(read("attention.cu"), 15)
 body = (common + batch + quant + head_post + qkv_post + att).replace('extern "C" ', "")
 code = re.sub(r"//[^\n]*", "", body)
 if re.search(r"\basm\b", code):

@@ -90,13 +90,21 @@ static Result attend(bool grouped, const Shape& s, const Meta& m, const V& q, Ca
     if (order == 2) for (size_t k = ord.size(); k > 1; k--) std::swap(ord[k - 1], ord[rnd() % k]);
     V qc = q;
     float scale = 1.0f / sqrtf((float)s.hd);
+    // The caches are what the kernels may read with __ldg (exactly their slots).
+    g_weights = {{(const unsigned char*)cache.k.data(), cache.k.size() * 2},
+                 {(const unsigned char*)cache.v.data(), cache.v.size() * 2}};
     launch3(n, gy, gz, 128, ord, [&] {
         auto f = grouped ? attn_group : attn_partial;
         f(qc.data(), q_dim, cache.k.data(), cache.v.data(), cache.slots, s.nh, s.nkv, s.hd, scale, &m.b, m.pos.data(),
           m.path.data(), part_ml.data(), part_o.data(), chunks, arrivals.data(), r.out.data(), q_dim,
           quant ? r.xq.data() : nullptr, quant ? (float4*)r.xs.data() : nullptr, post);
     });
+    g_weights.clear();
     for (int a : arrivals) if (a) { report(false, "an arrival count left non-zero"); break; }
+    if (g_bad_reads) {
+        report(false, "a cache read outside the caches");
+        g_bad_reads = 0;
+    }
     r.cache = std::move(cache);
     return r;
 }
@@ -292,6 +300,10 @@ static void check_post(const Shape& s, int rot, bool interleaved, bool qk_norm, 
 
 int main(int argc, char** argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    Shape h16{4, 2, 16}, h32{4, 2, 32};  // the tiny fixtures' heads (4 lanes a key row)
+    check_shape(h16, 70, 3, false);  // (int8 blocks need head_dim a multiple of 32)
+    check_shape(h32, 130, 2, true);
+    check_tree(h16, 20, false);
     Shape q15{12, 2, 128}, mha{4, 4, 64}, big{8, 2, 256}, g14{28, 2, 64}, q05{14, 2, 64}, g6{6, 1, 64}, h96{6, 2, 96};
     // Contexts: one chunk, a chunk's edge, several chunks, more chunks than blocks (2,100 > 32 * 64).
     for (int past : {0, 5, 60, 63, 64, 130, 300}) check_shape(q15, past, 3, past % 2 == 0);

@@ -1719,6 +1719,92 @@ impl CudaModel {
 }
 
 impl CudaModel {
+    /// Times the first attention layer's attention kernel on its own at the state's length:
+    /// `n` chain rows after the committed positions (`fused`: one row with the q/k/v epilogue
+    /// inside, as a decode step runs it), by `attn_partial` or (`grouped`) `attn_group`,
+    /// `reps` launches. Microseconds per launch. For finding how attention's cost grows with
+    /// the context; the state's caches are overwritten at its end.
+    pub fn profile_attention(
+        &self,
+        st: &mut CudaState,
+        n: usize,
+        fused: bool,
+        grouped: bool,
+        reps: usize,
+    ) -> Result<f64> {
+        let k = &self.kernels;
+        let c = &self.config;
+        let hd = c.head_dim;
+        let kv_dim = c.n_kv_heads * hd;
+        if n == 0 || n > MAX_TREE || (fused && n != 1) || st.len + n > st.max_slots {
+            return Err(Error::Invalid(format!(
+                "profile_attention: {n} rows after {} (fused: one row)",
+                st.len
+            )));
+        }
+        let mut words = vec![0u32; st.layout.words];
+        fill_meta(&st.layout, st.len, &vec![1; n], None, &mut words);
+        st.meta_host.put_u32s(0, &words);
+        st.meta.write_async(0, &st.meta_host, st.layout.words * 4)?;
+        let layer_elems = kv_dim * st.max_slots;
+        let word = |w: usize| st.meta.at(w * 4);
+        let post = QkvPost {
+            q: st.q.ptr(),
+            k: st.k.ptr(),
+            v: st.v.ptr(),
+            n,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+            rot_dim: c.rope_dim,
+            interleaved: false,
+            inv_freq: self.inv_freq.ptr(),
+            q_norm: 0,
+            k_norm: 0,
+            eps: c.rms_eps,
+            batch: st.meta.ptr(),
+            pos: word(st.layout.pos),
+            k_cache: st.kv.ptr(),
+            v_cache: st.kv.at(layer_elems * 2),
+            max_slots: st.max_slots,
+        };
+        let call = AttnCall {
+            q: st.q.ptr(),
+            k_cache: st.kv.ptr(),
+            v_cache: st.kv.at(layer_elems * 2),
+            max_slots: st.max_slots,
+            n,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            batch: st.meta.ptr(),
+            pos: word(st.layout.pos),
+            path: word(st.layout.path),
+            part_ml: st.part_ml.ptr(),
+            part_o: st.part_o.ptr(),
+            arrivals: st.arrivals.ptr(),
+            chunks: st.chunks,
+            out: st.att.ptr(),
+            out_q: st.xq.ptr(),
+            out_s: st.xs.ptr(),
+            post: if fused {
+                PostArgs::fused(&post)
+            } else {
+                PostArgs::default()
+            },
+        };
+        let timer = crate::runtime::Timer::new(self.gpu())?;
+        k.attention_by(&call, grouped)?;
+        timer.start()?;
+        for _ in 0..reps {
+            k.attention_by(&call, grouped)?;
+        }
+        Ok(timer.stop_ms()? as f64 * 1e3 / reps as f64)
+    }
+}
+
+impl CudaModel {
     /// Times layer 0's gate|up and down products on the prefill GEMM at `n` activation rows
     /// (at most a prefill pass's), `reps` launches each: the expansion to f16
     /// (`gemm_prepare`), the product with each tile shape unsplit and as [`gemm_plan`] splits

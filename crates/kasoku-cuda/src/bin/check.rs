@@ -15,6 +15,10 @@
 //!                                                (quick: those three alone, to compare
 //!                                                switches in one run)
 //! kasoku-cuda-check bench-draft TARGET DRAFT     tokens/s with a draft model on the GPU
+//! kasoku-cuda-check attn MODEL.gguf              the attention kernel alone, by context
+//!                                                length, rows and kernel
+//! kasoku-cuda-check pass MODEL.gguf DEPTH K REPS  REPS verifications of K chain tokens
+//!                                                after DEPTH (for a profiler)
 //! ```
 //! Each prints its lines and exits 1 if a check failed.
 
@@ -156,9 +160,22 @@ fn main() -> Result<()> {
             bench_draft(&gpu, Path::new(arg(1)), Path::new(arg(2)))?;
             Report::default()
         }
+        "attn" => {
+            bench_attention(&gpu, Path::new(arg(1)))?;
+            Report::default()
+        }
+        "pass" => {
+            let num = |i: usize| -> Result<usize> {
+                arg(i)
+                    .parse()
+                    .with_context(|| format!("argument {i}: a number, not '{}'", arg(i)))
+            };
+            passes(&gpu, Path::new(arg(1)), num(2)?, num(3)?, num(4)?)?;
+            Report::default()
+        }
         other => {
             bail!(
-                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, dflash, synth, bench, bench-draft)"
+                "unknown command '{other}' (kernels, topk, fixtures, spec, spec-draft, session, dflash, synth, bench, bench-draft, attn, pass)"
             )
         }
     };
@@ -439,6 +456,70 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
     );
 
     verify_curve(&m, &mut st, &[1, 512, 4000], &toks)
+}
+
+/// The attention kernel alone (CUDA events around 50 launches) at context lengths from 1 to
+/// 4,000: one row with the fused q/k/v epilogue (a decode step), 1, 2, 16 and 64 chain rows
+/// (verifications), by each decode kernel.
+fn bench_attention(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
+    let m = CudaModel::load(gpu, path)?;
+    let vocab = m.config.vocab as u32;
+    let mut st = m.new_state(4200)?;
+    println!("attention alone, us per launch: (rows, fused epilogue) by kernel");
+    for depth in [1usize, 64, 256, 512, 1024, 2048, 4000] {
+        st.reset();
+        let prompt: Vec<u32> = (0..depth as u32).map(|i| (i * 7919 + 3) % vocab).collect();
+        st.prefill(&m, &prompt)?;
+        for grouped in [false, true] {
+            let mut line = format!(
+                "depth {depth:>4} {:<12}",
+                if grouped {
+                    "attn_group"
+                } else {
+                    "attn_partial"
+                }
+            );
+            for (n, fused) in [(1, true), (1, false), (2, false), (16, false), (64, false)] {
+                let us = m.profile_attention(&mut st, n, fused, grouped, 50)?;
+                line += &format!(" n{n}{}={us:.1}", if fused { "f" } else { "" });
+            }
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
+/// `reps` verifications of a `k`-token chain after `depth` committed positions, graphs as
+/// a decode step runs them (for a profiler to see each kernel of a pass); prints the
+/// median wall time of a pass.
+fn passes(
+    gpu: &std::sync::Arc<Gpu>,
+    path: &Path,
+    depth: usize,
+    k: usize,
+    reps: usize,
+) -> Result<()> {
+    let m = CudaModel::load(gpu, path)?;
+    let vocab = m.config.vocab as u32;
+    let mut st = m.new_state(depth + 64)?;
+    let prompt: Vec<u32> = (0..depth.max(1) as u32)
+        .map(|i| (i * 7919 + 3) % vocab)
+        .collect();
+    st.prefill(&m, &prompt)?;
+    let tree = TokenTree::chain(&vec![5; k]);
+    let mut ts = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        st.verify(&m, &tree)?;
+        ts.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    println!(
+        "pass of {k} after {}: median {:.0} us over {} passes",
+        depth.max(1),
+        median(ts),
+        reps.max(1)
+    );
+    Ok(())
 }
 
 /// The verify curve: a chain of k tokens after `depth` committed positions, each k's median

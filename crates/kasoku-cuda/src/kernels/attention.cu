@@ -47,14 +47,18 @@ __device__ void attn_merge_row(
     int i, int h, float* out, int out_ld, i8* xq, float4* xs, float* res) {
     const float* ml = part_ml + (size_t)(i * n_heads + h) * chunks * 2;
     const float* po = part_o + (size_t)(i * n_heads + h) * chunks * head_dim;
+    // The loops unrolled, so each round of partials' loads is issued together.
     float mx = -KINF;
+#pragma unroll 8
     for (int c = 0; c < nc; c++) mx = fmaxf(mx, __ldcg(ml + 2 * c));
     float l = 0.0f;
+#pragma unroll 8
     for (int c = 0; c < nc; c++) l = fmaf(expf(__ldcg(ml + 2 * c) - mx), __ldcg(ml + 2 * c + 1), l);
     float inv = 1.0f / l;
     __syncthreads();
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (int c = 0; c < nc; c++) acc = fmaf(expf(__ldcg(ml + 2 * c) - mx), __ldcg(po + (size_t)c * head_dim + d), acc);
         float v = acc * inv;
         out[(size_t)i * out_ld + h * head_dim + d] = v;
@@ -71,137 +75,200 @@ __device__ void attn_merge_row(
 }
 
 // Grid (n, n_heads, blocks), block 128 (4 warps): block z takes chunks z, z + blocks, ... of
-// the row (so a pass launches blocks for the cache's length, not its capacity). Partials: [row][head][chunk] (m, l) and
-// [row][head][chunk][head_dim] (weighted values). Thread t scores key t of the chunk whole
-// (its row read as 16-byte vectors, q from shared memory); then thread d sums the values of
-// dim d over the chunk's keys, eight running sums (more loads in flight) added in order.
-extern "C" __global__ void __launch_bounds__(128) attn_partial(
+// the row (so a pass launches blocks by the cache's length, not its capacity). Partials:
+// [row][head][chunk] (m, l) and [row][head][chunk][head_dim] (weighted values).
+//
+// A chunk's 64 keys are split over the 4 warps, 16 each; a key's row over L lanes (L =
+// head_dim / 8 rounded up to a power of two, 4..32), each holding 8 values from one 16-byte
+// load, so a warp covers 32 / L keys per step. Every key and value load of the chunk is
+// issued before any arithmetic and unconditionally (a key past the row's end reads the
+// chunk's first slot and is replaced by zeros, a lane past the head reads its row's first
+// vector), because a load behind a branch waits for the one before it: the kernel this
+// replaces paid a memory latency per key vector, 14 us a chunk on an H100. The first chunk's
+// loads are in flight while the query is read and rotated.
+//
+// The arithmetic, in an order fixed by head_dim and the row's own length: a score is each
+// lane's 8 products in order, then a butterfly over the L lanes; the chunk's max is exact;
+// its weights e^(s − m), summed per lane over its keys in order, then a butterfly over the
+// warp's key groups, then the 4 warps in order; the weighted values likewise (per lane over
+// its keys, a butterfly over the groups, the 4 warps in order). So a tree node gets the bits
+// plain decoding of its path gets, whatever the batch, grid or block that computes it.
+#define ATTP_KPW (ATT_CHUNK / 4)
+
+__device__ __forceinline__ void attp_unpack(uint4 raw, float* f) {
+    u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int z = 0; z < 4; z++) {
+        f[2 * z] = h2f((u16)(w[z] & 0xffff));
+        f[2 * z + 1] = h2f((u16)(w[z] >> 16));
+    }
+}
+
+// Shared memory of attn_partial, passed to its body (one instantiation per L).
+struct AttpShared {
+    float* qs;    // [256] the query, then (one chunk) the output
+    float* ks;    // [256] the fused epilogue's key
+    u16* knew;    // [256] the new key and value (fused epilogue)
+    u16* vnew;
+    float* parts; // [4][256] each warp's weighted values
+    float* red;   // [8] the warps' maxima and sums
+    int* last;
+};
+
+template <int L>
+__device__ __forceinline__ void attn_partial_body(
     const float* q, int q_ld, u16* k_cache, u16* v_cache, int max_slots,
     int n_heads, int n_kv_heads, int head_dim, float scale,
     const Batch* batch, const int* pos, const int* path,
     float* part_ml, float* part_o, int chunks,
-    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, PostArgs post) {
-    wait_for_predecessor();
-    __shared__ float qs[256];
-    __shared__ float ks[256];
-    __shared__ __align__(16) u16 knew[256];
-    __shared__ u16 vnew[256];
-    __shared__ int last;
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ int slots[ATT_CHUNK];
-    __shared__ float red[32];
-    int i = blockIdx.x, h = blockIdx.y;
-    int seen = pos[i] + 1;
-    int nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, const PostArgs& post, AttpShared sm) {
+    constexpr int KPS = 32 / L;           // keys a warp covers per step
+    constexpr int STEPS = ATTP_KPW / KPS; // steps per warp per chunk
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane / L, r = lane % L;
+    const bool act = 8 * r < head_dim;
+    const int rr = act ? r : 0;
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int seen = pos[i] + 1;
+    const int nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
     if ((int)blockIdx.z >= nc) return;
-    int kh = h / (n_heads / n_kv_heads);
+    const int kh = h / (n_heads / n_kv_heads);
     const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
     const u16* vc = v_cache + (size_t)kh * max_slots * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[(size_t)i * q_ld + h * head_dim + d];
-    // The fused epilogue: the virtual position of the new key (-1: none here).
+    const int past = batch->past, chain = batch->is_chain, plen = batch->max_depth + 1;
+    const bool alone = nc == 1;
     int fresh = -1;
-    if (post.on) {
-        head_post(qs, post.q_norm, post.eps, head_dim, post.rot_dim, post.interleaved, post.inv_freq, pos[i]);
-        if ((int)blockIdx.z == (nc - 1) % (int)gridDim.z) {
-            fresh = seen - 1;
-            const float* kr = post.k + (size_t)i * post.kv_ld + kh * head_dim;
-            const float* vr = post.v + (size_t)i * post.kv_ld + kh * head_dim;
-            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) ks[d] = kr[d];
-            head_post(ks, post.k_norm, post.eps, head_dim, post.rot_dim, post.interleaved, post.inv_freq, pos[i]);
-            bool writer = h % (n_heads / n_kv_heads) == 0;
-            size_t at = ((size_t)kh * max_slots + batch->past + i) * head_dim;
-            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-                u16 kq = f2h(ks[d]), vq = f2h(vr[d]);
-                knew[d] = kq;
-                vnew[d] = vq;
-                if (writer) {
-                    k_cache[at + d] = kq;
-                    v_cache[at + d] = vq;
-                }
-            }
-        }
-        __syncthreads();
-    }
+    float qr[8];
+    bool first = true;
     for (int c = blockIdx.z; c < nc; c += gridDim.z) {
-        int v0 = c * ATT_CHUNK;
-        int v1 = min(v0 + ATT_CHUNK, seen), nk = v1 - v0;
-        for (int t = threadIdx.x; t < nk; t += blockDim.x) slots[t] = att_slot(batch, path, i, v0 + t);
-        __syncthreads();
-        for (int t = threadIdx.x; t < nk; t += blockDim.x) {
-            const uint4* kr = v0 + t == fresh ? (const uint4*)knew : (const uint4*)(kc + (size_t)slots[t] * head_dim);
-            float s = 0.0f;
-            // Eight 16-byte loads in flight, then their products in order.
-            for (int e0 = 0; e0 < head_dim / 8; e0 += 8) {
-                uint4 raw[8];
+        const int v0 = c * ATT_CHUNK;
+        const int nk = min(ATT_CHUNK, seen - v0);
+        // The slots: a tree row's past its committed positions from its path (read
+        // unconditionally, at a clamped index, so the reads go out together).
+        const int vfirst = (v0 < past || chain) ? v0 : past + path[i * plen + (v0 - past)];
+        int slot[STEPS];
 #pragma unroll
-                for (int k = 0; k < 8; k++) raw[k] = e0 + k < head_dim / 8 ? kr[e0 + k] : make_uint4(0, 0, 0, 0);
+        for (int s = 0; s < STEPS; s++) {
+            int t = warp * ATTP_KPW + s * KPS + g, v = v0 + t;
+            int node = path[chain ? 0 : i * plen + min(v > past ? v - past : 0, plen - 1)];
+            slot[s] = t >= nk ? -1 : (v < past || chain) ? v : past + node;
+        }
+        uint4 kraw[STEPS], vraw[STEPS];
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    if (e0 + k < head_dim / 8) {
-                        u32 w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
-                        const float* qv = qs + 8 * (e0 + k);
+        for (int s = 0; s < STEPS; s++)
+            kraw[s] = __ldg((const uint4*)(kc + (size_t)(slot[s] >= 0 ? slot[s] : vfirst) * head_dim) + rr);
 #pragma unroll
-                        for (int z = 0; z < 4; z++) {
-                            s = fmaf(qv[2 * z], h2f((u16)(w[z] & 0xffff)), s);
-                            s = fmaf(qv[2 * z + 1], h2f((u16)(w[z] >> 16)), s);
+        for (int s = 0; s < STEPS; s++)
+            vraw[s] = __ldg((const uint4*)(vc + (size_t)(slot[s] >= 0 ? slot[s] : vfirst) * head_dim) + rr);
+        if (first) {
+            // The query (with the fused epilogue: rotated here, and the new key and value
+            // computed by the block whose chunks end the row), while the loads are in flight.
+            first = false;
+            for (int d = tid; d < head_dim; d += blockDim.x) sm.qs[d] = q[(size_t)i * q_ld + h * head_dim + d];
+            if (post.on) {
+                head_post(sm.qs, post.q_norm, post.eps, head_dim, post.rot_dim, post.interleaved, post.inv_freq, pos[i]);
+                if ((int)blockIdx.z == (nc - 1) % (int)gridDim.z) {
+                    fresh = seen - 1;
+                    const float* kr = post.k + (size_t)i * post.kv_ld + kh * head_dim;
+                    const float* vr = post.v + (size_t)i * post.kv_ld + kh * head_dim;
+                    for (int d = tid; d < head_dim; d += blockDim.x) sm.ks[d] = kr[d];
+                    head_post(sm.ks, post.k_norm, post.eps, head_dim, post.rot_dim, post.interleaved, post.inv_freq, pos[i]);
+                    bool writer = h % (n_heads / n_kv_heads) == 0;
+                    size_t at = ((size_t)kh * max_slots + past + i) * head_dim;
+                    for (int d = tid; d < head_dim; d += blockDim.x) {
+                        u16 kq = f2h(sm.ks[d]), vq = f2h(vr[d]);
+                        sm.knew[d] = kq;
+                        sm.vnew[d] = vq;
+                        if (writer) {
+                            k_cache[at + d] = kq;
+                            v_cache[at + d] = vq;
                         }
                     }
                 }
             }
-            sc[t] = s * scale;
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < 8; j++) qr[j] = act ? sm.qs[8 * rr + j] : 0.0f;
+        }
+        // Keys past the row's end are zeros; the new key and value come from shared memory.
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            const int v = v0 + warp * ATTP_KPW + s * KPS + g;
+            if (slot[s] < 0) {
+                kraw[s] = make_uint4(0, 0, 0, 0);
+                vraw[s] = make_uint4(0, 0, 0, 0);
+            } else if (v == fresh) {
+                kraw[s] = ((const uint4*)sm.knew)[rr];
+                vraw[s] = ((const uint4*)sm.vnew)[rr];
+            }
+        }
+        float sc[STEPS];
+        float m = -KINF;
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            float kf[8];
+            attp_unpack(kraw[s], kf);
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaf(qr[j], kf[j], a);
+#pragma unroll
+            for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            sc[s] = slot[s] >= 0 ? a * scale : -KINF;
+            m = fmaxf(m, sc[s]);
+        }
+        m = warp_max(m);
+        if (lane == 0) sm.red[warp] = m;
+        __syncthreads();
+        m = fmaxf(fmaxf(sm.red[0], sm.red[1]), fmaxf(sm.red[2], sm.red[3]));
+        float l = 0.0f;
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            const float p = slot[s] >= 0 ? expf(sc[s] - m) : 0.0f;
+            l += p;
+            float vf[8];
+            attp_unpack(vraw[s], vf);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = fmaf(p, vf[j], acc[j]);
+        }
+#pragma unroll
+        for (int o = 16; o >= L; o >>= 1) {
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+        }
+        if (lane == 0) sm.red[4 + warp] = l;
+        if (g == 0 && act) {
+            float4* dst = (float4*)(sm.parts + warp * 256 + 8 * r);
+            dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
         }
         __syncthreads();
-        float m = -KINF;
-        for (int t = threadIdx.x; t < nk; t += blockDim.x) m = fmaxf(m, sc[t]);
-        m = block_max(m, red);
-        __syncthreads();
-        for (int t = threadIdx.x; t < nk; t += blockDim.x) sc[t] = expf(sc[t] - m);
-        __syncthreads();
-        // The exp-sum in a fixed order (one thread, sequential), then the weighted values.
-        if (threadIdx.x == 0) {
-            float l = 0.0f;
-            for (int t = 0; t < nk; t++) l += sc[t];
+        l = ((sm.red[4] + sm.red[5]) + sm.red[6]) + sm.red[7];
+        if (!alone && tid == 0) {
             size_t at = ((size_t)(i * n_heads + h) * chunks + c) * 2;
             part_ml[at] = m;
             part_ml[at + 1] = l;
-            red[0] = l;
         }
-        // A row of one chunk is its own merge: out = o / l, the bits attn_merge_row gives one
-        // chunk (its weight e^(m − m) is exactly 1), without the partials' round trip.
-        __syncthreads();
-        const bool alone = nc == 1;
-        const float inv_l = 1.0f / red[0];
+        const float inv_l = 1.0f / l;
         float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            // Every value of the chunk loaded first (independent loads in flight), then eight
-            // running sums over the keys in order, added in order.
-            float vals[ATT_CHUNK];
-#pragma unroll
-            for (int t = 0; t < ATT_CHUNK; t++)
-                vals[t] = t < nk ? h2f(v0 + t == fresh ? vnew[d] : vc[(size_t)slots[t] * head_dim + d]) : 0.0f;
-            float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int t = 0; t < ATT_CHUNK; t++)
-                if (t < nk) acc[t % 8] = fmaf(sc[t], vals[t], acc[t % 8]);
-            float total = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) total += acc[k];
+        for (int d = tid; d < head_dim; d += blockDim.x) {
+            float total = ((sm.parts[d] + sm.parts[256 + d]) + sm.parts[512 + d]) + sm.parts[768 + d];
             if (alone) {
                 float v = total * inv_l;
                 out[(size_t)i * out_ld + h * head_dim + d] = v;
-                qs[d] = v;
+                sm.qs[d] = v;
             } else {
                 o[d] = total;
             }
         }
         __syncthreads();
     }
-    if (nc == 1) {
+    if (alone) {
         if (xq) {
-            int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
             for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
                 size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
-                quant_block32(qs[32 * b + lane], xq + at, xs + at / 32);
+                quant_block32(sm.qs[32 * b + lane], xq + at, xs + at / 32);
             }
         }
         return;
@@ -213,15 +280,40 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     __threadfence();
     __syncthreads();
     int working = min(nc, (int)gridDim.z);
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         int* count = arrivals + i * n_heads + h;
-        last = atomicAdd(count, 1) == working - 1;
-        if (last) *count = 0;
+        *sm.last = atomicAdd(count, 1) == working - 1;
+        if (*sm.last) *count = 0;
     }
     __syncthreads();
-    if (!last) return;
+    if (!*sm.last) return;
     __threadfence();
-    attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, qs);
+    attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, sm.qs);
+}
+
+extern "C" __global__ void __launch_bounds__(128) attn_partial(
+    const float* q, int q_ld, u16* k_cache, u16* v_cache, int max_slots,
+    int n_heads, int n_kv_heads, int head_dim, float scale,
+    const Batch* batch, const int* pos, const int* path,
+    float* part_ml, float* part_o, int chunks,
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, PostArgs post) {
+    wait_for_predecessor();
+    __shared__ __align__(16) float qs[256];
+    __shared__ float ks[256];
+    __shared__ __align__(16) u16 knew[256];
+    __shared__ __align__(16) u16 vnew[256];
+    __shared__ __align__(16) float parts[4 * 256];
+    __shared__ float red[8];
+    __shared__ int last;
+    AttpShared sm = {qs, ks, knew, vnew, parts, red, &last};
+#define ATTP_RUN(L)                                                                                             \
+    attn_partial_body<L>(q, q_ld, k_cache, v_cache, max_slots, n_heads, n_kv_heads, head_dim, scale, batch, pos, \
+                         path, part_ml, part_o, chunks, arrivals, out, out_ld, xq, xs, post, sm)
+    if (head_dim <= 32) ATTP_RUN(4);
+    else if (head_dim <= 64) ATTP_RUN(8);
+    else if (head_dim <= 128) ATTP_RUN(16);
+    else ATTP_RUN(32);
+#undef ATTP_RUN
 }
 
 
@@ -415,25 +507,34 @@ __device__ __forceinline__ void attn_group_body(
             int t = warp * ATTG_KPW + s * KPS + g, v = v0 + t;
             slot[s] = t >= nk ? -1 : (v < past || chain) ? v : past + path[i * plen + (v - past)];
         }
-        // Every value row first (held until the weights are known), then the keys.
+        // Every value row first (held until the weights are known), then the keys. The loads
+        // are unconditional (a key past the row reads the chunk's first slot, a lane past the
+        // head its first vector; both replaced by zeros, a new key or value by its own after
+        // the load), so the compiler issues them together: a load behind a branch waits for
+        // the one before it.
+        const int first = (v0 < past || chain) ? v0 : past + path[i * plen + (v0 - past)];
+        const int rr = act ? r : 0;
         uint4 vraw[STEPS];
+#pragma unroll
+        for (int s = 0; s < STEPS; s++)
+            vraw[s] = __ldg((const uint4*)(vc + (size_t)(slot[s] >= 0 ? slot[s] : first) * head_dim) + rr);
 #pragma unroll
         for (int s = 0; s < STEPS; s++) {
             int v = v0 + warp * ATTG_KPW + s * KPS + g;
-            vraw[s] = make_uint4(0, 0, 0, 0);
-            if (slot[s] >= 0 && act)
-                vraw[s] = v == fresh ? ((const uint4*)sm.vnew)[r] : ((const uint4*)(vc + (size_t)slot[s] * head_dim))[r];
+            if (!(slot[s] >= 0 && act)) vraw[s] = make_uint4(0, 0, 0, 0);
+            else if (v == fresh) vraw[s] = ((const uint4*)sm.vnew)[r];
         }
 #pragma unroll
         for (int b0 = 0; b0 < STEPS; b0 += BATCH) {
             uint4 kraw[BATCH];
 #pragma unroll
+            for (int s = 0; s < BATCH; s++)
+                kraw[s] = __ldg((const uint4*)(kc + (size_t)(slot[b0 + s] >= 0 ? slot[b0 + s] : first) * head_dim) + rr);
+#pragma unroll
             for (int s = 0; s < BATCH; s++) {
                 int v = v0 + warp * ATTG_KPW + (b0 + s) * KPS + g;
-                kraw[s] = make_uint4(0, 0, 0, 0);
-                if (slot[b0 + s] >= 0 && act)
-                    kraw[s] = v == fresh ? ((const uint4*)sm.knew)[r]
-                                         : ((const uint4*)(kc + (size_t)slot[b0 + s] * head_dim))[r];
+                if (!(slot[b0 + s] >= 0 && act)) kraw[s] = make_uint4(0, 0, 0, 0);
+                else if (v == fresh) kraw[s] = ((const uint4*)sm.knew)[r];
             }
 #pragma unroll
             for (int s = 0; s < BATCH; s++) {
