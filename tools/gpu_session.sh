@@ -6,6 +6,8 @@
 #                                      plain, sessions), attention alone by context length,
 #                                      the full benchmark, the grouped attention's quick one,
 #                                      DFlash on the 1.5B shape
+#   bash .gpu/session.sh 3 [SECONDS]   each opt-in switch of the decode step against the
+#                                      defaults (quick benchmarks, three rounds alternated)
 #   bash .gpu/session.sh 2 [SECONDS]   the opt-in tensor-core products' checks, the CLI checks,
 #                                      the full benchmark
 set -u
@@ -31,6 +33,27 @@ if [ "$PART" = 1 ]; then
   phase bench_full 200 -- $B bench $M/q15.gguf
   phase q15_attn1 60 KASOKU_CUDA_ATTN=1 -- $B bench $M/q15.gguf quick
   phase dflash_q15 120 -- $B dflash $M/q15.gguf /tmp/rd/drafter 64
+elif [ "$PART" = 3 ]; then
+  # Each opt-in switch of the decode step against the defaults: quick benchmarks in rounds,
+  # alternated, then the checks under the switches that change the kernels' source.
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
+  $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
+  phase kernels 150 -- $B kernels
+  phase spec_q15 60 -- $B spec $M/q15.gguf 96
+  phase session_q15 60 -- $B session $M/q15.gguf 128
+  for round in 1 2 3; do
+    phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
+    phase q15_v2_$round 90 KASOKU_CUDA_MATVEC_V2=1 -- $B bench $M/q15.gguf quick
+    phase q15_own_prefetch_$round 90 KASOKU_CUDA_OWN_PREFETCH=1 -- $B bench $M/q15.gguf quick
+    phase q15_trigger_first_$round 90 KASOKU_CUDA_TRIGGER_FIRST=1 -- $B bench $M/q15.gguf quick
+    phase q15_fuse_post_$round 60 KASOKU_CUDA_FUSE_POST=1 -- $B bench $M/q15.gguf quick
+    phase q15_fuse_norm_$round 60 KASOKU_CUDA_FUSE_NORM=1 -- $B bench $M/q15.gguf quick
+    phase q15_fuse_glu_$round 60 KASOKU_CUDA_FUSE_GLU=1 -- $B bench $M/q15.gguf quick
+  done
+  phase kernels_v2 150 KASOKU_CUDA_MATVEC_V2=1 -- $B kernels
+  phase spec_q15_v2 60 KASOKU_CUDA_MATVEC_V2=1 -- $B spec $M/q15.gguf 96
+  phase spec_q15_fuse_post 60 KASOKU_CUDA_FUSE_POST=1 -- $B spec $M/q15.gguf 96
+  phase bench_full 200 -- $B bench $M/q15.gguf
 else
   wait_models
   phase kernels_mma 150 KASOKU_CUDA_MMA=1 -- $B kernels

@@ -92,22 +92,25 @@ __device__ __forceinline__ void quant_block32(float v, i8* q, float4* s) {
 
 // The RMSNorm of one row of `dim` values (a multiple of 32) by a whole block (every thread
 // calling; `part`: dim / 32 doubles of shared memory): per 32-value block its sum of squares
-// in f64 (a warp's butterfly), then the blocks' sums added in order by one thread, so the bits
-// do not depend on the block's size (the rmsnorm kernel and a product's fused tail agree).
-// y = x · scale · w, and with xq/xs its int8 blocks. x is read from L2 (other blocks of a
-// fused product wrote it). A thread's values are loaded before any is used.
+// in f64 (a warp's butterfly), then the blocks' sums by one warp (lane l adds blocks l, l + 32,
+// ... in order, then a butterfly), so the bits do not depend on the block's size (the rmsnorm
+// kernel and a product's fused tail agree). y = x · scale · w, and with xq/xs its int8
+// blocks. x is read from L2 (other blocks of a fused product wrote it). A thread's values and
+// weights are loaded before any is used, unconditionally (at a clamped block), so they go out
+// together.
 #define RMS_HELD 16
 __device__ __noinline__ void rms_row(const float* xr, const float* w, float eps, int dim, float* yr, i8* xq, float4* xs,
                         double* part, float* scale_out) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int nb = dim / 32;
     bool held = nb <= RMS_HELD * nw;
-    float hv[RMS_HELD];
+    float hv[RMS_HELD], wv[RMS_HELD];
     if (held) {
 #pragma unroll
         for (int i = 0; i < RMS_HELD; i++) {
-            int b = warp + nw * i;
-            hv[i] = b < nb ? __ldcg(xr + 32 * b + lane) : 0.0f;
+            int b = min(warp + nw * i, nb - 1);
+            hv[i] = __ldcg(xr + 32 * b + lane);
+            wv[i] = w[32 * b + lane];
         }
     }
 #pragma unroll
@@ -125,10 +128,11 @@ __device__ __noinline__ void rms_row(const float* xr, const float* w, float eps,
             if (lane == 0) part[b] = ss;
         }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (warp == 0) {
         double t = 0.0;
-        for (int b = 0; b < nb; b++) t += part[b];
-        *scale_out = 1.0f / sqrtf((float)(t / dim) + eps);
+        for (int b = lane; b < nb; b += 32) t += part[b];
+        t = warp_sum_d(t);
+        if (lane == 0) *scale_out = 1.0f / sqrtf((float)(t / dim) + eps);
     }
     __syncthreads();
     float scale = *scale_out;
@@ -137,7 +141,7 @@ __device__ __noinline__ void rms_row(const float* xr, const float* w, float eps,
         int b = warp + nw * i;
         if (!held || b >= nb) break;
         int c = 32 * b + lane;
-        float v = hv[i] * scale * w[c];
+        float v = hv[i] * scale * wv[i];
         yr[c] = v;
         if (xq) quant_block32(v, xq + 32 * b, xs + b);
     }
