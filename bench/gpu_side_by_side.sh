@@ -10,8 +10,9 @@
 # benchmark runs: ~330 s on the machine's 16 cores. Each step is bounded; the whole run stays
 # under the device tool's 600 s.
 # Usage (staged by tools/gpu_run.sh): bash .gpu/side_by_side.sh [OUTDIR]
-#   CHECKS=1: also the GPU-against-CPU kernel checks, speculative == plain on the 1.5B shape
-#             and the transformers fixtures, while llama.cpp builds;
+#   CHECKS=1: also the GPU-against-CPU kernel checks, speculative == plain on the 1.5B shape,
+#             the transformers fixtures, DeviceSession, DFlash with a random drafter and the
+#             CLI checks, while llama.cpp builds;
 #   MMA_AB=1: also kasoku on the 1.5B shape with the block formats on the tensor-core
 #             kernels (KASOKU_CUDA_MMA=1, mma.cu) instead of the dp4a ones (matvec.cu).
 set -u
@@ -54,6 +55,15 @@ if [ "${CHECKS:-0}" = 1 ]; then
     log "spec == plain (KASOKU_CUDA_MMA=$v): rc=$? $(tail -1 "$OUT/spec_mma$v.log")"
   done
   timeout 60 $B fixtures "$G/fixtures" > "$OUT/fixtures.log" 2>&1; log "fixtures: rc=$? $(tail -1 "$OUT/fixtures.log")"
+  timeout 60 $B session $M/q15-q4_k_m.gguf 128 > "$OUT/session.log" 2>&1; log "session: rc=$? $(tail -1 "$OUT/session.log")"
+  if [ -f "$G/make_rand_dflash.py" ]; then
+    python3 "$G/make_rand_dflash.py" > "$OUT/dflash.log" 2>&1
+    timeout 120 $B dflash $M/q15-q4_k_m.gguf /tmp/rd/drafter 64 >> "$OUT/dflash.log" 2>&1
+    log "dflash: rc=$? $(tail -1 "$OUT/dflash.log")"
+  fi
+  if [ -f "$G/cli_checks.sh" ]; then
+    timeout 150 bash "$G/cli_checks.sh" "$G" > "$OUT/cli.log" 2>&1; log "cli: rc=$? $(tail -1 "$OUT/cli.log")"
+  fi
 fi
 if [ "${MMA_AB:-0}" = 1 ]; then
   KASOKU_CUDA_MMA=1 timeout 100 $B bench $M/q15-q4_k_m.gguf > "$OUT/kasoku_q15-q4_k_m_mma.log" 2>&1

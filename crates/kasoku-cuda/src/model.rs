@@ -578,19 +578,19 @@ pub struct CudaState {
     /// `KASOKU_CUDA_PREFETCH=1` turns it on). Results do not change.
     pub prefetch: bool,
     /// Whether a one-row pass runs the q/k/v epilogue inside attention (one kernel less per
-    /// layer, the same bits; opt-in with `KASOKU_CUDA_FUSE_POST=1`: the three fusions
-    /// together decoded slower on an H100, 377 tokens/s against 458).
+    /// layer, the same bits; on by default since an H100 decoded the 1.5B shape at 672
+    /// tokens/s with it against 664, `KASOKU_CUDA_FUSE_POST=0` turns it off).
     pub fuse_post: bool,
     /// Whether SwiGLU runs inside the gate|up product (one kernel less per layer, the same
-    /// bits; opt-in with `KASOKU_CUDA_FUSE_GLU=1`, as `fuse_post` says. On an H100 it broke
-    /// speculative == plain on the 1.5B shape: its int8 result went to the scratch its own
-    /// input is read from; now `glu_xq`/`glu_xs`, not yet re-run on a GPU).
+    /// bits; opt-in with `KASOKU_CUDA_FUSE_GLU=1`: on an H100 it decoded the 1.5B shape at
+    /// 616 tokens/s against 664 without). Its int8 result goes to `glu_xq`/`glu_xs`, not the
+    /// scratch its own input is read from.
     pub fuse_glu: bool,
     /// The fused SwiGLU's per-32-row counts (zero between passes).
     glu_count: DeviceBuffer,
     /// Whether passes of up to [`NORM_FUSE_ROWS`] rows run each RMSNorm inside the residual
-    /// product before it (the same bits; opt-in with `KASOKU_CUDA_FUSE_NORM=1`, as `fuse_post`
-    /// says).
+    /// product before it (the same bits; opt-in with `KASOKU_CUDA_FUSE_NORM=1`: on an H100 it
+    /// decoded the 1.5B shape at 560 tokens/s against 664 without).
     pub fuse_norm: bool,
     /// The fused RMSNorm's block count (zero between passes).
     norm_count: DeviceBuffer,
@@ -803,7 +803,7 @@ impl CudaState {
             pending: None,
             use_graphs: true,
             prefetch: std::env::var("KASOKU_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
-            fuse_post: std::env::var("KASOKU_CUDA_FUSE_POST").is_ok_and(|v| v == "1"),
+            fuse_post: !std::env::var("KASOKU_CUDA_FUSE_POST").is_ok_and(|v| v == "0"),
             fuse_glu: std::env::var("KASOKU_CUDA_FUSE_GLU").is_ok_and(|v| v == "1"),
             fuse_norm: std::env::var("KASOKU_CUDA_FUSE_NORM").is_ok_and(|v| v == "1"),
             norm_count: {

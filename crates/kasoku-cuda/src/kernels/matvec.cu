@@ -640,7 +640,7 @@ __device__ __noinline__ void norm_tail(u32* count, const float* y, int dim, int 
     if (threadIdx.x == 0) *count = 0;
 }
 
-// With KASOKU_OWN_PREFETCH, each warp asks L2 for its own pair of weight rows before waiting
+// With KASOKU_OWN_PREFETCH (the default; KASOKU_CUDA_OWN_PREFETCH=0 leaves it out), each warp asks L2 for its own pair of weight rows before waiting
 // for its predecessor: with early launch, the rows stream in from DRAM while the kernels
 // before this one finish, and the loads after the wait find them in L2.
 __device__ __forceinline__ void prefetch_own_rows(const MatArgs& a) {
