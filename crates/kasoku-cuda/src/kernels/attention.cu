@@ -318,16 +318,14 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
 
 
 // ---------------------------------------------------------------------------------------------
-// attn_group: the same function as attn_partial (opt-in with KASOKU_CUDA_ATTN=1), written to be
-// cheaper where a decode step is latency-bound (short and medium contexts). Measured on an H100
-// (2026-12-06) it was not: the 1.5B's 1-row step took 2.11 ms against attn_partial's 1.62 (it
-// launches a sixth of the blocks, 2 per row and chunk on the 1.5B, too few to fill the GPU at
-// a short context); so attn_partial stays the default.
-//
-// Why: at a context of a few hundred tokens a layer's K/V are ~100 KB, so attn_partial's cost
-// is its chain of dependent rounds, not bandwidth: per chunk a 128-long FMA chain per key, a
-// block max, one thread summing 64 exps, a value pass, and each query head of a GQA group
-// reading the same K/V again in its own block. Here:
+// attn_group: the same function as attn_partial (opt-in with KASOKU_CUDA_ATTN=1), with one
+// block per (row, KV head, split) for all the group's query heads, so K/V are read once per
+// GQA group. It was written against an earlier attn_partial (a block per query head whose
+// chunk took several dependent rounds); attn_partial now issues a chunk's loads together as
+// this kernel does, and on an H100 (2026-12-06) this one is slower at one row: 62.5 against
+// 24.0 us after 4,000 tokens, 29.9 against 7.4 after 512 (`kasoku-cuda-check attn`). It
+// launches a sixth of the blocks on the 1.5B (2 per row and chunk), too few to fill the GPU,
+// and spills registers. Its layout:
 // - One block per (row, KV head, split) takes every query head of the group (up to
 //   ATTG_HEADS; a larger group takes several blocks), so K/V are read once per group and the
 //   fused epilogue computes the new key once per group and split.
