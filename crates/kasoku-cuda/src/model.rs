@@ -1565,10 +1565,7 @@ impl CudaModel {
             .iter()
             .find_map(|l| l.attention().map(|a| (l, a)))
             .ok_or_else(|| Error::Invalid("profile_step: no attention layer".into()))?;
-        let mut words = vec![0u32; st.layout.words];
-        fill_meta(&st.layout, st.len, &[1], None, &mut words);
-        st.meta_host.put_u32s(0, &words);
-        st.meta.write_async(0, &st.meta_host, st.layout.words * 4)?;
+        let (post, call) = self.profile_attention_args(st, 1)?;
         let timer = crate::runtime::Timer::new(self.gpu())?;
         let mut out = Vec::new();
         let mut time = |what: &str, bytes: usize, f: &dyn Fn() -> Result<()>| -> Result<()> {
@@ -1581,8 +1578,6 @@ impl CudaModel {
             out.push((what.to_string(), us, bytes));
             Ok(())
         };
-        let layer_elems = kv_dim * st.max_slots;
-        let word = |w: usize| st.meta.at(w * 4);
         let acts = |x: &DeviceBuffer, ld: usize| Acts {
             x: x.ptr(),
             xq: st.xq.ptr(),
@@ -1609,56 +1604,12 @@ impl CudaModel {
                 )
             },
         )?;
-        time("qkv epilogue", 0, &|| {
-            k.qkv_post(&QkvPost {
-                q: st.q.ptr(),
-                k: st.k.ptr(),
-                v: st.v.ptr(),
-                n: 1,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                rot_dim: c.rope_dim,
-                interleaved: false,
-                inv_freq: self.inv_freq.ptr(),
-                q_norm: 0,
-                k_norm: 0,
-                eps: c.rms_eps,
-                batch: st.meta.ptr(),
-                pos: word(st.layout.pos),
-                k_cache: st.kv.ptr(),
-                v_cache: st.kv.at(layer_elems * 2),
-                max_slots: st.max_slots,
-            })
-        })?;
+        time("qkv epilogue", 0, &|| k.qkv_post(&post))?;
         let att = acts(&st.att, q_dim);
         time(
             &format!("attention at {} cached (+int8)", st.len),
             0,
-            &|| {
-                k.attention(&AttnCall {
-                    q: st.q.ptr(),
-                    k_cache: st.kv.ptr(),
-                    v_cache: st.kv.at(layer_elems * 2),
-                    max_slots: st.max_slots,
-                    n: 1,
-                    n_heads: c.n_heads,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                    scale: 0.1,
-                    batch: st.meta.ptr(),
-                    pos: word(st.layout.pos),
-                    path: word(st.layout.path),
-                    part_ml: st.part_ml.ptr(),
-                    part_o: st.part_o.ptr(),
-                    arrivals: st.arrivals.ptr(),
-                    chunks: st.chunks,
-                    out: st.att.ptr(),
-                    out_q: att.xq,
-                    out_s: att.xs,
-                    post: Default::default(),
-                })
-            },
+            &|| k.attention(&call),
         )?;
         time("matvec o (+residual)", a.wo.buf.len(), &|| {
             k.matvec(&[a.wo.seg(st.normed.ptr(), h, None, true)], att, 1, q_dim)
@@ -1733,12 +1684,28 @@ impl CudaModel {
         reps: usize,
     ) -> Result<f64> {
         let k = &self.kernels;
+        let (post, mut call) = self.profile_attention_args(st, n)?;
+        if fused {
+            call.post = PostArgs::fused(&post);
+        }
+        let timer = crate::runtime::Timer::new(self.gpu())?;
+        k.attention_by(&call, grouped)?;
+        timer.start()?;
+        for _ in 0..reps {
+            k.attention_by(&call, grouped)?;
+        }
+        Ok(timer.stop_ms()? as f64 * 1e3 / reps as f64)
+    }
+
+    /// A q/k/v epilogue and an attention call on the first KV cache (the epilogue not fused)
+    /// for `n` chain rows after the state's positions, as the profilers launch them; writes
+    /// the batch description.
+    fn profile_attention_args(&self, st: &mut CudaState, n: usize) -> Result<(QkvPost, AttnCall)> {
         let c = &self.config;
         let hd = c.head_dim;
-        let kv_dim = c.n_kv_heads * hd;
-        if n == 0 || n > MAX_TREE || (fused && n != 1) || st.len + n > st.max_slots {
+        if n == 0 || n > MAX_TREE || st.len + n > st.max_slots {
             return Err(Error::Invalid(format!(
-                "profile_attention: {n} rows after {} (fused: one row)",
+                "profiling attention of {n} rows after {}",
                 st.len
             )));
         }
@@ -1746,8 +1713,8 @@ impl CudaModel {
         fill_meta(&st.layout, st.len, &vec![1; n], None, &mut words);
         st.meta_host.put_u32s(0, &words);
         st.meta.write_async(0, &st.meta_host, st.layout.words * 4)?;
-        let layer_elems = kv_dim * st.max_slots;
         let word = |w: usize| st.meta.at(w * 4);
+        let v_cache = st.kv.at(c.n_kv_heads * hd * st.max_slots * 2);
         let post = QkvPost {
             q: st.q.ptr(),
             k: st.k.ptr(),
@@ -1765,13 +1732,13 @@ impl CudaModel {
             batch: st.meta.ptr(),
             pos: word(st.layout.pos),
             k_cache: st.kv.ptr(),
-            v_cache: st.kv.at(layer_elems * 2),
+            v_cache,
             max_slots: st.max_slots,
         };
         let call = AttnCall {
             q: st.q.ptr(),
             k_cache: st.kv.ptr(),
-            v_cache: st.kv.at(layer_elems * 2),
+            v_cache,
             max_slots: st.max_slots,
             n,
             n_heads: c.n_heads,
@@ -1788,19 +1755,9 @@ impl CudaModel {
             out: st.att.ptr(),
             out_q: st.xq.ptr(),
             out_s: st.xs.ptr(),
-            post: if fused {
-                PostArgs::fused(&post)
-            } else {
-                PostArgs::default()
-            },
+            post: PostArgs::default(),
         };
-        let timer = crate::runtime::Timer::new(self.gpu())?;
-        k.attention_by(&call, grouped)?;
-        timer.start()?;
-        for _ in 0..reps {
-            k.attention_by(&call, grouped)?;
-        }
-        Ok(timer.stop_ms()? as f64 * 1e3 / reps as f64)
+        Ok((post, call))
     }
 }
 

@@ -74,6 +74,23 @@ __device__ void attn_merge_row(
     }
 }
 
+// Whether this block is the last of `working` blocks to finish a (row, head) that counts its
+// arrivals in `*count` (every thread calling; `last` one int of shared memory): each block's
+// partials published first (fence), the last resets the count for the next pass and fences
+// again before it reads the others' partials (past L1, which their writes do not reach).
+__device__ __forceinline__ bool last_to_arrive(int* count, int working, int* last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *last = atomicAdd(count, 1) == working - 1;
+        if (*last) *count = 0;
+    }
+    __syncthreads();
+    if (!*last) return false;
+    __threadfence();
+    return true;
+}
+
 // Grid (n, n_heads, blocks), block 128 (4 warps): block z takes chunks z, z + blocks, ... of
 // the row (so a pass launches blocks by the cache's length, not its capacity). Partials:
 // [row][head][chunk] (m, l) and [row][head][chunk][head_dim] (weighted values).
@@ -95,7 +112,8 @@ __device__ void attn_merge_row(
 // plain decoding of its path gets, whatever the batch, grid or block that computes it.
 #define ATTP_KPW (ATT_CHUNK / 4)
 
-__device__ __forceinline__ void attp_unpack(uint4 raw, float* f) {
+// The 8 f16 values of a 16-byte load, as floats (both decode kernels).
+__device__ __forceinline__ void unpack_f16x8(uint4 raw, float* f) {
     u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int z = 0; z < 4; z++) {
@@ -207,7 +225,7 @@ __device__ __forceinline__ void attn_partial_body(
 #pragma unroll
         for (int s = 0; s < STEPS; s++) {
             float kf[8];
-            attp_unpack(kraw[s], kf);
+            unpack_f16x8(kraw[s], kf);
             float a = 0.0f;
 #pragma unroll
             for (int j = 0; j < 8; j++) a = fmaf(qr[j], kf[j], a);
@@ -227,7 +245,7 @@ __device__ __forceinline__ void attn_partial_body(
             const float p = slot[s] >= 0 ? expf(sc[s] - m) : 0.0f;
             l += p;
             float vf[8];
-            attp_unpack(vraw[s], vf);
+            unpack_f16x8(vraw[s], vf);
 #pragma unroll
             for (int j = 0; j < 8; j++) acc[j] = fmaf(p, vf[j], acc[j]);
         }
@@ -273,21 +291,8 @@ __device__ __forceinline__ void attn_partial_body(
         }
         return;
     }
-    // The last of the row's blocks to finish merges them all (no second kernel): each block
-    // publishes its partials, then counts itself in; the one that completes the count reads
-    // every chunk's partials (past L1, which other blocks' writes do not reach) and resets
-    // the count for the next pass.
-    __threadfence();
-    __syncthreads();
-    int working = min(nc, (int)gridDim.z);
-    if (tid == 0) {
-        int* count = arrivals + i * n_heads + h;
-        *sm.last = atomicAdd(count, 1) == working - 1;
-        if (*sm.last) *count = 0;
-    }
-    __syncthreads();
-    if (!*sm.last) return;
-    __threadfence();
+    // The last of the row's blocks to finish merges them all (no second kernel).
+    if (!last_to_arrive(arrivals + i * n_heads + h, min(nc, (int)gridDim.z), sm.last)) return;
     attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, sm.qs);
 }
 
@@ -397,15 +402,6 @@ __device__ void head_post_warp(float* s, const float* nw, float eps, int head_di
         s[b] = x1 * c + x0 * sv;
     }
     __syncwarp();
-}
-
-__device__ __forceinline__ void attg_unpack(uint4 raw, float* f) {
-    u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int z = 0; z < 4; z++) {
-        f[2 * z] = h2f((u16)(w[z] & 0xffff));
-        f[2 * z + 1] = h2f((u16)(w[z] >> 16));
-    }
 }
 
 // Shared memory of attn_group, passed to its body (one instantiation per L would otherwise
@@ -538,7 +534,7 @@ __device__ __forceinline__ void attn_group_body(
             for (int s = 0; s < BATCH; s++) {
                 const int t = warp * ATTG_KPW + (b0 + s) * KPS + g;
                 float kf[8];
-                attg_unpack(kraw[s], kf);
+                unpack_f16x8(kraw[s], kf);
                 float dot[ATTG_HEADS];
 #pragma unroll
                 for (int hh = 0; hh < ATTG_HEADS; hh++) {
@@ -603,7 +599,7 @@ __device__ __forceinline__ void attn_group_body(
             const int t = warp * ATTG_KPW + s * KPS + g;
             if (slot[s] >= 0 && act) {
                 float vf[8];
-                attg_unpack(vraw[s], vf);
+                unpack_f16x8(vraw[s], vf);
 #pragma unroll
                 for (int hh = 0; hh < ATTG_HEADS; hh++) {
                     if (hh < hn) {
@@ -653,17 +649,7 @@ __device__ __forceinline__ void attn_group_body(
         return;
     }
     // The last of the row's blocks (for this KV head's query heads) merges: as attn_partial.
-    __threadfence();
-    __syncthreads();
-    const int working = min(nc, (int)gridDim.z);
-    if (tid == 0) {
-        int* count = arrivals + i * n_heads + blockIdx.y;
-        *sm.last = atomicAdd(count, 1) == working - 1;
-        if (*sm.last) *count = 0;
-    }
-    __syncthreads();
-    if (!*sm.last) return;
-    __threadfence();
+    if (!last_to_arrive(arrivals + i * n_heads + blockIdx.y, min(nc, (int)gridDim.z), sm.last)) return;
     for (int hh = warp; hh < hn; hh += ATTG_WARPS) {
         const float* ml = part_ml + (size_t)(i * n_heads + h0 + hh) * chunks * 2;
         float m = -KINF;
