@@ -10,6 +10,9 @@
 #                                      defaults (quick benchmarks, three rounds alternated)
 #   bash .gpu/session.sh 2 [SECONDS]   the opt-in tensor-core products' checks, the CLI checks,
 #                                      the full benchmark
+#   bash .gpu/session.sh 4 [SECONDS]   the 4- and 8-row products with four weight rows a warp
+#                                      (KASOKU_CUDA_MATVEC_WIDE=4): checks under it, then quick
+#                                      benchmarks against the defaults, three rounds alternated
 set -u
 G=$(cd "$(dirname "$0")" && pwd); B=$G/kasoku-cuda-check; F=$G/fixtures
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -54,6 +57,16 @@ elif [ "$PART" = 3 ]; then
   phase spec_q15_v2 60 KASOKU_CUDA_MATVEC_V2=1 -- $B spec $M/q15.gguf 96
   phase spec_q15_fuse_post 60 KASOKU_CUDA_FUSE_POST=1 -- $B spec $M/q15.gguf 96
   phase bench_full 200 -- $B bench $M/q15.gguf
+elif [ "$PART" = 4 ]; then
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
+  $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
+  phase kernels_wide 150 KASOKU_CUDA_MATVEC_WIDE=4 -- $B kernels
+  phase spec_q15_wide 60 KASOKU_CUDA_MATVEC_WIDE=4 -- $B spec $M/q15.gguf 96
+  phase session_q15_wide 60 KASOKU_CUDA_MATVEC_WIDE=4 -- $B session $M/q15.gguf 128
+  for round in 1 2 3; do
+    phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
+    phase q15_wide_$round 60 KASOKU_CUDA_MATVEC_WIDE=4 -- $B bench $M/q15.gguf quick
+  done
 else
   wait_models
   phase kernels_mma 150 KASOKU_CUDA_MMA=1 -- $B kernels

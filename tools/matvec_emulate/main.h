@@ -71,10 +71,12 @@ static int matvec_split(const MatArgs& a) {
     }
     return units >= 256 ? 4 : units >= 128 ? 2 : 1;
 }
+// matvec_rows_per_warp: the kernel's NW (KASOKU_MATVEC_WIDE in the 4- and 8-row kernels).
+static int rows_per_warp(int n) { return n > 2 ? KASOKU_MATVEC_WIDE : 2; }
 static unsigned matvec_grid(const MatArgs& a) {  // matvec_args' grid (a.split set)
-    long long pairs = 0;
-    for (int i = 0; i < a.nseg; i++) pairs += (a.seg[i].rows + 1) / 2;
-    return (unsigned)((pairs * a.split + MATVEC_WARPS - 1) / MATVEC_WARPS);
+    long long groups = 0, nw = rows_per_warp(a.n);
+    for (int i = 0; i < a.nseg; i++) groups += (a.seg[i].rows + nw - 1) / nw;
+    return (unsigned)((groups * a.split + MATVEC_WARPS - 1) / MATVEC_WARPS);
 }
 // stream_layout: (stages, stage bytes, grid) or false where two stages do not fit.
 static bool stream_layout(const MatArgs& a, int mps, int bps, long long budget, int* stages, int* stage_bytes, unsigned* grid) {
@@ -103,7 +105,7 @@ static RunInfo run_matvec(MatArgs a, const SCfg* cfg, bool reverse = false) {
     RunInfo info;
     a.stream_stages = 0; a.stream_stage_bytes = 0;
     g_dyn_size = 0; g_stage_bytes = 0; g_late_copies = false; g_reverse = reverse;
-    if (cfg) {
+    if (cfg && rows_per_warp(a.n) == 2) {  // streaming takes pairs of rows only
         int ppt = MATVEC_WARPS / a.split; long long stage = 0;
         for (int i = 0; i < a.nseg; i++) stage = std::max(stage, (2 * ppt * a.seg[i].row_bytes + 15) / 16 * 16 + 32);
         long long fit = STREAM_SHARED_MAX / stage, want = std::min<long long>(cfg->stages, std::max(fit, 2LL));

@@ -165,16 +165,17 @@ extern "C" __global__ void quantize_acts(const float* x, long long blocks, i8* x
 
 __device__ __forceinline__ u32 ld32u(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
 
-// Each warp computes TWO weight rows (w0, w1: a pair of rows of one matrix) against every
-// activation row: an activation load serves both. acc[w * NR + r] is weight row w, activation
-// row r. The arithmetic of each (weight row, activation row) is the same whatever is beside it.
+// Each warp computes NW weight rows (w0, w1, ...: a group of consecutive rows of one matrix;
+// NW = 2, or 4 in the wide multi-row kernels) against every activation row: an activation load
+// serves all of them. acc[w * NR + r] is weight row w, activation row r. The arithmetic of each
+// (weight row, activation row) is the same whatever is beside it.
 
-template <int NR>
+template <int NR, int NW>
 __device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lane, int step, const float* x, int ldx, int nr, float* acc) {
     for (int u = lane; u < cols / 8; u += step) {
-        float wv[2][8];
+        float wv[NW][8];
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < NW; w++) {
             const float* wr = (const float*)rows[w];
             float4 a = LDW((const float4*)(wr + 8 * u));
             float4 b = LDW((const float4*)(wr + 8 * u + 4));
@@ -187,19 +188,19 @@ __device__ __forceinline__ void dot_f32(const u8* const* rows, int cols, int lan
             float4 p = xv[0], q = xv[1];
             float xs[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int w = 0; w < 2; w++)
+            for (int w = 0; w < NW; w++)
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[w * NR + r] = fmaf(wv[w][i], xs[i], acc[w * NR + r]);
         }
     }
 }
 
-template <int NR, bool BF>
+template <int NR, int NW, bool BF>
 __device__ __forceinline__ void dot_f16(const u8* const* rows, int cols, int lane, int step, const float* x, int ldx, int nr, float* acc) {
     for (int u = lane; u < cols / 8; u += step) {
-        float wv[2][8];
+        float wv[NW][8];
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < NW; w++) {
             uint4 raw = LDW((const uint4*)(rows[w] + 16 * u));
             u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -215,7 +216,7 @@ __device__ __forceinline__ void dot_f16(const u8* const* rows, int cols, int lan
             float4 p = xv[0], q = xv[1];
             float xs[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int w = 0; w < 2; w++)
+            for (int w = 0; w < NW; w++)
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[w * NR + r] = fmaf(wv[w][i], xs[i], acc[w * NR + r]);
         }
@@ -236,14 +237,14 @@ __device__ __forceinline__ void ld16B(const u8* p, u32* out) {
 
 // Legacy blocks of 32 values, one block per unit. Q4_0/Q5_0/Q8_0 are d·q (q with its offset
 // 8 / 16 / 0), Q4_1/Q5_1 are d·q + m.
-template <int NR>
+template <int NR, int NW>
 __device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
     int bb = fmt == FMT_Q4_0 ? 18 : fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q5_0 ? 22 : fmt == FMT_Q5_1 ? 24 : 34;
     for (int b = lane; b < cols / 32; b += step) {
-        float d[2], m[2], off = 0.0f;
-        int wq[2][8];
+        float d[NW], m[NW], off = 0.0f;
+        int wq[NW][8];
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < NW; w++) {
             const u8* blk = rows[w] + (size_t)b * bb;
             d[w] = h2f(ld16(blk));
             m[w] = 0.0f;
@@ -283,7 +284,7 @@ __device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int c
             int4 p = xv[0], q = xv[1];
             float sx = xs.y + xs.z;
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
+            for (int w = 0; w < NW; w++) {
                 int sumi = 0;
                 sumi = __dp4a(wq[w][0], p.x, sumi); sumi = __dp4a(wq[w][1], p.y, sumi);
                 sumi = __dp4a(wq[w][2], p.z, sumi); sumi = __dp4a(wq[w][3], p.w, sumi);
@@ -301,15 +302,15 @@ __device__ __forceinline__ void dot_legacy(const u8* const* rows, int fmt, int c
 // Q4_K and Q5_K: a unit is 16 bytes of quants of one 64-value group j of a super-block:
 // 16 low nibbles (values 64j + l0 + i, sub-block 2j) and 16 high ones (64j + 32 + l0 + i,
 // sub-block 2j + 1), l0 = 0 or 16: half l0/16 of activation blocks 8sb + 2j and 8sb + 2j + 1.
-template <int NR, bool Q5>
+template <int NR, int NW, bool Q5>
 __device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
     const int bb = Q5 ? 176 : 144, qoff = Q5 ? 48 : 16;
     for (int u = lane; u < cols / 32; u += step) {
         int sb = u >> 3, j = (u >> 1) & 3, half = u & 1, l0 = half * 16;
-        int lo[2][4], hi[2][4];
-        float dl[2], ml[2], dh[2], mh[2];
+        int lo[NW][4], hi[NW][4];
+        float dl[NW], ml[NW], dh[NW], mh[NW];
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < NW; w++) {
             const u8* blk = rows[w] + (size_t)sb * bb;
             float d = h2f(ld16(blk)), dmin = h2f(ld16(blk + 2));
             float sc0, m0, sc1, m1;
@@ -338,7 +339,7 @@ __device__ __forceinline__ void dot_q45k(const u8* const* rows, int cols, int la
             float4 sl = a.xs[row_a / 32 + blo], sh = a.xs[row_a / 32 + blo + 1];
             float xl = half ? sl.z : sl.y, xh = half ? sh.z : sh.y;
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
+            for (int w = 0; w < NW; w++) {
                 int s0 = 0, s1 = 0;
                 s0 = __dp4a(lo[w][0], pl.x, s0); s0 = __dp4a(lo[w][1], pl.y, s0);
                 s0 = __dp4a(lo[w][2], pl.z, s0); s0 = __dp4a(lo[w][3], pl.w, s0);
@@ -375,19 +376,19 @@ __device__ __forceinline__ void scale_min_k4_regs(int j, uint4 h, float* sc, flo
 // (d, dmin, scales) as one 16-byte load, the unit's quants as another (Q5: the high bits as a
 // third), for the lane's unit u and u + step together. The arithmetic is dot_q45k's, in its
 // order.
-template <int NR, bool Q5>
+template <int NR, int NW, bool Q5>
 __device__ __forceinline__ void dot_q45k_v2(const u8* const* rows, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
     const int bb = Q5 ? 176 : 144, qoff = Q5 ? 48 : 16;
     const int units = cols / 32;
     for (int u0 = lane; u0 < units; u0 += 2 * step) {
-        uint4 hdr[2][2], qw[2][2], hw4[2][2];
+        uint4 hdr[2][NW], qw[2][NW], hw4[2][NW];
         const bool second = u0 + step < units;
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             int u = k == 1 && second ? u0 + step : u0;
             int sb = u >> 3, j = (u >> 1) & 3, l0 = (u & 1) * 16;
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
+            for (int w = 0; w < NW; w++) {
                 const u8* blk = rows[w] + (size_t)sb * bb;
                 hdr[k][w] = LDW((const uint4*)blk);
                 qw[k][w] = LDW((const uint4*)(blk + qoff + 32 * j + l0));
@@ -399,10 +400,10 @@ __device__ __forceinline__ void dot_q45k_v2(const u8* const* rows, int cols, int
             if (k == 1 && !second) break;
             int u = u0 + k * step;
             int sb = u >> 3, j = (u >> 1) & 3, half = u & 1, l0 = half * 16;
-            int lo[2][4], hi[2][4];
-            float dl[2], ml[2], dh[2], mh[2];
+            int lo[NW][4], hi[NW][4];
+            float dl[NW], ml[NW], dh[NW], mh[NW];
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
+            for (int w = 0; w < NW; w++) {
                 uint4 h = hdr[k][w];
                 float d = h2f((u16)(h.x & 0xffff)), dmin = h2f((u16)(h.x >> 16));
                 float sc0, m0, sc1, m1;
@@ -427,7 +428,7 @@ __device__ __forceinline__ void dot_q45k_v2(const u8* const* rows, int cols, int
                 float4 sl = a.xs[row_a / 32 + blo], sh = a.xs[row_a / 32 + blo + 1];
                 float xl = half ? sl.z : sl.y, xh = half ? sh.z : sh.y;
 #pragma unroll
-                for (int w = 0; w < 2; w++) {
+                for (int w = 0; w < NW; w++) {
                     int s0 = 0, s1 = 0;
                     s0 = __dp4a(lo[w][0], pl.x, s0); s0 = __dp4a(lo[w][1], pl.y, s0);
                     s0 = __dp4a(lo[w][2], pl.z, s0); s0 = __dp4a(lo[w][3], pl.w, s0);
@@ -447,14 +448,14 @@ __device__ __forceinline__ void dot_q45k_v2(const u8* const* rows, int cols, int
 // Q6_K: a unit is half h of a super-block and l0 (0 or 16): 16 values in each quarter k,
 // values 128h + 32k + l0 + i (half l0/16 of activation block 8sb + 4h + k), scale
 // sc[8h + l0/16 + 2k]; quants minus 32 as signed bytes.
-template <int NR>
+template <int NR, int NW>
 __device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lane, int step, const MatArgs& a, int r0, int nr, float* acc) {
     for (int u = lane; u < cols / 64; u += step) {
         int sb = u >> 2, h = (u >> 1) & 1, l0 = (u & 1) * 16;
-        int q[2][4][4];
-        float ds[2][4];
+        int q[NW][4][4];
+        float ds[NW][4];
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < NW; w++) {
             const u8* blk = rows[w] + (size_t)sb * 210;
             float d = h2f(ld16(blk + 208));
             const i8* sc = (const i8*)(blk + 192 + 8 * h + l0 / 16);
@@ -484,7 +485,7 @@ __device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lan
                 da[k] = a.xs[row_a / 32 + blk_a + k].x;
             }
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
+            for (int w = 0; w < NW; w++) {
                 float t = acc[w * NR + r];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
@@ -499,22 +500,22 @@ __device__ __forceinline__ void dot_q6k(const u8* const* rows, int cols, int lan
     }
 }
 
-template <int NR>
+template <int NR, int NW>
 __device__ __forceinline__ void row_dot(const u8* const* rows, int fmt, const MatArgs& a, int r0, int nr, int lane, int step, float* acc) {
     const float* x = a.x + (size_t)r0 * a.ldx;
     switch (fmt) {
-    case FMT_F32: dot_f32<NR>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
-    case FMT_F16: dot_f16<NR, false>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
-    case FMT_BF16: dot_f16<NR, true>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+    case FMT_F32: dot_f32<NR, NW>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+    case FMT_F16: dot_f16<NR, NW, false>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
+    case FMT_BF16: dot_f16<NR, NW, true>(rows, a.cols, lane, step, x, a.ldx, nr, acc); break;
 #ifdef KASOKU_MATVEC_V2
-    case FMT_Q4_K: dot_q45k_v2<NR, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
-    case FMT_Q5_K: dot_q45k_v2<NR, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q4_K: dot_q45k_v2<NR, NW, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q5_K: dot_q45k_v2<NR, NW, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
 #else
-    case FMT_Q4_K: dot_q45k<NR, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
-    case FMT_Q5_K: dot_q45k<NR, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q4_K: dot_q45k<NR, NW, false>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q5_K: dot_q45k<NR, NW, true>(rows, a.cols, lane, step, a, r0, nr, acc); break;
 #endif
-    case FMT_Q6_K: dot_q6k<NR>(rows, a.cols, lane, step, a, r0, nr, acc); break;
-    default: dot_legacy<NR>(rows, fmt, a.cols, lane, step, a, r0, nr, acc); break;
+    case FMT_Q6_K: dot_q6k<NR, NW>(rows, a.cols, lane, step, a, r0, nr, acc); break;
+    default: dot_legacy<NR, NW>(rows, fmt, a.cols, lane, step, a, r0, nr, acc); break;
     }
 }
 
@@ -526,43 +527,45 @@ __device__ __forceinline__ u64 argmax_key(float v, int j) {
     return ((u64)b << 32) | (u64)(0xFFFFFFFFu - (u32)j);
 }
 
-// Weight rows j0 and j0 + 1 (when `pair`) of segment s against activation rows r0..r0+nr, by
-// `split` warps of the block (this one is `part` of them): each takes every split-th group of
-// 32 units of the rows, and the first adds the warps' sums in order (p0 + p1 + ...). Every warp
-// of the block calls this the same number of times (`valid` false: a warp past the last row
-// only joins the block's synchronisations).
-template <int NR>
-__device__ __forceinline__ void row_tile(const MatSeg& s, const u8* w_j0, int j0, bool pair, bool valid, const MatArgs& a, int r0, int nr,
+// Weight rows j0 .. j0 + count − 1 (count ≤ NW) of segment s against activation rows
+// r0..r0+nr, by `split` warps of the block (this one is `part` of them): each takes every
+// split-th group of 32 units of the rows, and the first adds the warps' sums in order
+// (p0 + p1 + ...). Every warp of the block calls this the same number of times (`valid` false:
+// a warp past the last row only joins the block's synchronisations).
+template <int NR, int NW>
+__device__ __forceinline__ void row_tile(const MatSeg& s, const u8* w_j0, int j0, int count, bool valid, const MatArgs& a, int r0, int nr,
                                          int lane, int part, int split, float* partial, u64* block_best) {
-    float acc[2 * NR];
+    float acc[NW * NR];
 #pragma unroll
-    for (int i = 0; i < 2 * NR; i++) acc[i] = 0.0f;
+    for (int i = 0; i < NW * NR; i++) acc[i] = 0.0f;
     if (valid) {
-        // Without a partner, the warp computes row j0 twice and keeps one.
-        const u8* rows[2] = {w_j0, pair ? w_j0 + s.row_bytes : w_j0};
-        row_dot<NR>(rows, s.fmt, a, r0, nr, lane + 32 * part, 32 * split, acc);
+        // Slots past the matrix's last row compute row j0 again, and are dropped.
+        const u8* rows[NW];
+#pragma unroll
+        for (int w = 0; w < NW; w++) rows[w] = w < count ? w_j0 + (size_t)w * s.row_bytes : w_j0;
+        row_dot<NR, NW>(rows, s.fmt, a, r0, nr, lane + 32 * part, 32 * split, acc);
     }
 #pragma unroll
-    for (int i = 0; i < 2 * NR; i++) acc[i] = warp_sum(acc[i]);
+    for (int i = 0; i < NW * NR; i++) acc[i] = warp_sum(acc[i]);
     if (split > 1) {
         int warp = threadIdx.x >> 5;
         if (lane == 0)
 #pragma unroll
-            for (int i = 0; i < 2 * NR; i++) partial[warp * 2 * NR + i] = acc[i];
+            for (int i = 0; i < NW * NR; i++) partial[warp * NW * NR + i] = acc[i];
         __syncthreads();
         if (part == 0)
 #pragma unroll
-            for (int i = 0; i < 2 * NR; i++) {
-                float t = partial[warp * 2 * NR + i];
-                for (int p = 1; p < split; p++) t += partial[(warp + p) * 2 * NR + i];
+            for (int i = 0; i < NW * NR; i++) {
+                float t = partial[warp * NW * NR + i];
+                for (int p = 1; p < split; p++) t += partial[(warp + p) * NW * NR + i];
                 acc[i] = t;
             }
         __syncthreads();
     }
     if (valid && part == 0 && lane == 0) {
 #pragma unroll
-        for (int w = 0; w < 2; w++) {
-            if (w == 1 && !pair) break;
+        for (int w = 0; w < NW; w++) {
+            if (w >= count) break;
             int j = j0 + w;
             float b = s.bias ? s.bias[j] : 0.0f;
 #pragma unroll
@@ -589,13 +592,13 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, const u8* w_j0, int j0
 // slot of a pair and at every batch size, so its bits do not depend on the kernel, the tile or
 // the pair it lands in.
 // SwiGLU fused into the gate|up product (segment 0 the gate, 1 the up projection, the same
-// rows, ldy = rows): each warp counts its pair of rows in its group of 32 rows; the warp that
-// completes a group (16 gate pairs and 16 up pairs) computes g = silu(g)·u for the group's 32
+// rows, ldy = rows): each warp counts its NW rows in their group of 32 rows; the warp that
+// completes a group (32 / NW gate warps and as many up warps) computes g = silu(g)·u for the group's 32
 // values of every activation row, and their int8 blocks, with the swiglu kernel's arithmetic
 // (the same bits), then resets the count for the next pass. Each warp publishes its rows
 // (fence) before counting, so the completing warp reads every one of them, from L2.
 __device__ __noinline__ void glu_group_done(float* gy, const float* uy, int ld, int n, u32* counts, i8* gq,
-                                            float4* gs, int j0, int lane) {
+                                            float4* gs, int j0, int lane, int nw) {
     int grp = j0 >> 5;
     u32 prev = 0;
     __syncwarp();
@@ -604,7 +607,7 @@ __device__ __noinline__ void glu_group_done(float* gy, const float* uy, int ld, 
         prev = atomicAdd(counts + grp, 1u);
     }
     prev = __shfl_sync(0xffffffffu, prev, 0);
-    if (prev != 31) return;
+    if (prev != 64 / nw - 1) return;
     __threadfence();
     for (int r = 0; r < n; r++) {
         size_t c = (size_t)r * ld + 32 * grp + lane;
@@ -640,9 +643,10 @@ __device__ __noinline__ void norm_tail(u32* count, const float* y, int dim, int 
     if (threadIdx.x == 0) *count = 0;
 }
 
-// With KASOKU_OWN_PREFETCH (the default; KASOKU_CUDA_OWN_PREFETCH=0 leaves it out), each warp asks L2 for its own pair of weight rows before waiting
+// With KASOKU_OWN_PREFETCH (the default; KASOKU_CUDA_OWN_PREFETCH=0 leaves it out), each warp asks L2 for its own NW weight rows before waiting
 // for its predecessor: with early launch, the rows stream in from DRAM while the kernels
 // before this one finish, and the loads after the wait find them in L2.
+template <int NW>
 __device__ __forceinline__ void prefetch_own_rows(const MatArgs& a) {
 #ifdef KASOKU_OWN_PREFETCH
     const int split = a.split;
@@ -650,24 +654,24 @@ __device__ __forceinline__ void prefetch_own_rows(const MatArgs& a) {
     int part = warp % split;
     int g = blockIdx.x * (4 / split) + warp / split;
     int si = 0;
-    while (si < a.nseg && g >= (a.seg[si].rows + 1) / 2) { g -= (a.seg[si].rows + 1) / 2; si++; }
+    while (si < a.nseg && g >= (a.seg[si].rows + NW - 1) / NW) { g -= (a.seg[si].rows + NW - 1) / NW; si++; }
     if (si >= a.nseg) return;
     const MatSeg& s = a.seg[si];
-    int j0 = 2 * g;
-    long long len = (long long)(j0 + 1 < s.rows ? 2 : 1) * s.row_bytes;
+    int j0 = NW * g;
+    long long len = (long long)min(NW, s.rows - j0) * s.row_bytes;
     const u8* p = s.w + (size_t)j0 * s.row_bytes;
     for (long long o = (long long)(lane + 32 * part) * 128; o < len; o += 32LL * split * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 #endif
 }
 
-template <int NR>
+template <int NR, int NW>
 __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     // A fused argmax (the head: one segment) first takes the maximum over the block in shared
     // memory, then one atomic per block and row reaches the global key: one global atomic per
     // weight row on a single address would serialize a 150k-row head.
     __shared__ u64 block_best[MATVEC_MAX_ROWS];
-    __shared__ float partial[4 * 2 * NR];
+    __shared__ float partial[4 * NW * NR];
     const bool best = a.nseg == 1 && a.seg[0].best;
     if (best) {
         for (int r = threadIdx.x; r < a.n; r += blockDim.x) block_best[r] = 0;
@@ -678,16 +682,16 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     int part = warp % split;
     int g = blockIdx.x * (4 / split) + warp / split;
     int si = 0;
-    while (si < a.nseg && g >= (a.seg[si].rows + 1) / 2) { g -= (a.seg[si].rows + 1) / 2; si++; }
+    while (si < a.nseg && g >= (a.seg[si].rows + NW - 1) / NW) { g -= (a.seg[si].rows + NW - 1) / NW; si++; }
     bool valid = si < a.nseg;
     const MatSeg& s = a.seg[valid ? si : 0];
-    int j0 = 2 * g;
-    bool pair = valid && j0 + 1 < s.rows;
+    int j0 = NW * g;
+    int count = valid ? min(NW, s.rows - j0) : 0;
     for (int r0 = 0; r0 < a.n; r0 += NR)
-        row_tile<NR>(s, s.w + (size_t)j0 * s.row_bytes, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial,
-                     block_best);
+        row_tile<NR, NW>(s, s.w + (size_t)j0 * s.row_bytes, j0, count, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial,
+                         block_best);
     if (a.glu_count && valid && part == 0)
-        glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane);
+        glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane, NW);
     if (a.norm_count)
         norm_tail(a.norm_count, a.seg[0].y, a.seg[0].rows, a.n, a.norm_w, a.norm_eps, a.norm_y, a.norm_q, a.norm_s);
     if (best) {
@@ -801,13 +805,13 @@ __device__ __forceinline__ void matvec_stream(const MatArgs& a) {
         int g = x.pair0 + warp / split;
         bool valid = g < (s.rows + 1) / 2;
         int j0 = 2 * g;
-        bool pair = valid && j0 + 1 < s.rows;
+        int count = valid ? min(2, s.rows - j0) : 0;
         const u8* w_j0 = stream_buf + stage * stage_bytes + x.lead + (size_t)(j0 - 2 * x.pair0) * s.row_bytes;
         if (!valid) w_j0 = stream_buf + stage * stage_bytes + x.lead;
         for (int r0 = 0; r0 < a.n; r0 += NR)
-            row_tile<NR>(s, w_j0, j0, pair, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+            row_tile<NR, 2>(s, w_j0, j0, count, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
         if (a.glu_count && valid && part == 0)
-            glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane);
+            glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane, 2);
         __syncthreads();  // every warp is done with this stage's bytes
         int next = t + stages * gridDim.x;
         if (threadIdx.x == 0 && next < total) {
@@ -826,22 +830,30 @@ __device__ __forceinline__ void matvec_stream(const MatArgs& a) {
 }
 #endif
 
-// A product kernel's entry: streamed (when the launcher asked for it) or matvec_body.
-template <int NR>
+// A product kernel's entry: streamed (when the launcher asked for it; pairs of rows only) or
+// matvec_body.
+template <int NR, int NW>
 __device__ __forceinline__ void matvec_entry(const MatArgs& a) {
 #ifdef KASOKU_MATVEC_STREAM
-    if (a.stream_stages > 0) {
+    if (NW == 2 && a.stream_stages > 0) {
         matvec_stream<NR>(a);
         return;
     }
 #endif
     for (int i = 0; i < 3; i++) if (a.pre[i]) prefetch_l2(a.pre[i], a.pre_len[i]);
-    prefetch_own_rows(a);
+    prefetch_own_rows<NW>(a);
     wait_for_predecessor();
-    matvec_body<NR>(a);
+    matvec_body<NR, NW>(a);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) { matvec_entry<1>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) { matvec_entry<2>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_entry<4>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_entry<8>(a); }
+// Weight rows per warp of the 4- and 8-row kernels (KASOKU_CUDA_MATVEC_WIDE=4 compiles them
+// with 4: an activation load then serves four weight rows; `kernels::matvec_rows_per_warp`
+// on the host says the same). Pairs in the others.
+#ifndef KASOKU_MATVEC_WIDE
+#define KASOKU_MATVEC_WIDE 2
+#endif
+
+extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) { matvec_entry<1, 2>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) { matvec_entry<2, 2>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_entry<4, KASOKU_MATVEC_WIDE>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_entry<8, KASOKU_MATVEC_WIDE>(a); }

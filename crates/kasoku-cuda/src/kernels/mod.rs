@@ -391,6 +391,24 @@ pub fn matvec_split(segs: &[MatSeg], cols: usize) -> usize {
     }
 }
 
+/// Weight rows one warp of the `n`-row matvec kernel computes: 2, or 4 in the 4- and 8-row
+/// kernels when `KASOKU_CUDA_MATVEC_WIDE=4` (read once per process; the compile options say
+/// the same to matvec.cu). Each row's arithmetic is the same either way.
+pub fn matvec_rows_per_warp(n: usize) -> usize {
+    if n > 2 && matvec_wide() {
+        4
+    } else {
+        2
+    }
+}
+
+/// Whether the 4- and 8-row matvec kernels take four weight rows a warp
+/// (`KASOKU_CUDA_MATVEC_WIDE=4`), read once per process.
+pub fn matvec_wide() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| std::env::var("KASOKU_CUDA_MATVEC_WIDE").is_ok_and(|v| v == "4"))
+}
+
 /// Builds the `matvec` parameters for `segs` (at most 3, each the same width `cols`) over
 /// `n` activation rows `x`; returns them with the grid size.
 pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(MatArgs, u32)> {
@@ -420,10 +438,14 @@ pub fn matvec_args(segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<(M
             segs.len()
         )));
     }
-    // `split` warps per pair of rows of one matrix.
+    // `split` warps per group of rows (matvec_rows_per_warp) of one matrix.
     a.split = matvec_split(segs, cols) as i32;
-    let pairs: usize = segs.iter().map(|s| (s.rows as usize).div_ceil(2)).sum();
-    Ok((a, (pairs * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
+    let per_warp = matvec_rows_per_warp(n);
+    let groups: usize = segs
+        .iter()
+        .map(|s| (s.rows as usize).div_ceil(per_warp))
+        .sum();
+    Ok((a, (groups * a.split as usize).div_ceil(MATVEC_WARPS) as u32))
 }
 
 /// Most stages a streamed product keeps in flight per block (STREAM_MAX_STAGES in matvec.cu).
@@ -664,7 +686,8 @@ impl Kernels {
         let f = self.module.function(matvec_kernel(n));
         let block = (MATVEC_WARPS * 32) as u32;
         let (mut grid, mut shared) = (grid, 0);
-        if let Some(plan) = self.stream {
+        // Streaming takes pairs of rows only.
+        if let Some(plan) = self.stream.filter(|_| matvec_rows_per_warp(n) == 2) {
             if let Some((stages, bytes, tiles)) = stream_layout(&args, plan.budget) {
                 args.stream_stages = stages;
                 args.stream_stage_bytes = bytes;
