@@ -10,9 +10,9 @@
 #                                      defaults (quick benchmarks, three rounds alternated)
 #   bash .gpu/session.sh 2 [SECONDS]   the opt-in tensor-core products' checks, the CLI checks,
 #                                      the full benchmark
-#   bash .gpu/session.sh 4 [SECONDS]   the 4- and 8-row products with four weight rows a warp
-#                                      (KASOKU_CUDA_MATVEC_WIDE=4): checks under it, then quick
-#                                      benchmarks against the defaults, three rounds alternated
+#   bash .gpu/session.sh 4 [SECONDS]   checks and quick benchmarks of a switch under test
+#                                      (SWITCH=NAME=VALUE) against the defaults, three rounds
+#                                      alternated
 set -u
 G=$(cd "$(dirname "$0")" && pwd); B=$G/kasoku-cuda-check; F=$G/fixtures
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -60,12 +60,13 @@ elif [ "$PART" = 3 ]; then
 elif [ "$PART" = 4 ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
   $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
-  phase kernels_wide 150 KASOKU_CUDA_MATVEC_WIDE=4 -- $B kernels
-  phase spec_q15_wide 60 KASOKU_CUDA_MATVEC_WIDE=4 -- $B spec $M/q15.gguf 96
-  phase session_q15_wide 60 KASOKU_CUDA_MATVEC_WIDE=4 -- $B session $M/q15.gguf 128
+  S=${SWITCH:-KASOKU_NONE=1}
+  phase kernels_switch 150 $S -- $B kernels
+  phase spec_q15_switch 60 $S -- $B spec $M/q15.gguf 96
+  phase session_q15_switch 60 $S -- $B session $M/q15.gguf 128
   for round in 1 2 3; do
     phase q15_default_$round 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
-    phase q15_wide_$round 60 KASOKU_CUDA_MATVEC_WIDE=4 -- $B bench $M/q15.gguf quick
+    phase q15_switch_$round 60 $S -- $B bench $M/q15.gguf quick
   done
 else
   wait_models

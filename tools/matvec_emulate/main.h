@@ -71,8 +71,8 @@ static int matvec_split(const MatArgs& a) {
     }
     return units >= 256 ? 4 : units >= 128 ? 2 : 1;
 }
-// matvec_rows_per_warp: the kernel's NW (KASOKU_MATVEC_WIDE in the 4- and 8-row kernels).
-static int rows_per_warp(int n) { return n > 2 ? KASOKU_MATVEC_WIDE : 2; }
+// matvec_rows_per_warp: the kernel's NW (4 in the 8-row kernel).
+static int rows_per_warp(int n) { return n > 4 ? 4 : 2; }
 static unsigned matvec_grid(const MatArgs& a) {  // matvec_args' grid (a.split set)
     long long groups = 0, nw = rows_per_warp(a.n);
     for (int i = 0; i < a.nseg; i++) groups += (a.seg[i].rows + nw - 1) / nw;

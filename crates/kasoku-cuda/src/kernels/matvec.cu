@@ -1,7 +1,7 @@
 // Matrix products y = x · Wᵀ for 1..N activation rows, straight on the GGUF block layouts.
 //
-// One warp computes a pair of weight rows against every activation row: the rows' bytes come
-// from device memory once and serve all of them (tiles of up to 8 activation rows share each load;
+// One warp computes a pair of weight rows (four in the 8-row kernel) against every activation
+// row: the rows' bytes come from device memory once and serve all of them (tiles of up to 8 activation rows share each load;
 // a second tile re-reads the row from L1/L2, not from DRAM). A lane takes fixed units of the
 // row in a fixed order and keeps one partial sum per activation row; the warp then adds its
 // lanes' sums in a fixed butterfly. So a row's result does not depend on how many rows came
@@ -46,7 +46,7 @@ struct MatArgs {
     int cols;
     int n;
     int ldx;
-    int split;               // warps per pair of weight rows: 1, 2 or 4
+    int split;               // warps per group of weight rows: 1, 2 or 4
     const u8* pre[3];        // weights a later kernel reads (or null): prefetched into L2
     long long pre_len[3];    // their lengths in bytes
     u32* glu_count;          // or null: SwiGLU fused in (glu_group_done), a count per 32 rows
@@ -166,7 +166,7 @@ extern "C" __global__ void quantize_acts(const float* x, long long blocks, i8* x
 __device__ __forceinline__ u32 ld32u(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
 
 // Each warp computes NW weight rows (w0, w1, ...: a group of consecutive rows of one matrix;
-// NW = 2, or 4 in the wide multi-row kernels) against every activation row: an activation load
+// NW = 2, or 4 in the 8-row kernel) against every activation row: an activation load
 // serves all of them. acc[w * NR + r] is weight row w, activation row r. The arithmetic of each
 // (weight row, activation row) is the same whatever is beside it.
 
@@ -582,15 +582,15 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, const u8* w_j0, int j0
     }
 }
 
-// Grid: `split` warps per pair of weight rows over the segments' rows, 4 warps a block. A split
+// Grid: `split` warps per group of NW weight rows over the segments' rows, 4 warps a block. A split
 // of 1 (short rows: one warp has enough loads in flight) or 2 or 4 (long rows, e.g. the down
 // projection: one warp per pair would leave too few warps to keep DRAM busy) is chosen by the
 // launcher from the matrices' format and width only. One kernel per tile height NR (each
 // compiled with the registers its own tile needs: a decode step's NR = 1 kernel keeps a high
 // occupancy); rows past NR loop over further tiles, and a last partial tile repeats its final
-// row in the unused slots. A row's arithmetic is the same source code at every NR, in either
-// slot of a pair and at every batch size, so its bits do not depend on the kernel, the tile or
-// the pair it lands in.
+// row in the unused slots. A row's arithmetic is the same source code at every NR, in every
+// slot of a group and at every batch size, so its bits do not depend on the kernel, the tile or
+// the group it lands in.
 // SwiGLU fused into the gate|up product (segment 0 the gate, 1 the up projection, the same
 // rows, ldy = rows): each warp counts its NW rows in their group of 32 rows; the warp that
 // completes a group (32 / NW gate warps and as many up warps) computes g = silu(g)·u for the group's 32
@@ -846,14 +846,11 @@ __device__ __forceinline__ void matvec_entry(const MatArgs& a) {
     matvec_body<NR, NW>(a);
 }
 
-// Weight rows per warp of the 4- and 8-row kernels (KASOKU_CUDA_MATVEC_WIDE=4 compiles them
-// with 4: an activation load then serves four weight rows; `kernels::matvec_rows_per_warp`
-// on the host says the same). Pairs in the others.
-#ifndef KASOKU_MATVEC_WIDE
-#define KASOKU_MATVEC_WIDE 2
-#endif
-
+// The 8-row kernel (5 or more activation rows: verification of trees) takes four weight rows a
+// warp, so each activation load serves four (on an H200, 1.5B Q4_K_M shape: a 16-row pass
+// 4.55 -> 4.33x a 1-row pass, 64 rows 15.8 -> 15.0x); the others take pairs (four made the
+// 4-row kernel slower: 1.50 -> 1.63x). `kernels::matvec_rows_per_warp` says the same.
 extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) { matvec_entry<1, 2>(a); }
 extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) { matvec_entry<2, 2>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_entry<4, KASOKU_MATVEC_WIDE>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_entry<8, KASOKU_MATVEC_WIDE>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_entry<4, 2>(a); }
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_entry<8, 4>(a); }

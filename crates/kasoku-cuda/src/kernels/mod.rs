@@ -391,22 +391,15 @@ pub fn matvec_split(segs: &[MatSeg], cols: usize) -> usize {
     }
 }
 
-/// Weight rows one warp of the `n`-row matvec kernel computes: 2, or 4 in the 4- and 8-row
-/// kernels when `KASOKU_CUDA_MATVEC_WIDE=4` (read once per process; the compile options say
-/// the same to matvec.cu). Each row's arithmetic is the same either way.
+/// Weight rows one warp of the `n`-row matvec kernel computes: 4 in the 8-row kernel (tree
+/// verification: an activation load serves four weight rows), 2 in the others (matvec.cu's
+/// entry points say the same). Each row's arithmetic is the same either way.
 pub fn matvec_rows_per_warp(n: usize) -> usize {
-    if n > 2 && matvec_wide() {
+    if n > 4 {
         4
     } else {
         2
     }
-}
-
-/// Whether the 4- and 8-row matvec kernels take four weight rows a warp
-/// (`KASOKU_CUDA_MATVEC_WIDE=4`), read once per process.
-pub fn matvec_wide() -> bool {
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| std::env::var("KASOKU_CUDA_MATVEC_WIDE").is_ok_and(|v| v == "4"))
 }
 
 /// Builds the `matvec` parameters for `segs` (at most 3, each the same width `cols`) over

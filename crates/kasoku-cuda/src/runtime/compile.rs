@@ -153,8 +153,6 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 /// compiles the products without it.
 /// `KASOKU_CUDA_MATVEC_V2=1` compiles the Q4_K/Q5_K products that issue two units' loads
 /// (whole 16-byte headers) before their arithmetic.
-/// `KASOKU_CUDA_MATVEC_WIDE=4` compiles the 4- and 8-row products with four weight rows a
-/// warp instead of two (see `kernels::matvec_rows_per_warp`).
 /// `KASOKU_CUDA_STREAM=1` compiles the products that can stream their weights through
 /// shared memory (used on compute capability 9.0; see `kernels::stream_layout`).
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
@@ -177,9 +175,6 @@ pub fn options(arch: &str) -> Vec<String> {
     }
     if !std::env::var("KASOKU_CUDA_OWN_PREFETCH").is_ok_and(|v| v == "0") {
         o.push("-DKASOKU_OWN_PREFETCH".into());
-    }
-    if crate::kernels::matvec_wide() {
-        o.push("-DKASOKU_MATVEC_WIDE=4".into());
     }
     if crate::kernels::stream_asked() {
         o.push("-DKASOKU_MATVEC_STREAM".into());
