@@ -16,9 +16,14 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 GIB=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
 if [ "$GIB" -ge 120 ]; then REGEN_BATCH=256 TRAIN_TOKENS=16384; else REGEN_BATCH=128 TRAIN_TOKENS=8192; fi
 if ls $W/t.gguf.part* > /dev/null 2>&1; then cat $W/t.gguf.part* > $T && rm $W/t.gguf.part*; fi
-# Answers regenerated in earlier windows (watch.sh's regen-NNN.tar, carried into regen-in/).
+# Answers regenerated in earlier windows: watch.sh's regen-NNN.tar carried into regen-in/, and
+# those the repository keeps for this target (tools/dflash/data/*/ whose target.sha256 is its).
 for t in $W/regen-in/*.tar; do [ -f "$t" ] && tar xf "$t" -C $W; done
-echo "target $(sha256sum $T | cut -c1-64) at $(date +%s); $GIB GiB: regen batch $REGEN_BATCH, train $TRAIN_TOKENS tokens" > window.log
+sum=$(sha256sum $T | cut -c1-64)
+for d in $D/data/*/; do
+  [ "$(cat "$d/target.sha256" 2>/dev/null)" = "$sum" ] && for t in "$d"/regen-*.tar; do tar xf "$t" -C $W; done
+done
+echo "target $sum at $(date +%s); $GIB GiB: regen batch $REGEN_BATCH, train $TRAIN_TOKENS tokens" > window.log
 python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
   --out regen --split val --shard-size 96 --max-shards 1 --batch 96 --max-new 256 \
   --time 400 > regen_val.log 2>&1
