@@ -128,14 +128,35 @@ pub fn attention_grid(a: &AttnCall, grouped: bool) -> (u32, u32, u32) {
     };
     (a.n as u32, heads as u32, a.chunks.min(ATT_BLOCKS) as u32)
 }
-/// The matvec kernel for `n` activation rows: tiles of 1, 2, 4 or 8 rows.
+/// The matvec kernel for `n` activation rows: tiles of 1, 2, 4 or 8 rows, at most
+/// [`matvec_max_tile`] (more rows loop over tiles; a row's bits are the same in every kernel).
 pub fn matvec_kernel(n: usize) -> &'static str {
-    match n {
+    matvec_kernel_capped(n, matvec_max_tile())
+}
+
+/// [`matvec_kernel`] with tiles of at most `max_tile` rows.
+pub fn matvec_kernel_capped(n: usize, max_tile: usize) -> &'static str {
+    match n.min(max_tile) {
         0 | 1 => "matvec_1",
         2 => "matvec_2",
         3 | 4 => "matvec_4",
         _ => "matvec_8",
     }
+}
+
+/// The tallest matvec tile this process uses: 8, or what `KASOKU_CUDA_MATVEC_MAX_TILE` (1, 2
+/// or 4) says, for measuring whether the 8-row kernel's registers (two blocks a multiprocessor)
+/// cost more than a second pass of a lighter tile over rows it has just read. Read once.
+pub fn matvec_max_tile() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(
+        || match std::env::var("KASOKU_CUDA_MATVEC_MAX_TILE").ok().as_deref() {
+            Some("1") => 1,
+            Some("2") => 2,
+            Some("4") => 4,
+            _ => 8,
+        },
+    )
 }
 /// The tensor-core kernel for `n` activation rows: tiles of 8 rows, 1, 2, 4 or 8 of them per
 /// pass over the weights.
@@ -395,7 +416,7 @@ pub fn matvec_split(segs: &[MatSeg], cols: usize) -> usize {
 /// verification: an activation load serves four weight rows), 2 in the others (matvec.cu's
 /// entry points say the same). Each row's arithmetic is the same either way.
 pub fn matvec_rows_per_warp(n: usize) -> usize {
-    if n > 4 {
+    if matvec_kernel(n) == "matvec_8" {
         4
     } else {
         2

@@ -126,7 +126,7 @@ fn matvec_arguments_cover_every_segment_row() {
     let (a, blocks) = matvec_args(&[seg(10), seg(3), seg(3)], x(256), 4, 256).unwrap();
     assert_eq!((a.nseg, a.n, a.cols, a.xq), (3, 4, 256, 128));
     assert_eq!(blocks, 3); // 5 + 2 + 2 pairs of rows, 4 warps a block
-    // The 8-row kernel (5 rows or more) takes four weight rows a warp.
+                           // The 8-row kernel (5 rows or more) takes four weight rows a warp.
     let (_, blocks) = matvec_args(&[seg(10), seg(3), seg(3)], x(256), 5, 256).unwrap();
     assert_eq!(blocks, 2); // 3 + 1 + 1 groups of four rows
     assert!(matvec_args(&[], x(256), 1, 256).is_err());
@@ -226,6 +226,9 @@ fn matvec_tiles_follow_the_row_count() {
     assert_eq!(matvec_kernel(3), "matvec_4");
     assert_eq!(matvec_kernel(5), "matvec_8");
     assert_eq!(matvec_kernel(64), "matvec_8");
+    assert_eq!(matvec_kernel_capped(16, 4), "matvec_4");
+    assert_eq!(matvec_kernel_capped(3, 2), "matvec_2");
+    assert_eq!(matvec_kernel_capped(1, 4), "matvec_1");
     for name in ["matvec_1", "matvec_2", "matvec_4", "matvec_8"] {
         assert!(NAMES.contains(&name));
     }
