@@ -205,7 +205,7 @@ struct Prod {
         return a;
     }
 };
-static const int NMAX = 9;
+static const int NMAX = 12;
 static void setup(Prod& P, int fmt, int cols, int ldx, std::vector<SegSpec> specs, int nmax, bool same = false) {
     P.fmt = fmt; P.cols = cols; P.ldx = ldx; P.specs = specs;
     for (auto& s : specs) {
@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
             int cols = w.cols[ci];
             for (size_t si = 0; si < segsets.size(); si++) {
                 if (quick && si != 2) continue;
-                std::vector<int> ns = si == 2 ? std::vector<int>{9, 8, 3, 2, 1} : si == 1 ? std::vector<int>{3, 2} : std::vector<int>{9, 1};
+                std::vector<int> ns = si == 2 ? std::vector<int>{12, 10, 9, 8, 3, 2, 1} : si == 1 ? std::vector<int>{3, 2} : std::vector<int>{9, 1};
                 int ldx = (si == 1) ? cols + 64 : cols;
                 product_case(w.fmt, cols, ldx, segsets[si], ns);
             }

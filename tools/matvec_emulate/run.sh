@@ -4,12 +4,13 @@
 # mbarrier, cp.async.bulk) replaced by emulations written from the PTX ISA (emu_ptx.h), built
 # twice: without KASOKU_MATVEC_STREAM (the plain kernel) and with it (the streamed kernel,
 # persistent grids of 2..6 blocks, 2..8 stages, bulk copies landing at once or late). Checks
-# every format at widths giving split 1/2/4, 1..3 segments, n = 1, 2, 3, 8, 9, bias and
+# every format at widths giving split 1/2/4, 1..3 segments, n = 1, 2, 3, 8, 9, 10, 12, bias and
 # residual, against f64; streamed == plain bit for bit; the fused SwiGLU, RMSNorm and argmax
 # tails against the separate computations. Needs python3 and g++ with C++20 and _Float16
 # (GCC 12), x86-64 (the fiber switch is a few lines of x86-64 assembly).
 # Usage: bash tools/matvec_emulate/run.sh [quick]   (prints ok/FAIL lines, exits 1 on a FAIL)
-# EMU_DEFINES="-DKASOKU_MATVEC_V2" adds defines to both builds (e.g. the v2 Q4_K/Q5_K loads).
+# EMU_DEFINES="-DKASOKU_MATVEC_V2" adds defines to both builds (e.g. the v2 Q4_K/Q5_K loads;
+# -DKASOKU_MATVEC_TAIL_TILES: a last partial tile of rows as the smallest tile that holds it).
 set -euo pipefail
 D=$(cd "$(dirname "$0")" && pwd)
 T=$(mktemp -d)

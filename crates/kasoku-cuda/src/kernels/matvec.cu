@@ -582,6 +582,33 @@ __device__ __forceinline__ void row_tile(const MatSeg& s, const u8* w_j0, int j0
     }
 }
 
+// Every activation row in tiles of NR. With KASOKU_MATVEC_TAIL_TILES, a last tile of fewer rows
+// runs as the smallest tile that holds them (1, 2 or 4 rows) instead of a tile of NR whose
+// unused slots repeat its last row: a 9-row pass then costs an 8-row tile and a 1-row one, not
+// two 8-row tiles. A row's arithmetic is the same in every tile.
+template <int NR, int NW>
+__device__ __forceinline__ void row_tiles(const MatSeg& s, const u8* w_j0, int j0, int count, bool valid, const MatArgs& a,
+                                          int lane, int part, int split, float* partial, u64* block_best) {
+#ifdef KASOKU_MATVEC_TAIL_TILES
+    int r0 = 0;
+    for (; r0 + NR <= a.n; r0 += NR)
+        row_tile<NR, NW>(s, w_j0, j0, count, valid, a, r0, NR, lane, part, split, partial, block_best);
+    int left = a.n - r0;
+    if (left <= 0) return;
+    if (NR > 1 && left == 1)
+        row_tile<1, NW>(s, w_j0, j0, count, valid, a, r0, 1, lane, part, split, partial, block_best);
+    else if (NR > 2 && left <= 2)
+        row_tile<(NR > 2 ? 2 : NR), NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
+    else if (NR > 4 && left <= 4)
+        row_tile<(NR > 4 ? 4 : NR), NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
+    else
+        row_tile<NR, NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
+#else
+    for (int r0 = 0; r0 < a.n; r0 += NR)
+        row_tile<NR, NW>(s, w_j0, j0, count, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+#endif
+}
+
 // Grid: `split` warps per group of NW weight rows over the segments' rows, 4 warps a block. A split
 // of 1 (short rows: one warp has enough loads in flight) or 2 or 4 (long rows, e.g. the down
 // projection: one warp per pair would leave too few warps to keep DRAM busy) is chosen by the
@@ -687,9 +714,7 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     const MatSeg& s = a.seg[valid ? si : 0];
     int j0 = NW * g;
     int count = valid ? min(NW, s.rows - j0) : 0;
-    for (int r0 = 0; r0 < a.n; r0 += NR)
-        row_tile<NR, NW>(s, s.w + (size_t)j0 * s.row_bytes, j0, count, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial,
-                         block_best);
+    row_tiles<NR, NW>(s, s.w + (size_t)j0 * s.row_bytes, j0, count, valid, a, lane, part, split, partial, block_best);
     if (a.glu_count && valid && part == 0)
         glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane, NW);
     if (a.norm_count)
@@ -808,8 +833,7 @@ __device__ __forceinline__ void matvec_stream(const MatArgs& a) {
         int count = valid ? min(2, s.rows - j0) : 0;
         const u8* w_j0 = stream_buf + stage * stage_bytes + x.lead + (size_t)(j0 - 2 * x.pair0) * s.row_bytes;
         if (!valid) w_j0 = stream_buf + stage * stage_bytes + x.lead;
-        for (int r0 = 0; r0 < a.n; r0 += NR)
-            row_tile<NR, 2>(s, w_j0, j0, count, valid, a, r0, min(NR, a.n - r0), lane, part, split, partial, block_best);
+        row_tiles<NR, 2>(s, w_j0, j0, count, valid, a, lane, part, split, partial, block_best);
         if (a.glu_count && valid && part == 0)
             glu_group_done(a.seg[0].y, a.seg[1].y, a.seg[0].ldy, a.n, a.glu_count, a.glu_q, a.glu_s, j0, lane, 2);
         __syncthreads();  // every warp is done with this stage's bytes

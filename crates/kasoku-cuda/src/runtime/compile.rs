@@ -153,6 +153,8 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 /// compiles the products without it.
 /// `KASOKU_CUDA_MATVEC_V2=1` compiles the Q4_K/Q5_K products that issue two units' loads
 /// (whole 16-byte headers) before their arithmetic.
+/// `KASOKU_CUDA_TAIL_TILES=1` compiles the products whose last partial tile of activation rows
+/// runs as the smallest tile that holds it (see `row_tiles` in matvec.cu).
 /// `KASOKU_CUDA_STREAM=1` compiles the products that can stream their weights through
 /// shared memory (used on compute capability 9.0; see `kernels::stream_layout`).
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
@@ -175,6 +177,9 @@ pub fn options(arch: &str) -> Vec<String> {
     }
     if !std::env::var("KASOKU_CUDA_OWN_PREFETCH").is_ok_and(|v| v == "0") {
         o.push("-DKASOKU_OWN_PREFETCH".into());
+    }
+    if std::env::var("KASOKU_CUDA_TAIL_TILES").is_ok_and(|v| v == "1") {
+        o.push("-DKASOKU_MATVEC_TAIL_TILES".into());
     }
     if crate::kernels::stream_asked() {
         o.push("-DKASOKU_MATVEC_STREAM".into());
