@@ -20,9 +20,11 @@ OUT=${OUT:-/tmp/out}; L=/tmp/kasoku-session; M=/tmp/m; mkdir -p "$OUT" "$L" "$M"
 PART=${1:-1}; end=$(( $(date +%s) + ${2:-420} ))
 . "$G/phase.sh"
 wait_models() { for _ in $(seq 120); do [ -f $M/DONE ] && return; sleep 1; done; }
+sysinfo() { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1; }
+synth_q15() { $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1; }
 if [ "$PART" = 1 ]; then
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
-  ( $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
+  sysinfo
+  ( synth_q15
     python3 "$G/make_rand_dflash.py" >> $M/synth.log 2>&1; touch $M/DONE ) &
   phase kernels 150 -- $B kernels
   phase spec_tiny 40 -- $B spec "$F/llama/tiny/model-f32.gguf" 48
@@ -39,8 +41,8 @@ if [ "$PART" = 1 ]; then
 elif [ "$PART" = 3 ]; then
   # Each opt-in switch of the decode step against the defaults: quick benchmarks in rounds,
   # alternated, then the checks under the switches that change the kernels' source.
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
-  $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
+  sysinfo
+  synth_q15
   phase kernels 150 -- $B kernels
   phase spec_q15 60 -- $B spec $M/q15.gguf 96
   phase session_q15 60 -- $B session $M/q15.gguf 128
@@ -58,8 +60,8 @@ elif [ "$PART" = 3 ]; then
   phase spec_q15_fuse_post 60 KASOKU_CUDA_FUSE_POST=1 -- $B spec $M/q15.gguf 96
   phase bench_full 200 -- $B bench $M/q15.gguf
 elif [ "$PART" = 4 ]; then
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$L/sysinfo.log" 2>&1
-  $B synth 1.5b q4_k_m $M/q15.gguf > $M/synth.log 2>&1
+  sysinfo
+  synth_q15
   S=${SWITCH:-KASOKU_NONE=1}
   phase kernels_switch 150 $S -- $B kernels
   phase spec_q15_switch 60 $S -- $B spec $M/q15.gguf 96
