@@ -29,7 +29,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::backend::{Activation, Backend, Cpu, MatMul};
-use crate::format::{Claims, HfCheckpoint, HfConfig, TensorSource};
+use crate::format::{limits, Claims, HfCheckpoint, HfConfig, TensorSource};
 use crate::kernels::attention::{attend, AttnArgs, AttnGeometry, KvHeads};
 use crate::kernels::matmul::MatMulWeight;
 use crate::kernels::rope::{Rope, RopeLayout, RopeScaling};
@@ -93,19 +93,35 @@ impl DFlashConfig {
             Some(Value::Object(m)) => m,
             _ => return Err("missing object 'dflash_config'".into()),
         };
-        let hidden = cfg.usize("hidden_size").map_err(fmt)?;
-        let n_heads = cfg.usize("num_attention_heads").map_err(fmt)?;
-        let n_kv_heads = cfg
-            .opt_usize("num_key_value_heads")
-            .map_err(fmt)?
-            .unwrap_or(n_heads);
+        // Every size below the bounds a checkpoint may declare, before anything is sized by it.
+        let at_most = |field: &str, v: usize, max: usize| limits::bounded(field, v as u64, max);
+        let hidden = at_most(
+            "hidden_size",
+            cfg.usize("hidden_size").map_err(fmt)?,
+            limits::MAX_HIDDEN,
+        )?;
+        let n_heads = at_most(
+            "num_attention_heads",
+            cfg.usize("num_attention_heads").map_err(fmt)?,
+            limits::MAX_HEADS,
+        )?;
+        let n_kv_heads = at_most(
+            "num_key_value_heads",
+            cfg.opt_usize("num_key_value_heads")
+                .map_err(fmt)?
+                .unwrap_or(n_heads),
+            limits::MAX_HEADS,
+        )?;
         if n_heads == 0 || hidden == 0 {
             return Err("hidden_size and num_attention_heads must be positive".into());
         }
-        let head_dim = cfg
-            .opt_usize("head_dim")
-            .map_err(fmt)?
-            .unwrap_or(hidden / n_heads);
+        let head_dim = at_most(
+            "head_dim",
+            cfg.opt_usize("head_dim")
+                .map_err(fmt)?
+                .unwrap_or(hidden / n_heads),
+            limits::MAX_HEAD_DIM,
+        )?;
         if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(format!(
                 "num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv_heads})"
@@ -138,6 +154,11 @@ impl DFlashConfig {
                 .collect::<Result<Vec<_>, _>>()?,
             _ => return Err("missing non-empty list 'dflash_config.target_layer_ids'".into()),
         };
+        at_most(
+            "dflash_config.target_layer_ids (length)",
+            taps.len(),
+            limits::MAX_LAYERS,
+        )?;
         if cfg.opt_bool("attention_bias").map_err(fmt)? == Some(true) {
             return Err("attention_bias: biased projections are not supported".into());
         }
@@ -183,8 +204,16 @@ impl DFlashConfig {
         let rms_eps = cfg.opt_f64("rms_norm_eps").map_err(fmt)?.unwrap_or(1e-6) as f32;
         Ok(DFlashConfig {
             hidden,
-            intermediate: cfg.usize("intermediate_size").map_err(fmt)?,
-            n_layers: cfg.usize("num_hidden_layers").map_err(fmt)?,
+            intermediate: at_most(
+                "intermediate_size",
+                cfg.usize("intermediate_size").map_err(fmt)?,
+                limits::MAX_FFN,
+            )?,
+            n_layers: at_most(
+                "num_hidden_layers",
+                cfg.usize("num_hidden_layers").map_err(fmt)?,
+                limits::MAX_LAYERS,
+            )?,
             n_heads,
             n_kv_heads,
             head_dim,
@@ -380,7 +409,7 @@ impl DFlash {
         let (h, hd, eps) = (c.hidden, c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let norm = |name: &str, dim: usize| RmsNorm::load(&Cpu, &claims, name, dim, eps, false);
-        let mut layers = Vec::with_capacity(c.n_layers);
+        let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let n = |part: &str| format!("layers.{i}.{part}.weight");
             let m = |part: &str, rows, cols| weights::matrix(&Cpu, &claims, &n(part), rows, cols);
@@ -902,6 +931,18 @@ mod tests {
             (
                 "block_size 1 is outside",
                 with_config(dflash("block_size", 1.into())),
+            ),
+            (
+                "'num_hidden_layers' = 1099511627776 is above the limit",
+                with_config(set("num_hidden_layers", (1u64 << 40).into())),
+            ),
+            (
+                "'intermediate_size' = 1099511627776 is above the limit",
+                with_config(set("intermediate_size", (1u64 << 40).into())),
+            ),
+            (
+                "'num_key_value_heads' = 4096 is above the limit",
+                with_config(set("num_key_value_heads", 4096.into())),
             ),
         ];
         for (want, dir) in cases {
