@@ -867,6 +867,54 @@ mod tests {
     }
 
     #[test]
+    fn a_drafter_in_kasokus_own_formats_drafts_near_the_reference() {
+        use crate::format::kasoku_write::{write_quantized, Naming};
+        use crate::quant::kasoku::{Recipe, Scheme};
+        // The fixture quantized as `kasoku quantize DIR OUT --format l` does it.
+        let r = reference();
+        let ckpt = HfCheckpoint::open(drafter_dir()).unwrap();
+        let dir = ScratchDir::new("dflash-l");
+        let map = |name: &str| ckpt.hf_name(name).map(str::to_string);
+        let report = write_quantized(
+            &ckpt,
+            Naming::Hf(&map),
+            Recipe::new(Scheme::L),
+            &dir.join("model.safetensors"),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        // fc, q, k, v, gate and up of both layers (o and down are 32 and 96 wide: kept).
+        assert_eq!(report.quantized, 11);
+        std::fs::copy(drafter_dir().join("config.json"), dir.join("config.json")).unwrap();
+        let target = Model::load(fixture_dir("qwen2/tiny")).unwrap();
+        let net = DFlash::load(dir.path(), &target, None).unwrap();
+        let mut st = target.new_state(64);
+        let (_, feats) = target
+            .forward_taps(&mut st, &r.tokens, &net.config.taps)
+            .unwrap();
+        let width = net.feature_width();
+        let mut ctx = net.new_context();
+        let mut logits = Vec::new();
+        let (n_ctx, root, want) = &r.cycles[0];
+        let pos: Vec<usize> = (0..*n_ctx).collect();
+        net.append_context(&mut ctx, &feats[..n_ctx * width], &pos)
+            .unwrap();
+        let block = Block {
+            root: *root,
+            pos: *n_ctx,
+            rows: net.config.block_size - 1,
+            head: &target.head,
+        };
+        net.draft(&target, &mut ctx, block, &mut logits).unwrap();
+        let d = rel_diff(&logits, want);
+        eprintln!("8-bit drafter's marginals vs the reference: {d:.2e}");
+        assert!(
+            d > TOL && d < 0.05,
+            "8-bit drafter's marginals differ by {d:e}"
+        );
+    }
+
+    #[test]
     fn bad_checkpoints_are_clear_errors() {
         let target = Model::load(fixture_dir("qwen2/tiny")).unwrap();
         let set = |key: &'static str, v: Value| {

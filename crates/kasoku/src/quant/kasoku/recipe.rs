@@ -132,6 +132,9 @@ fn role(name: &str) -> Option<(Role, String)> {
     if base == "output.weight" || base == "token_embd.weight" {
         return Some((Role::Head, "output".into()));
     }
+    if let Some(r) = dflash_role(base) {
+        return Some(r);
+    }
     let rest = base.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     layer.parse::<usize>().ok()?;
@@ -147,6 +150,27 @@ fn role(name: &str) -> Option<(Role, String)> {
     })
 }
 
+/// The role of a DFlash drafter's matrix, under the published checkpoint's names (`fc`, then
+/// `layers.N.self_attn.*_proj` and `layers.N.mlp.*_proj`: no `model.` prefix, nothing a GGUF
+/// name maps to), the same roles as a decoder layer's.
+fn dflash_role(name: &str) -> Option<(Role, String)> {
+    if name == "fc.weight" {
+        return Some((Role::Plain, "dflash.fc".into()));
+    }
+    let rest = name.strip_prefix("layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let shared = |what: &str| format!("dflash.{layer}.{what}");
+    Some(match part.strip_suffix(".weight")? {
+        "self_attn.q_proj" | "self_attn.k_proj" => (Role::Plain, shared("attn_in")),
+        "self_attn.v_proj" => (Role::Fine, shared("attn_in")),
+        "self_attn.o_proj" => (Role::Plain, shared("attn_out")),
+        "mlp.gate_proj" | "mlp.up_proj" => (Role::Plain, shared("ffn_in")),
+        "mlp.down_proj" => (Role::Fine, shared("ffn_down")),
+        _ => return None,
+    })
+}
+
 /// 64-bit FNV-1a.
 fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -158,6 +182,39 @@ fn fnv1a(s: &str) -> u64 {
 mod tests {
     use super::super::Format;
     use super::*;
+
+    #[test]
+    fn a_dflash_drafters_matrices_have_the_roles_of_a_layers() {
+        let r = Recipe::new(Scheme::Mixed);
+        let spec = |n: &str| r.spec_for(n, 128, 256);
+        let rot = |n: &str| spec(n).unwrap().rotation.unwrap();
+        assert!(spec("fc.weight").is_some());
+        assert_eq!(
+            rot("layers.0.self_attn.q_proj.weight"),
+            rot("layers.0.self_attn.v_proj.weight")
+        );
+        assert_eq!(
+            rot("layers.1.mlp.gate_proj.weight"),
+            rot("layers.1.mlp.up_proj.weight")
+        );
+        assert_ne!(
+            rot("layers.0.self_attn.q_proj.weight"),
+            rot("layers.1.self_attn.q_proj.weight")
+        );
+        // mixed keeps v and down in L, as in a decoder layer.
+        let fmt = |n: &str| spec(n).unwrap().format;
+        assert_eq!(
+            fmt("layers.0.mlp.down_proj.weight"),
+            fmt("layers.0.self_attn.v_proj.weight")
+        );
+        assert_ne!(
+            fmt("layers.0.mlp.down_proj.weight"),
+            fmt("layers.0.mlp.up_proj.weight")
+        );
+        // Norms and anything else stay as stored.
+        assert!(spec("layers.0.input_layernorm.weight").is_none());
+        assert!(spec("hidden_norm.weight").is_none());
+    }
 
     #[test]
     fn matrices_reading_one_activation_share_their_rotation() {
