@@ -132,7 +132,28 @@ fn the_checkpoint_checks_name_the_tensor() {
     assert!(check_geometry(&odd)
         .unwrap_err()
         .contains("multiples of 32"));
-    odd = config;
+    odd = config.clone();
     odd.head_dim = 512;
     assert!(check_geometry(&odd).unwrap_err().contains("head_dim 512"));
+
+    // The drafter in kasoku's own formats (`kasoku quantize DIR OUT --format l`): the CPU
+    // drafts with it, the GPU names what it cannot take.
+    use kasoku::format::kasoku_write::{write_quantized, Naming};
+    use kasoku::quant::kasoku::{Recipe, Scheme};
+    let out = std::env::temp_dir().join(format!("kasoku-cuda-dflash-l-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let map = |name: &str| ckpt.hf_name(name).map(str::to_string);
+    write_quantized(
+        &ckpt,
+        Naming::Hf(&map),
+        Recipe::new(Scheme::L),
+        &out.join("model.safetensors"),
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
+    let quantized = HfCheckpoint::open(&out).unwrap();
+    let e = check_tensors(&config, &quantized).unwrap_err().to_string();
+    std::fs::remove_dir_all(&out).ok();
+    assert!(e.contains("fc.weight is in kasoku's own formats"), "{e}");
 }

@@ -77,6 +77,12 @@ pub fn expected_tensors(c: &DFlashConfig) -> Vec<(String, Vec<usize>)> {
 pub fn check_tensors(c: &DFlashConfig, source: &dyn TensorSource) -> Result<()> {
     let want = expected_tensors(c);
     for (name, shape) in &want {
+        if source.quantized(name).is_some() {
+            return Err(Error::Invalid(format!(
+                "DFlash drafter: tensor {name} is in kasoku's own formats (the GPU drafter takes \
+                 F32, F16 or BF16: use the checkpoint before `kasoku quantize`)"
+            )));
+        }
         let t = source
             .get(name)
             .ok_or_else(|| Error::Invalid(format!("DFlash drafter: tensor {name} is missing")))?;
