@@ -76,8 +76,7 @@ pub fn quantize(args: &QuantizeArgs) -> Result<()> {
         }
         Checkpoint::Hf(hf) => {
             copy_side_files(&input, out)?;
-            let map = |name: &str| hf.hf_name(name).map(str::to_string);
-            write(&ckpt, Naming::Hf(&map), recipe, &weights)?
+            write(&ckpt, Naming::Hf(hf), recipe, &weights)?
         }
         Checkpoint::Gguf(file) => {
             write_metadata(file, &out.join(GGUF_META))?;

@@ -153,10 +153,9 @@ fn written_checkpoints_load_everywhere_and_damage_is_refused() {
         let Checkpoint::Hf(hf) = Checkpoint::open(&dir).unwrap() else {
             panic!("{fx} is not an HF directory")
         };
-        let map = |n: &str| hf.hf_name(n).map(str::to_string);
         write_quantized(
             &hf,
-            Naming::Hf(&map),
+            Naming::Hf(&hf),
             recipe,
             &hf_out.join("model.safetensors"),
             &mut |_, _, _| {},

@@ -142,10 +142,9 @@ fn the_checkpoint_checks_name_the_tensor() {
     use kasoku::quant::kasoku::{Recipe, Scheme};
     let out = std::env::temp_dir().join(format!("kasoku-cuda-dflash-l-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
-    let map = |name: &str| ckpt.hf_name(name).map(str::to_string);
     write_quantized(
         &ckpt,
-        Naming::Hf(&map),
+        Naming::Hf(&ckpt),
         Recipe::new(Scheme::L),
         &out.join("model.safetensors"),
         &mut |_, _, _| {},

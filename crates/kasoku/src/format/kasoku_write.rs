@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::kasoku_st::{part_name, NAMES_KEY, RECIPE_KEY, TENSORS_KEY, VERSION, VERSION_KEY};
-use super::{FormatError, TensorSource};
+use super::{FormatError, HfCheckpoint, TensorSource};
 use crate::quant::kasoku::{quantize, Recipe, TensorSpec};
 use crate::quant::{dequantize, DType};
 
@@ -20,8 +20,8 @@ use crate::quant::{dequantize, DType};
 pub enum Naming<'a> {
     /// The source's (GGUF) names.
     Gguf,
-    /// Hugging Face names, through this map from GGUF names.
-    Hf(&'a dyn Fn(&str) -> Option<String>),
+    /// The Hugging Face names this checkpoint's tensors were read under (the source is it).
+    Hf(&'a HfCheckpoint),
 }
 
 /// What was written.
@@ -91,7 +91,10 @@ pub fn write_quantized(
             .ok_or_else(|| bad(format!("tensor '{name}' is listed but cannot be read")))?;
         let st_name = match &naming {
             Naming::Gguf => name.clone(),
-            Naming::Hf(map) => map(&name).ok_or_else(|| bad(format!("no HF name for '{name}'")))?,
+            Naming::Hf(hf) => hf
+                .hf_name(&name)
+                .map(str::to_string)
+                .ok_or_else(|| bad(format!("no HF name for '{name}'")))?,
         };
         report.tensors += 1;
         report.dequantized += usize::from(t.dtype.is_quantized());

@@ -874,10 +874,9 @@ mod tests {
         let r = reference();
         let ckpt = HfCheckpoint::open(drafter_dir()).unwrap();
         let dir = ScratchDir::new("dflash-l");
-        let map = |name: &str| ckpt.hf_name(name).map(str::to_string);
         let report = write_quantized(
             &ckpt,
-            Naming::Hf(&map),
+            Naming::Hf(&ckpt),
             Recipe::new(Scheme::L),
             &dir.join("model.safetensors"),
             &mut |_, _, _| {},
