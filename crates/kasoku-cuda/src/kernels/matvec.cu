@@ -598,9 +598,9 @@ __device__ __forceinline__ void row_tiles(const MatSeg& s, const u8* w_j0, int j
     if (NR > 1 && left == 1)
         row_tile<1, NW>(s, w_j0, j0, count, valid, a, r0, 1, lane, part, split, partial, block_best);
     else if (NR > 2 && left <= 2)
-        row_tile<(NR > 2 ? 2 : NR), NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
+        row_tile<2, NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
     else if (NR > 4 && left <= 4)
-        row_tile<(NR > 4 ? 4 : NR), NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
+        row_tile<4, NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
     else
         row_tile<NR, NW>(s, w_j0, j0, count, valid, a, r0, left, lane, part, split, partial, block_best);
 #else
@@ -670,6 +670,17 @@ __device__ __noinline__ void norm_tail(u32* count, const float* y, int dim, int 
     if (threadIdx.x == 0) *count = 0;
 }
 
+// The rows this warp takes in matvec_body's grid: segment *si (a.nseg past the last row) and
+// its first row *j0, from the block, the warp and `split` warps per group of NW rows.
+template <int NW>
+__device__ __forceinline__ void warp_rows(const MatArgs& a, int warp, int split, int* si, int* j0) {
+    int g = blockIdx.x * (4 / split) + warp / split;
+    int i = 0;
+    while (i < a.nseg && g >= (a.seg[i].rows + NW - 1) / NW) { g -= (a.seg[i].rows + NW - 1) / NW; i++; }
+    *si = i;
+    *j0 = NW * g;
+}
+
 // With KASOKU_OWN_PREFETCH (the default; KASOKU_CUDA_OWN_PREFETCH=0 leaves it out), each warp asks L2 for its own NW weight rows before waiting
 // for its predecessor: with early launch, the rows stream in from DRAM while the kernels
 // before this one finish, and the loads after the wait find them in L2.
@@ -679,12 +690,10 @@ __device__ __forceinline__ void prefetch_own_rows(const MatArgs& a) {
     const int split = a.split;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int part = warp % split;
-    int g = blockIdx.x * (4 / split) + warp / split;
-    int si = 0;
-    while (si < a.nseg && g >= (a.seg[si].rows + NW - 1) / NW) { g -= (a.seg[si].rows + NW - 1) / NW; si++; }
+    int si, j0;
+    warp_rows<NW>(a, warp, split, &si, &j0);
     if (si >= a.nseg) return;
     const MatSeg& s = a.seg[si];
-    int j0 = NW * g;
     long long len = (long long)min(NW, s.rows - j0) * s.row_bytes;
     const u8* p = s.w + (size_t)j0 * s.row_bytes;
     for (long long o = (long long)(lane + 32 * part) * 128; o < len; o += 32LL * split * 128)
@@ -707,12 +716,10 @@ __device__ __forceinline__ void matvec_body(const MatArgs& a) {
     const int split = a.split;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int part = warp % split;
-    int g = blockIdx.x * (4 / split) + warp / split;
-    int si = 0;
-    while (si < a.nseg && g >= (a.seg[si].rows + NW - 1) / NW) { g -= (a.seg[si].rows + NW - 1) / NW; si++; }
+    int si, j0;
+    warp_rows<NW>(a, warp, split, &si, &j0);
     bool valid = si < a.nseg;
     const MatSeg& s = a.seg[valid ? si : 0];
-    int j0 = NW * g;
     int count = valid ? min(NW, s.rows - j0) : 0;
     row_tiles<NR, NW>(s, s.w + (size_t)j0 * s.row_bytes, j0, count, valid, a, lane, part, split, partial, block_best);
     if (a.glu_count && valid && part == 0)
