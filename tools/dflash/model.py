@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kasoku_format  # noqa: E402 (beside this file, as the tools import this one)
+
 ARCHITECTURE = "DFlashDraftModel"
 
 
@@ -233,11 +235,11 @@ def read_weights(indir: str) -> bytes:
 
 
 def load(indir: str, dtype=torch.float32) -> DFlashDrafter:
-    """Reads a checkpoint in the published layout (whole or in pieces)."""
-    from safetensors.torch import load as load_bytes
+    """Reads a checkpoint in the published layout (whole or in pieces), or one `kasoku quantize`
+    wrote (its matrices dequantized: a shipped drafter can seed training)."""
     with open(os.path.join(indir, "config.json")) as f:
         config = json.load(f)
     drafter = DFlashDrafter(config)
-    sd = load_bytes(read_weights(indir))
+    sd = kasoku_format.read(read_weights(indir))
     drafter.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True)
     return drafter.to(dtype)

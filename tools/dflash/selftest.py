@@ -9,12 +9,16 @@
 5. regen.py's static-cache decoder (decode.py, eager on CPU) gives `model.generate`'s greedy
    tokens, token for token, on the tiny target (left-padded rows of different lengths, stop
    tokens met mid-row); its top-p filter keeps the tokens transformers' keeps.
+7. A checkpoint `kasoku quantize` wrote (m and l) reads back (kasoku_format.py) within the
+   formats' rounding of the original, so a shipped drafter can seed training (needs a built
+   kasoku: target/release/kasoku or $KASOKU; skipped without one).
 
   python tools/dflash/selftest.py
 """
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -101,6 +105,31 @@ def check_export_roundtrip():
     assert torch.equal(d(*args), back(*args))
 
 
+def check_kasoku_format():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    kasoku = os.environ.get("KASOKU", os.path.join(root, "target", "release", "kasoku"))
+    if not os.path.exists(kasoku):
+        print(f"selftest: no {kasoku}; kasoku_format check skipped")
+        return
+    config = dmodel.make_config(hidden=256, layers=1, heads=4, kv_heads=2, head_dim=64,
+                                intermediate=128, vocab=100, target_layers=4, block_size=4,
+                                mask_token_id=99, taps=[1, 2], rope_theta=1e4)
+    d = dmodel.DFlashDrafter(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "bf16")
+        dmodel.export(d, src, dtype=torch.float32)
+        want = dmodel.load(src).state_dict()
+        for fmt, bound in (("m", 0.15), ("l", 0.01)):
+            out = os.path.join(tmp, fmt)
+            subprocess.run([kasoku, "quantize", src, out, "--format", fmt], check=True,
+                           capture_output=True)
+            got = dmodel.load(out).state_dict()
+            errs = {k: ((got[k] - want[k]).norm() / want[k].norm()).item() for k in want}
+            quantized = [k for k in want if errs[k] > 0]
+            assert "fc.weight" in quantized and len(quantized) >= 5, (fmt, errs)
+            assert max(errs.values()) < bound, (fmt, errs)
+
+
 def check_text_share():
     import random
     texts = train.Sequences([], 64, 4, [torch.arange(10)] * 3)
@@ -146,4 +175,5 @@ if __name__ == "__main__":
     check_text_share()
     check_decode_equals_generate()
     check_top_p()
+    check_kasoku_format()
     print("selftest: ok")

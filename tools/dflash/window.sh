@@ -33,7 +33,10 @@ python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl
   --time "$REGEN_S" > regen_train.log 2>&1 &
 while ! ls regen/train-*.npz > /dev/null 2>&1; do sleep 3; done
 echo "first train shard at $(date +%s)" >> window.log
+# A continued drafter's learning-rate schedule spans its earlier training and this window's
+# (train.py's default with --total-time 0); a new one's spans this window.
+TOTAL_S=$TRAIN_S; [ -n "$INIT" ] && TOTAL_S=0
 python3 $D/train.py --target $T --target-cache target.pt --data regen --out out \
-  ${INIT:+--init "$INIT"} --time "$TRAIN_S" --total-time "$TRAIN_S" --text prompts.jsonl.xz \
+  ${INIT:+--init "$INIT"} --time "$TRAIN_S" --total-time "$TOTAL_S" --text prompts.jsonl.xz \
   --batch-tokens $TRAIN_TOKENS --reload-every 40 --export-every 240 --export-split-mib 15 --val-every 200 > train.log 2>&1
 echo "trained, rc $?, at $(date +%s)" >> window.log
