@@ -69,7 +69,11 @@ fn run(cli: args::Cli) -> Result<()> {
             }
             if list || names.is_empty() {
                 for m in fetch::KNOWN_MODELS {
-                    println!("{:<20} {:<45} {}", m.name, m.file, m.description);
+                    println!("{:<26} {:<45} {}", m.name, m.file, m.description);
+                }
+                for d in fetch::KNOWN_DRAFTERS {
+                    let place = format!("drafters/{} (shipped)", d.name);
+                    println!("{:<26} {:<45} {}", d.name, place, d.description);
                 }
                 return Ok(());
             }
@@ -82,9 +86,18 @@ fn run(cli: args::Cli) -> Result<()> {
             let path = progress::resolve_model(&path, false)?;
             inspect::inspect(&path, tensors)
         }
-        args::Command::Bench(args) => bench::bench(&args),
-        args::Command::Run(args) => run::run(&args),
-        args::Command::Serve(args) => serve::serve(&args),
+        args::Command::Bench(mut args) => {
+            args.spec.resolve_shipped_name()?;
+            bench::bench(&args)
+        }
+        args::Command::Run(mut args) => {
+            args.spec.resolve_shipped_name()?;
+            run::run(&args)
+        }
+        args::Command::Serve(mut args) => {
+            args.spec.resolve_shipped_name()?;
+            serve::serve(&args)
+        }
         args::Command::BenchClient(args) => bench_client::bench_client(&args),
         args::Command::Quantize(args) => quantize::quantize(&args),
         args::Command::Logits {

@@ -29,9 +29,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         args.quantize,
         args.quiet,
     )?;
-    let draft = args
-        .spec
-        .load_draft(&model.model, args.cache_type, args.quiet)?;
+    let spec = args.spec.with_shipped_drafter(name, args.quiet)?;
+    let draft = spec.load_draft(&model.model, args.cache_type, args.quiet)?;
     let plan = engine::ContextRequest {
         requested: args.ctx_size,
         model_max: model.model.config.max_context,
@@ -52,7 +51,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     let ctx = plan.tokens;
     let mut session = Session::new(Arc::clone(&model.model), ctx);
-    session.set_speculator(args.spec.speculator(&model.model, draft, ctx)?);
+    session.set_speculator(spec.speculator(&model.model, draft, ctx)?);
     let options = generate_options(args, engine::stop_tokens(&model))?;
     let prompt_options = PromptOptions {
         raw: args.raw,

@@ -65,6 +65,46 @@ impl std::str::FromStr for DraftFormat {
 }
 
 impl SpecArgs {
+    /// `--draft` naming a drafter the repository ships (`kasoku fetch --list`) becomes its
+    /// directory, checked against its pinned sha256s; a path that exists stays a path.
+    pub fn resolve_shipped_name(&mut self) -> Result<()> {
+        let Some(name) = self.draft.as_deref() else {
+            return Ok(());
+        };
+        if std::path::Path::new(name).exists() {
+            return Ok(());
+        }
+        if let Some(known) = kasoku_fetch::find_drafter(name) {
+            let dir = kasoku_fetch::locate_drafter(known)?;
+            self.draft = Some(dir.display().to_string());
+        }
+        Ok(())
+    }
+
+    /// These options, with the drafter the repository ships for `model` (a known model's
+    /// name) when speculation is `auto` or `dflash` without `--draft` and this checkout holds
+    /// it. For `auto` a drafter that is not there (a binary built elsewhere) leaves prompt
+    /// lookup, with a note if its files do not match their pins; `dflash` needs it.
+    pub fn with_shipped_drafter(&self, model: &str, quiet: bool) -> Result<SpecArgs> {
+        let mut spec = self.clone();
+        let shipped = kasoku_fetch::drafter_for(model);
+        if spec.draft.is_some() || !matches!(spec.spec, SpecKind::Auto | SpecKind::DFlash) {
+            return Ok(spec);
+        }
+        let Some(known) = shipped else {
+            return Ok(spec);
+        };
+        match kasoku_fetch::locate_drafter(known) {
+            Ok(dir) => spec.draft = Some(dir.display().to_string()),
+            Err(e) if spec.spec == SpecKind::DFlash => return Err(e.into()),
+            Err(e @ kasoku_fetch::FetchError::Hash { .. }) if !quiet => {
+                eprintln!("note: not drafting with {}: {e}", known.name)
+            }
+            Err(_) => {}
+        }
+        Ok(spec)
+    }
+
     pub fn policy(&self) -> PolicyConfig {
         PolicyConfig {
             max_budget: self.tree_budget,
@@ -139,5 +179,60 @@ pub fn draft_scratch_bytes(draft: Option<&DraftSource>) -> u64 {
     match draft {
         Some(DraftSource::Model(d)) => kasoku::model::footprint::scratch_bytes(&d.config),
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        spec: SpecArgs,
+    }
+
+    fn spec(args: &[&str]) -> SpecArgs {
+        Cli::parse_from(std::iter::once("kasoku").chain(args.iter().copied())).spec
+    }
+
+    #[test]
+    fn auto_drafts_with_the_drafter_shipped_for_a_known_target() {
+        let shipped = kasoku_fetch::locate_drafter(
+            kasoku_fetch::find_drafter("qwen2.5-coder-1.5b-dflash").unwrap(),
+        )
+        .unwrap();
+        let with = |args: &[&str], model: &str| {
+            spec(args)
+                .with_shipped_drafter(model, true)
+                .unwrap()
+                .draft
+                .map(std::path::PathBuf::from)
+        };
+        assert_eq!(with(&[], "qwen2.5-coder-1.5b"), Some(shipped.clone()));
+        assert_eq!(
+            with(&["--spec", "dflash"], "qwen2.5-coder-1.5b"),
+            Some(shipped)
+        );
+        // Not for another target, a path, other speculation, or over an explicit --draft.
+        assert_eq!(with(&[], "qwen2.5-coder-0.5b"), None);
+        assert_eq!(with(&[], "/models/qwen2.5-coder-1.5b.gguf"), None);
+        assert_eq!(with(&["--spec", "ngram"], "qwen2.5-coder-1.5b"), None);
+        assert_eq!(
+            with(&["--draft", "d.gguf"], "qwen2.5-coder-1.5b"),
+            Some("d.gguf".into())
+        );
+    }
+
+    #[test]
+    fn a_shipped_drafters_name_becomes_its_directory() {
+        let mut s = spec(&["--draft", "qwen2.5-coder-1.5b-dflash"]);
+        s.resolve_shipped_name().unwrap();
+        let dir = std::path::PathBuf::from(s.draft.unwrap());
+        assert!(is_dflash_checkpoint(&dir), "{}", dir.display());
+        let mut other = spec(&["--draft", "qwen2.5-coder-0.5b"]);
+        other.resolve_shipped_name().unwrap();
+        assert_eq!(other.draft.as_deref(), Some("qwen2.5-coder-0.5b"));
     }
 }

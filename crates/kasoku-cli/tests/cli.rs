@@ -341,6 +341,22 @@ fn dflash_run_answers_like_plain_decoding() {
     let err = stderr(&wrong);
     assert!(err.contains("num_target_layers 2 does not match"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // A shipped drafter's name is found in the checkout and checked against the target.
+    let shipped = kasoku(&[
+        "run",
+        "--model",
+        &tiny,
+        "-m",
+        "x",
+        "--draft",
+        "qwen2.5-coder-1.5b-dflash",
+    ]);
+    assert!(!shipped.status.success());
+    let err = stderr(&shipped);
+    assert!(
+        err.contains("drafters/qwen2.5-coder-1.5b-dflash") && err.contains("hidden size 1536"),
+        "{err}"
+    );
 }
 
 /// `bench --prompts --compare` runs every strategy on every prompt, in turns; greedy decoding

