@@ -88,6 +88,13 @@ st=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec dflash --d
 check "the DFlash drafter loaded and drafted on the GPU" \
   "$(echo "$st" | grep -q "loaded DFlash drafter" && echo "$st" | grep -q "device cuda:0" && echo 1)"
 echo "$st" | grep -v "^loaded" | tail -2 | cut -c1-200
+# The drafter in kasoku's own formats (as the shipped ones are): dequantized to F16 on load.
+rm -rf /tmp/df-l && $K quantize "$df" /tmp/df-l --format l > /dev/null 2>&1
+a=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec dflash --draft /tmp/df-l --device cuda 2> /tmp/df-l.err)
+b=$($K run --model "$m" --raw -m "$prompt" -n 24 --ignore-eos --spec none --device cpu 2> /dev/null)
+check "qwen2/tiny: a DFlash drafter in format L drafts on the GPU, text == run --device cpu" \
+  "$(grep -q "speculation (dflash" /tmp/df-l.err && [ "$a" = "$b" ] && echo 1)"
+[ "$a" = "$b" ] || tail -3 /tmp/df-l.err
 d=$($K run --model "$m" -m "hello" -n 8 --spec dflash --draft "$df" 2>&1)
 check "DFlash by default: the GPU" "$(echo "$d" | grep -q "device cuda:0" && echo 1)"
 err=$($K run --model "$m" -m "hello" -n 8 --spec mtp --device cuda 2>&1)

@@ -136,8 +136,8 @@ fn the_checkpoint_checks_name_the_tensor() {
     odd.head_dim = 512;
     assert!(check_geometry(&odd).unwrap_err().contains("head_dim 512"));
 
-    // The drafter in kasoku's own formats (`kasoku quantize DIR OUT --format l`): the CPU
-    // drafts with it, the GPU names what it cannot take.
+    // The drafter in kasoku's own formats (`kasoku quantize DIR OUT --format l`): its
+    // matrices pass the checks and go to the GPU as F16 values near the original ones.
     use kasoku::format::kasoku_write::{write_quantized, Naming};
     use kasoku::quant::kasoku::{Recipe, Scheme};
     let out = std::env::temp_dir().join(format!("kasoku-cuda-dflash-l-{}", std::process::id()));
@@ -152,7 +152,25 @@ fn the_checkpoint_checks_name_the_tensor() {
     .unwrap();
     std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
     let quantized = HfCheckpoint::open(&out).unwrap();
-    let e = check_tensors(&config, &quantized).unwrap_err().to_string();
+    check_tensors(&config, &quantized).unwrap();
+    let q = quantized
+        .quantized("fc.weight")
+        .expect("fc.weight quantized");
+    let original = ckpt.get("fc.weight").unwrap();
+    let mut want = vec![0f32; original.numel()];
+    kasoku::quant::dequantize(original.dtype, original.data.as_slice(), &mut want);
+    let got: Vec<f32> = super::weights::f16_bytes(&q)
+        .chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect();
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| x * x).sum::<f32>().sqrt();
+    let err =
+        norm(&mut got.iter().zip(&want).map(|(a, b)| a - b)) / norm(&mut want.iter().copied());
+    assert!(err < 0.01, "L fc.weight relative error {err}");
+    // A quantized matrix of the wrong shape is named.
+    let mut wider = config.clone();
+    wider.hidden = 128;
+    let e = check_tensors(&wider, &quantized).unwrap_err().to_string();
     std::fs::remove_dir_all(&out).ok();
-    assert!(e.contains("fc.weight is in kasoku's own formats"), "{e}");
+    assert!(e.contains("fc.weight has shape"), "{e}");
 }

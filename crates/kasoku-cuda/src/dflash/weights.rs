@@ -1,16 +1,19 @@
 //! A DFlash drafter's weights on the GPU: read from its checkpoint directory (`config.json`
 //! and `model.safetensors`, the layout `kasoku::model::dflash` documents) and uploaded as
 //! they are stored (F32, F16 or BF16 matrices: the matvec kernels read them directly; norm
-//! vectors as f32). Loading is strict: every tensor the network needs, with its shape, and no
-//! other. The embedding and the LM head are the target's and are not here.
+//! vectors as f32). A matrix in kasoku's own formats (a drafter `kasoku quantize` wrote, as
+//! the shipped ones are) is dequantized on the host and uploaded as F16: a drafter's matrices
+//! are small, and its guesses need not match the CPU's bit for bit. Loading is strict: every
+//! tensor the network needs, with its shape, and no other. The embedding and the LM head are
+//! the target's and are not here.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use kasoku::format::{HfCheckpoint, TensorSource};
+use kasoku::format::{HfCheckpoint, QuantizedTensor, TensorSource};
 use kasoku::kernels::rope::{Rope, RopeLayout, RopeScaling};
 use kasoku::model::dflash::DFlashConfig;
-use kasoku::quant::dequantize;
+use kasoku::quant::{dequantize, DType};
 
 use crate::kernels::{matvec_supports, DeviceMatrix};
 use crate::runtime::{DeviceBuffer, Error, Gpu, Result};
@@ -77,11 +80,15 @@ pub fn expected_tensors(c: &DFlashConfig) -> Vec<(String, Vec<usize>)> {
 pub fn check_tensors(c: &DFlashConfig, source: &dyn TensorSource) -> Result<()> {
     let want = expected_tensors(c);
     for (name, shape) in &want {
-        if source.quantized(name).is_some() {
-            return Err(Error::Invalid(format!(
-                "DFlash drafter: tensor {name} is in kasoku's own formats (the GPU drafter takes \
-                 F32, F16 or BF16: use the checkpoint before `kasoku quantize`)"
-            )));
+        if let Some(q) = source.quantized(name) {
+            let (rows, cols) = (q.spec.rows, q.spec.cols);
+            if shape != &[rows, cols] || !matvec_supports(DType::F16, cols) {
+                return Err(Error::Invalid(format!(
+                    "DFlash drafter: tensor {name} has shape {:?}, expected {shape:?}",
+                    [rows, cols]
+                )));
+            }
+            continue;
         }
         let t = source
             .get(name)
@@ -134,6 +141,16 @@ impl DFlashWeights {
                 .ok_or_else(|| Error::Invalid(format!("DFlash drafter: tensor {name} is missing")))
         };
         let matrix = |name: &str| -> Result<DeviceMatrix> {
+            if let Some(q) = source.quantized(name) {
+                return DeviceMatrix::upload(
+                    gpu,
+                    DType::F16,
+                    q.spec.rows,
+                    q.spec.cols,
+                    &f16_bytes(&q),
+                )
+                .map_err(|e| Error::Invalid(format!("{name}: {e}")));
+            }
             let t = get(name)?;
             DeviceMatrix::upload(gpu, t.dtype, t.shape[0], t.shape[1], t.data.as_slice())
                 .map_err(|e| Error::Invalid(format!("{name}: {e}")))
@@ -195,6 +212,15 @@ impl DFlashWeights {
             .sum();
         layers + self.fc.buf.len()
     }
+}
+
+/// A matrix in kasoku's own formats as F16 values in the original basis (little-endian).
+pub fn f16_bytes(q: &QuantizedTensor) -> Vec<u8> {
+    q.view()
+        .dequantize()
+        .into_iter()
+        .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+        .collect()
 }
 
 /// Checks a drafter of `config` against the GPU target (its width, layers, vocabulary and
