@@ -87,11 +87,8 @@ impl SpecArgs {
     /// lookup, with a note if its files do not match their pins; `dflash` needs it.
     pub fn with_shipped_drafter(&self, model: &str, quiet: bool) -> Result<SpecArgs> {
         let mut spec = self.clone();
-        let shipped = kasoku_fetch::drafter_for(model);
-        if spec.draft.is_some() || !matches!(spec.spec, SpecKind::Auto | SpecKind::DFlash) {
-            return Ok(spec);
-        }
-        let Some(known) = shipped else {
+        let wanted = spec.draft.is_none() && matches!(spec.spec, SpecKind::Auto | SpecKind::DFlash);
+        let Some(known) = kasoku_fetch::drafter_for(model).filter(|_| wanted) else {
             return Ok(spec);
         };
         match kasoku_fetch::locate_drafter(known) {
