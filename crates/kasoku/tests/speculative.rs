@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use kasoku::constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
 use kasoku::engine::{
-    build_speculator_from, DraftSource, Flow, GenerateOptions, SamplingParams, Session, SpecKind,
-    Speculator, TokenLogprobs,
+    build_speculator_from, DraftSource, Flow, GenerateOptions, PrefixCache, SamplingParams,
+    Session, SpecKind, Speculator, TokenLogprobs,
 };
 use kasoku::format::HfCheckpoint;
 use kasoku::model::{DFlash, DFlashConfig};
@@ -321,6 +321,8 @@ fn dflash_speculation_equals_plain_decoding() {
 struct Recorder {
     inner: NgramDrafter,
     seen: Arc<Mutex<Seen>>,
+    /// The target's width (a hidden row; a row of taps is two).
+    width: usize,
 }
 
 #[derive(Default)]
@@ -341,10 +343,16 @@ impl Drafter for Recorder {
         vec![1, 0]
     }
     fn start(&mut self, prompt: &[u32], f: Features) -> Result<(), DraftError> {
+        // The features are those of the prompt's last tokens; the earlier ones were given
+        // before (a prefill in blocks) and are kept.
+        let (hidden, taps) = (f.hidden.unwrap(), f.taps.unwrap());
+        let keep = prompt.len() - hidden.len() / self.width;
         let mut s = self.seen.lock().unwrap();
         s.tokens = prompt.to_vec();
-        s.hidden = f.hidden.unwrap().to_vec();
-        s.taps = f.taps.unwrap().to_vec();
+        s.hidden.truncate(keep * self.width);
+        s.hidden.extend_from_slice(hidden);
+        s.taps.truncate(keep * 2 * self.width);
+        s.taps.extend_from_slice(taps);
         Ok(())
     }
     fn draft(&mut self, req: &DraftRequest) -> Result<TokenTree, DraftError> {
@@ -361,10 +369,18 @@ impl Drafter for Recorder {
 
 /// Drafters that read the target's hidden states or layer outputs (MTP, DFlash-style) get
 /// exactly what plain decoding of the committed tokens computes, for the prompt and for every
-/// accepted token.
+/// accepted token: through `generate`, and through the server's prefill in blocks with and
+/// without a prefix cache (which once handed them the prompt's last token only).
 #[test]
 fn drafters_receive_the_targets_features_of_committed_tokens() {
-    for rel in ["llama/tiny/model-f32.gguf", "qwen3_5/tiny/model-f32.gguf"] {
+    for (rel, how) in [
+        ("llama/tiny/model-f32.gguf", "generate"),
+        ("qwen3_5/tiny/model-f32.gguf", "generate"),
+        ("llama/tiny/model-f32.gguf", "blocks"),
+        ("qwen3_5/tiny/model-f32.gguf", "blocks"),
+        ("llama/tiny/model-f32.gguf", "prefix cache"),
+        ("qwen3_5/tiny/model-f32.gguf", "prefix cache"),
+    ] {
         let model = load(rel);
         let prompt: Vec<u32> = vec![1, 17, 9, 23, 42, 5, 17, 9];
         let mut session = Session::new(model.clone(), 256);
@@ -372,6 +388,7 @@ fn drafters_receive_the_targets_features_of_committed_tokens() {
         let recorder = Recorder {
             inner: NgramDrafter::default(),
             seen: seen.clone(),
+            width: model.config.hidden,
         };
         let fixed = PolicyConfig {
             max_budget: 4,
@@ -386,9 +403,13 @@ fn drafters_receive_the_targets_features_of_committed_tokens() {
             stop_tokens: Vec::new(),
             constraint: None,
         };
-        session
-            .generate(&prompt, &options, &mut |_| Flow::Continue)
-            .unwrap();
+        let cache = Mutex::new(PrefixCache::new(64 << 20, 4));
+        match how {
+            "generate" => session.generate(&prompt, &options, &mut |_| Flow::Continue),
+            "blocks" => session.generate_cached(None, &prompt, &options, &mut |_| Flow::Continue),
+            _ => session.generate_cached(Some(&cache), &prompt, &options, &mut |_| Flow::Continue),
+        }
+        .unwrap();
         let rec = seen.lock().unwrap();
         // Plain decoding of the same tokens, one at a time after the prompt.
         let mut state = model.new_state(256);
@@ -399,9 +420,13 @@ fn drafters_receive_the_targets_features_of_committed_tokens() {
             taps.extend(tp);
         }
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert!(rec.tokens.len() > prompt.len() + 30, "{rel}");
-        assert_eq!(bits(&rec.hidden), bits(&hidden), "{rel}: hidden states");
-        assert_eq!(bits(&rec.taps), bits(&taps), "{rel}: layer outputs");
+        assert!(rec.tokens.len() > prompt.len() + 30, "{rel} {how}");
+        assert_eq!(
+            bits(&rec.hidden),
+            bits(&hidden),
+            "{rel} {how}: hidden states"
+        );
+        assert_eq!(bits(&rec.taps), bits(&taps), "{rel} {how}: layer outputs");
     }
 }
 

@@ -17,6 +17,7 @@ use super::session::{
 };
 use super::stats::GenerationStats;
 use crate::model::{Batch, Checkpoint, Logits, ModelState};
+use crate::spec::Features;
 
 /// Default checkpoint spacing for recurrent states, in prompt tokens.
 pub const DEFAULT_BLOCK: usize = 256;
@@ -291,6 +292,15 @@ impl Session {
             Some(c) if !rewindable => lock(c).block(),
             _ => PREFILL_BLOCK,
         };
+        // A drafter that keeps the target's layer outputs (DFlash) is handed each block's as
+        // it is computed, so it holds the whole prompt's and not just the last token's.
+        let (hidden, taps) = self
+            .spec
+            .as_ref()
+            .filter(|s| !s.drafter.tap_layers().is_empty())
+            .map_or((false, Vec::new()), |s| {
+                (s.drafter.wants_hidden(), s.drafter.tap_layers())
+            });
         let mut pos = reused;
         while pos < limit {
             if cancelled() {
@@ -312,9 +322,20 @@ impl Session {
                 });
             }
             let next = ((pos / block + 1) * block).min(limit);
-            let batch = Batch::chain(&prompt[pos..next]).logits(Logits::None);
+            let batch = Batch::chain(&prompt[pos..next])
+                .logits(Logits::None)
+                .hidden(hidden)
+                .taps(&taps);
             self.model.run(&mut self.state, &batch, &mut self.out)?;
             self.tokens.extend_from_slice(&prompt[pos..next]);
+            if let (false, Some(spec)) = (taps.is_empty(), self.spec.as_mut()) {
+                let features = Features {
+                    hidden: hidden.then_some(&self.out.hidden[..]),
+                    taps: Some(&self.out.taps[..]),
+                    device_taps: None,
+                };
+                spec.drafter.start(&prompt[..next], features)?;
+            }
             pos = next;
             if checkpointing {
                 checkpoints.push(self.state.checkpoint());
