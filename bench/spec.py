@@ -16,8 +16,9 @@ Configurations (after a warm-up each):
              bandwidth weighs on all of them alike;
   llama.cpp: llama-server plain | --spec-type ngram-simple | -md 0.5B (draft-simple) |
              -md 0.5B-as-Q4_0, one server each, after kasoku's run.
-For --rounds rounds. With --dflash DIR (a DFlash drafter checkpoint for the 1.5B, e.g. from
-tools/dflash/), also "kasoku dflash" (--spec dflash --draft DIR) in a process of its own.
+For --rounds rounds. Also "kasoku dflash" (--spec dflash --draft D) in a process of its own,
+D being the DFlash drafter the repository ships for the 1.5B (drafters/) or --dflash DIR
+(another checkpoint, e.g. from tools/dflash/); --dflash none leaves it out.
 
 Reported per configuration and prompt set: decode speed (all generated tokens after the first
 over their decode time), tokens per target pass, mean accepted drafts per verifying pass,
@@ -197,9 +198,12 @@ def main():
                     help="times the merge prompt is generated per round (one decode is noisy)")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
-    ap.add_argument("--dflash", default="", help="a DFlash drafter directory for the 1.5B: "
-                    "adds 'kasoku dflash'")
+    ap.add_argument("--dflash", default="qwen2.5-coder-1.5b-dflash",
+                    help="the DFlash drafter of 'kasoku dflash': a shipped drafter's name, a "
+                    "checkpoint directory, or none")
     args = ap.parse_args()
+    if args.dflash == "none":
+        args.dflash = ""
 
     if not args.no_build:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "kasoku-cli"], cwd=ROOT, check=True)
