@@ -87,15 +87,20 @@ fn run(cli: args::Cli) -> Result<()> {
             inspect::inspect(&path, tensors)
         }
         args::Command::Bench(mut args) => {
-            args.spec.resolve_shipped_name()?;
+            args.spec.resolve_shipped(&args.model)?;
             bench::bench(&args)
         }
         args::Command::Run(mut args) => {
-            args.spec.resolve_shipped_name()?;
+            let model = args
+                .model
+                .as_deref()
+                .unwrap_or(fetch::DEFAULT_MODEL)
+                .to_string();
+            args.spec.resolve_shipped(&model)?;
             run::run(&args)
         }
         args::Command::Serve(mut args) => {
-            args.spec.resolve_shipped_name()?;
+            args.spec.resolve_shipped(&args.model)?;
             serve::serve(&args)
         }
         args::Command::BenchClient(args) => bench_client::bench_client(&args),

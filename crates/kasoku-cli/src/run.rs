@@ -29,7 +29,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         args.quantize,
         args.quiet,
     )?;
-    let spec = args.spec.with_shipped_drafter(name, args.quiet)?;
+    let spec = args.spec.with_shipped_drafter(name, args.quiet);
     let draft = spec.load_draft(&model.model, args.cache_type, args.quiet)?;
     let plan = engine::ContextRequest {
         requested: args.ctx_size,

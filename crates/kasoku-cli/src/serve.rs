@@ -185,7 +185,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
                 args.quantize,
                 false,
             )?;
-            let spec = args.spec.with_shipped_drafter(&args.model, false)?;
+            let spec = args.spec.with_shipped_drafter(&args.model, false);
             let draft = spec.load_draft(&model.model, args.cache_type, false)?;
             Server::new(model, args.config(draft)?)?
         }

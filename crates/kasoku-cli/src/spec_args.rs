@@ -65,16 +65,18 @@ impl std::str::FromStr for DraftFormat {
 }
 
 impl SpecArgs {
-    /// `--draft` naming a drafter the repository ships (`kasoku fetch --list`) becomes its
-    /// directory, checked against its pinned sha256s; a path that exists stays a path.
-    pub fn resolve_shipped_name(&mut self) -> Result<()> {
-        let Some(name) = self.draft.as_deref() else {
-            return Ok(());
+    /// Resolves the drafters the repository ships (`kasoku fetch --list`) before a device
+    /// is chosen: `--draft` naming one becomes its directory, checked against its pinned
+    /// sha256s (a path that exists stays a path), and `--spec dflash` without `--draft`
+    /// takes the one shipped for `model` (a known model's name), when there is one.
+    pub fn resolve_shipped(&mut self, model: &str) -> Result<()> {
+        let known = match self.draft.as_deref() {
+            Some(name) if std::path::Path::new(name).exists() => None,
+            Some(name) => kasoku_fetch::find_drafter(name),
+            None if self.spec == SpecKind::DFlash => kasoku_fetch::drafter_for(model),
+            None => None,
         };
-        if std::path::Path::new(name).exists() {
-            return Ok(());
-        }
-        if let Some(known) = kasoku_fetch::find_drafter(name) {
+        if let Some(known) = known {
             let dir = kasoku_fetch::locate_drafter(known)?;
             self.draft = Some(dir.display().to_string());
         }
@@ -82,24 +84,24 @@ impl SpecArgs {
     }
 
     /// These options, with the drafter the repository ships for `model` (a known model's
-    /// name) when speculation is `auto` or `dflash` without `--draft` and this checkout holds
-    /// it. For `auto` a drafter that is not there (a binary built elsewhere) leaves prompt
-    /// lookup, with a note if its files do not match their pins; `dflash` needs it.
-    pub fn with_shipped_drafter(&self, model: &str, quiet: bool) -> Result<SpecArgs> {
+    /// name) when speculation is `auto` without `--draft` and this checkout holds it (the CPU
+    /// path's default; a GPU drafts with it only when asked). A drafter that is not there (a
+    /// binary built elsewhere) leaves prompt lookup, with a note if its files do not match
+    /// their pins.
+    pub fn with_shipped_drafter(&self, model: &str, quiet: bool) -> SpecArgs {
         let mut spec = self.clone();
-        let wanted = spec.draft.is_none() && matches!(spec.spec, SpecKind::Auto | SpecKind::DFlash);
+        let wanted = spec.draft.is_none() && spec.spec == SpecKind::Auto;
         let Some(known) = kasoku_fetch::drafter_for(model).filter(|_| wanted) else {
-            return Ok(spec);
+            return spec;
         };
         match kasoku_fetch::locate_drafter(known) {
             Ok(dir) => spec.draft = Some(dir.display().to_string()),
-            Err(e) if spec.spec == SpecKind::DFlash => return Err(e.into()),
             Err(e @ kasoku_fetch::FetchError::Hash { .. }) if !quiet => {
                 eprintln!("note: not drafting with {}: {e}", known.name)
             }
             Err(_) => {}
         }
-        Ok(spec)
+        spec
     }
 
     pub fn policy(&self) -> PolicyConfig {
@@ -203,15 +205,13 @@ mod tests {
         let with = |args: &[&str], model: &str| {
             spec(args)
                 .with_shipped_drafter(model, true)
-                .unwrap()
                 .draft
                 .map(std::path::PathBuf::from)
         };
         assert_eq!(with(&[], "qwen2.5-coder-1.5b"), Some(shipped.clone()));
-        assert_eq!(
-            with(&["--spec", "dflash"], "qwen2.5-coder-1.5b"),
-            Some(shipped)
-        );
+        let mut dflash = spec(&["--spec", "dflash"]);
+        dflash.resolve_shipped("qwen2.5-coder-1.5b").unwrap();
+        assert_eq!(dflash.draft.map(std::path::PathBuf::from), Some(shipped));
         // Not for another target, a path, other speculation, or over an explicit --draft.
         assert_eq!(with(&[], "qwen2.5-coder-0.5b"), None);
         assert_eq!(with(&[], "/models/qwen2.5-coder-1.5b.gguf"), None);
@@ -225,11 +225,20 @@ mod tests {
     #[test]
     fn a_shipped_drafters_name_becomes_its_directory() {
         let mut s = spec(&["--draft", "qwen2.5-coder-1.5b-dflash"]);
-        s.resolve_shipped_name().unwrap();
+        s.resolve_shipped("qwen2.5-coder-0.5b").unwrap();
         let dir = std::path::PathBuf::from(s.draft.unwrap());
         assert!(is_dflash_checkpoint(&dir), "{}", dir.display());
         let mut other = spec(&["--draft", "qwen2.5-coder-0.5b"]);
-        other.resolve_shipped_name().unwrap();
+        other.resolve_shipped("qwen2.5-coder-1.5b").unwrap();
         assert_eq!(other.draft.as_deref(), Some("qwen2.5-coder-0.5b"));
+        // auto is left to the CPU path (with_shipped_drafter); other targets have none.
+        for (args, model) in [
+            (&[][..], "qwen2.5-coder-1.5b"),
+            (&["--spec", "dflash"][..], "m.gguf"),
+        ] {
+            let mut s = spec(args);
+            s.resolve_shipped(model).unwrap();
+            assert_eq!(s.draft, None);
+        }
     }
 }
