@@ -341,6 +341,13 @@ fn dflash_run_answers_like_plain_decoding() {
     let err = stderr(&wrong);
     assert!(err.contains("num_target_layers 2 does not match"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // The shipped drafters are listed with the models kasoku fetches.
+    let list = kasoku(&["fetch", "--list"]);
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        listed.contains("qwen2.5-coder-1.5b-dflash") && listed.contains("(shipped)"),
+        "{listed}"
+    );
     // A shipped drafter's name is found in the checkout and checked against the target.
     let shipped = kasoku(&[
         "run",
