@@ -132,6 +132,13 @@ pub struct RunArgs {
     pub spec: crate::spec_args::SpecArgs,
 }
 
+impl RunArgs {
+    /// `--model`, or the default model when it is not given.
+    pub fn model_name(&self) -> &str {
+        self.model.as_deref().unwrap_or(kasoku_fetch::DEFAULT_MODEL)
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// GGUF file, Hugging Face directory, or a known model name.

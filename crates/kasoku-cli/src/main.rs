@@ -91,11 +91,7 @@ fn run(cli: args::Cli) -> Result<()> {
             bench::bench(&args)
         }
         args::Command::Run(mut args) => {
-            let model = args
-                .model
-                .as_deref()
-                .unwrap_or(fetch::DEFAULT_MODEL)
-                .to_string();
+            let model = args.model_name().to_string();
             args.spec.resolve_shipped(&model)?;
             run::run(&args)
         }

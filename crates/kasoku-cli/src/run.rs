@@ -18,7 +18,7 @@ use crate::args::RunArgs;
 use crate::progress;
 
 pub fn run(args: &RunArgs) -> Result<()> {
-    let name = args.model.as_deref().unwrap_or(kasoku_fetch::DEFAULT_MODEL);
+    let name = args.model_name();
     if let Some(gpu) = gpu_model(args, name)? {
         return crate::run_gpu::run(args, &gpu);
     }
