@@ -141,19 +141,17 @@ impl DFlashWeights {
                 .ok_or_else(|| Error::Invalid(format!("DFlash drafter: tensor {name} is missing")))
         };
         let matrix = |name: &str| -> Result<DeviceMatrix> {
-            if let Some(q) = source.quantized(name) {
-                return DeviceMatrix::upload(
-                    gpu,
-                    DType::F16,
-                    q.spec.rows,
-                    q.spec.cols,
-                    &f16_bytes(&q),
-                )
-                .map_err(|e| Error::Invalid(format!("{name}: {e}")));
-            }
-            let t = get(name)?;
-            DeviceMatrix::upload(gpu, t.dtype, t.shape[0], t.shape[1], t.data.as_slice())
-                .map_err(|e| Error::Invalid(format!("{name}: {e}")))
+            let uploaded = match source.quantized(name) {
+                Some(q) => {
+                    let (rows, cols) = (q.spec.rows, q.spec.cols);
+                    DeviceMatrix::upload(gpu, DType::F16, rows, cols, &f16_bytes(&q))
+                }
+                None => {
+                    let t = get(name)?;
+                    DeviceMatrix::upload(gpu, t.dtype, t.shape[0], t.shape[1], t.data.as_slice())
+                }
+            };
+            uploaded.map_err(|e| Error::Invalid(format!("{name}: {e}")))
         };
         let vector = |name: &str| -> Result<DeviceBuffer> {
             let t = get(name)?;
