@@ -167,8 +167,8 @@ pub fn ids_only(options: &GenerateOptions) -> bool {
 /// The speculator a device session drafts with for speculation `kind` (`draft_given`: a
 /// draft model or DFlash checkpoint was named): prompt lookup for `ngram`, and for `auto`
 /// without a draft; `None` for `none`. Other drafters run on the CPU only: an error saying so.
-/// The budget is fixed at `policy`'s largest: the first pass of each tree size on a GPU
-/// captures its graph, which a measuring policy would charge to that size.
+/// The budget adapts as on the CPU (unless `policy` fixes it), from measurements that leave
+/// out the first pass of each tree size and the first draft ([`device_policy`]).
 pub fn device_speculator(
     kind: SpecKind,
     draft_given: bool,
@@ -185,19 +185,23 @@ pub fn device_speculator(
             ))
         }
     }
-    let policy = PolicyConfig {
-        adaptive: false,
-        ..policy
-    };
-    Ok(Some(Speculator::new(
+    Ok(Some(device_policy(Speculator::new(
         Box::new(NgramDrafter::default()),
         policy,
-    )))
+    ))))
+}
+
+/// `spec` measuring a device's passes: the first pass of each tree size captures the graph
+/// of that size (tens of passes' time, once), and the drafter's first draft its own, so
+/// those are left out of the costs the budget is chosen from.
+fn device_policy(mut spec: Speculator) -> Speculator {
+    spec.policy.set_first_pass_warms_up(true);
+    spec
 }
 
 /// The speculator a device session drafts with when the caller made a drafter that runs on
 /// the device itself (a draft model or a DFlash drafter on the same GPU): that drafter for
-/// speculation `draft`, `dflash` and `auto`, with the budget fixed at `policy`'s largest as in [`device_speculator`];
+/// speculation `draft`, `dflash` and `auto`, its budget chosen as in [`device_speculator`];
 /// other kinds as [`device_speculator`] takes them with a draft given (prompt lookup for
 /// `ngram`, `None` for `none`, the CPU-only drafters refused).
 pub fn device_draft_speculator(
@@ -206,13 +210,9 @@ pub fn device_draft_speculator(
     policy: PolicyConfig,
 ) -> Result<Option<Speculator>, EngineError> {
     match kind {
-        SpecKind::Draft | SpecKind::DFlash | SpecKind::Auto => Ok(Some(Speculator::new(
-            drafter,
-            PolicyConfig {
-                adaptive: false,
-                ..policy
-            },
-        ))),
+        SpecKind::Draft | SpecKind::DFlash | SpecKind::Auto => {
+            Ok(Some(device_policy(Speculator::new(drafter, policy))))
+        }
         _ => device_speculator(kind, true, policy),
     }
 }

@@ -51,6 +51,13 @@ pub struct Policy {
     draft_cost: Option<f64>,
     /// A draft costs the same whatever its depth (a block drafter's one pass).
     flat_draft: bool,
+    /// The first pass of each size and the first draft only warm up (a GPU captures a graph
+    /// for each new shape then): they are left out of the costs.
+    first_pass_warms_up: bool,
+    /// Pass sizes (nodes) seen so far, and whether a draft has been, when
+    /// `first_pass_warms_up`.
+    seen: Vec<bool>,
+    draft_seen: bool,
     /// Per level d ≥ 1: (times offered with level d − 1 accepted, times accepted), decayed.
     levels: Vec<(f64, f64)>,
     passes: u64,
@@ -63,6 +70,9 @@ impl Policy {
             verify_cost: vec![None; config.max_budget + 2],
             draft_cost: None,
             flat_draft: false,
+            first_pass_warms_up: false,
+            seen: vec![false; config.max_budget + 2],
+            draft_seen: false,
             levels: vec![(0.0, 0.0); config.max_depth + 1],
             passes: 0,
         }
@@ -72,6 +82,17 @@ impl Policy {
     /// one per level (`false`, the default).
     pub fn set_flat_draft_cost(&mut self, flat: bool) {
         self.flat_draft = flat;
+    }
+
+    /// Leaves the first pass of each size, and the first draft, out of the measured costs
+    /// (`true` for a device whose first run of a shape captures a graph and costs many runs).
+    pub fn set_first_pass_warms_up(&mut self, on: bool) {
+        self.first_pass_warms_up = on;
+    }
+
+    /// Whether first passes are left out ([`Policy::set_first_pass_warms_up`]).
+    pub fn first_pass_warms_up(&self) -> bool {
+        self.first_pass_warms_up
     }
 
     /// Nodes below the root the next pass may verify (0: decode plainly).
@@ -156,10 +177,21 @@ impl Policy {
         verify: Duration,
     ) {
         let ema = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + EMA * (new - o)));
-        if let Some(slot) = self.verify_cost.get_mut(nodes) {
+        let mut warm_up = false;
+        if self.first_pass_warms_up {
+            if let Some(seen) = self.seen.get_mut(nodes) {
+                warm_up = !*seen;
+                *seen = true;
+            }
+        }
+        if let Some(slot) = self.verify_cost.get_mut(nodes).filter(|_| !warm_up) {
             *slot = ema(*slot, verify.as_secs_f64());
         }
-        if let Some(d) = draft {
+        let first_draft = self.first_pass_warms_up && draft.is_some() && !self.draft_seen;
+        if draft.is_some() {
+            self.draft_seen = true;
+        }
+        if let Some(d) = draft.filter(|_| !warm_up && !first_draft) {
             let levels = if self.flat_draft {
                 1.0
             } else {
@@ -311,5 +343,34 @@ mod tests {
         });
         p.record(6, 5, 0, None, ms(100.0));
         assert_eq!(p.budget(), 5);
+    }
+
+    #[test]
+    fn a_devices_first_pass_of_each_size_and_first_draft_are_left_out() {
+        // A GPU captures a graph on the first pass of each size (and the drafter's on its
+        // first draft): a hundred times the pass's cost, once.
+        let measured = |warm_up: bool| {
+            let mut p = Policy::new(PolicyConfig::default());
+            p.set_first_pass_warms_up(warm_up);
+            assert_eq!(p.budget(), 0);
+            p.record(1, 0, 0, None, ms(300.0));
+            p.record(1, 0, 0, None, ms(3.0));
+            p.record(5, 4, 4, Some(ms(50.0)), ms(400.0));
+            p.record(5, 4, 4, Some(ms(0.1)), ms(4.0));
+            p
+        };
+        let (device, plain) = (measured(true), measured(false));
+        assert!((device.cost(1) - 0.003).abs() < 1e-12, "{}", device.cost(1));
+        assert!((device.cost(5) - 0.004).abs() < 1e-12, "{}", device.cost(5));
+        // Per level: 0.1 ms over 4 levels.
+        assert!((device.draft_cost.unwrap() - 0.000025).abs() < 1e-12);
+        // Four accepted drafts for a third more than a plain pass: drafting pays.
+        assert!(device.rate(4) > 2.0 * device.rate(0));
+        // Measuring every pass charges the captures to the costs for many passes.
+        assert!(plain.cost(1) > 0.1 && plain.cost(5) > 0.1);
+        // Once past the first pass of a size, every pass counts.
+        let mut p = measured(true);
+        p.record(5, 4, 4, Some(ms(0.1)), ms(8.0));
+        assert!(p.cost(5) > 0.004);
     }
 }

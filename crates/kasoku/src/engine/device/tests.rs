@@ -402,7 +402,17 @@ fn the_device_drafts_with_prompt_lookup_only() {
             .drafter
             .name()
     );
-    assert!(!auto.policy.config.adaptive);
+    // The budget adapts, from passes past each size's first (a GPU's graph capture) ...
+    assert!(auto.policy.config.adaptive && auto.policy.first_pass_warms_up());
+    // ... unless the caller fixes it.
+    let fixed = PolicyConfig {
+        adaptive: false,
+        ..p
+    };
+    let ngram = device_speculator(SpecKind::Ngram, false, fixed)
+        .unwrap()
+        .unwrap();
+    assert!(!ngram.policy.config.adaptive);
     for (kind, draft) in [
         (SpecKind::Auto, true),
         (SpecKind::Draft, true),
@@ -433,7 +443,7 @@ fn a_device_drafter_drafts_for_draft_and_auto() {
             .unwrap()
             .unwrap();
         assert_eq!(spec.drafter.name(), "draft");
-        assert!(!spec.policy.config.adaptive);
+        assert!(spec.policy.config.adaptive && spec.policy.first_pass_warms_up());
     }
     // Other kinds as without a device drafter, a draft given.
     assert!(device_draft_speculator(SpecKind::None, drafter(), p)
