@@ -11,7 +11,8 @@ and whether each strategy's answer is byte for byte plain decoding's.
     python3 bench/prompt_lookup.py --kasoku target/release/kasoku --model M.gguf --device cuda
     python3 bench/prompt_lookup.py ... --strategies none,ngram,ngram:16 --out DIR
 
-A strategy `ngram:16` is prompt lookup with --tree-budget 16; `draft` and `dflash` get --draft. Writes DIR/prompt_lookup.{json,md}
+A strategy `ngram:16` is prompt lookup with --tree-budget 16 (`ngram:8:fixed`: always 8 nodes,
+--fixed-budget); `draft` and `dflash` get --draft. Writes DIR/prompt_lookup.{json,md}
 and each answer (DIR/answers/NAME.STRATEGY.txt).
 """
 
@@ -29,11 +30,11 @@ DEVICE = re.compile(r"\] device (\S+)")
 
 
 def run_one(args, message, strategy):
-    spec, _, budget = strategy.partition(":")
+    spec, *rest = strategy.split(":")
     cmd = [args.kasoku, "run", "--model", args.model, "--device", args.device, "--spec", spec,
            "-n", str(args.max_tokens), "-m", message]
-    if budget:
-        cmd += ["--tree-budget", budget]
+    for opt in rest:
+        cmd += ["--fixed-budget"] if opt == "fixed" else ["--tree-budget", opt]
     if spec in ("draft", "dflash"):
         cmd += ["--draft", args.draft]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)

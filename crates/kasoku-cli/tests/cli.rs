@@ -431,6 +431,35 @@ fn bench_compares_strategies_prompt_by_prompt() {
         "{}",
         stderr(&bad)
     );
+    // The prompts' device is the one asked for, never a silent CPU: a GPU that is not there
+    // is an error; one that is runs every strategy.
+    assert_eq!(v["device"], "cpu");
+    let on_gpu = kasoku(&[
+        "bench",
+        "--model",
+        &tiny,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--compare",
+        "none,ngram",
+        "--gen-tokens",
+        "8",
+        "--device",
+        "cuda",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let probe = kasoku(&["logits", "--model", &tiny, "--tokens", "1"]);
+    if stderr(&probe).contains("device: cpu (") {
+        assert!(!on_gpu.status.success());
+        let err = stderr(&on_gpu);
+        assert!(err.contains("no usable CUDA device"), "{err}");
+    } else {
+        assert!(on_gpu.status.success(), "{}", stderr(&on_gpu));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["device"], "cuda:0");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

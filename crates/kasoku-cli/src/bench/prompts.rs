@@ -12,12 +12,21 @@
 //! taking turns prompt by prompt (prompt `i` starts with strategy `i mod k`), so that the
 //! memory bandwidth of a shared machine, which drifts by tens of percent within minutes,
 //! weighs on all of them alike. The JSON then has one `strategies` entry per strategy.
+//!
+//! With `--device cuda` every session runs on the GPU as `run --device cuda` would (the
+//! target loaded once; a draft model or DFlash drafter on the same GPU), so the same prompts
+//! measure both devices.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use kasoku::engine::{self, Flow, GenerateOptions, LoadedModel, SamplingParams, Session, SpecKind};
+use kasoku::engine::{
+    self, DeviceSession, Flow, GenerateOptions, Generator, LoadedModel, SamplingParams, Session,
+    SpecKind,
+};
+use kasoku::tokenizer::Tokenizer;
+use kasoku_cuda::Device;
 use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
@@ -40,20 +49,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
     }
     anyhow::ensure!(!list.is_empty(), "{}: no prompts", prompts.display());
 
-    let model = LoadedModel::load_with(model_path, args.cache_type)
-        .with_context(|| format!("loading {}", model_path.display()))?;
-    let draft = args.spec.load_draft(&model.model, args.cache_type, true)?;
-    let ctx = 4096;
-    let options = GenerateOptions {
-        logprobs: None,
-        sampling: SamplingParams::default(),
-        max_tokens: args.gen_tokens,
-        stop_tokens: engine::stop_tokens(&model),
-        constraint: None,
-    };
-    let encode = |p: &str| -> Result<Vec<u32>> { Ok(model.tokenizer.encode_with_bos(p, true)?) };
-
-    // The strategies: (label, speculation kind, whether it gets the draft model).
+    // The strategies: (label, speculation kind, whether it gets the draft).
     let strategies: Vec<(String, SpecKind, bool)> = if args.compare.is_empty() {
         vec![(
             format!("{:?}", args.spec.spec).to_lowercase(),
@@ -73,28 +69,35 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
             })
             .collect::<Result<_>>()?
     };
-    let mut sessions = Vec::new();
-    for (label, kind, with_draft) in &strategies {
-        let mut session = Session::new(Arc::clone(&model.model), ctx);
-        let spec = crate::spec_args::SpecArgs {
-            spec: *kind,
-            ..args.spec.clone()
-        };
-        let d = if *with_draft { draft.clone() } else { None };
-        session.set_speculator(
-            spec.speculator(&model.model, d, ctx)
-                .with_context(|| format!("strategy {label}"))?,
-        );
-        // Warm-up: page the weights in, size the buffers.
-        let warm = GenerateOptions {
-            logprobs: None,
-            max_tokens: 16,
-            ..options.clone()
-        };
+    let ctx = 4096;
+    let mut sessions = match args.device {
+        Some(Device::Cuda(i)) => gpu_sessions(args, model_path, i, &strategies, ctx)?,
+        _ => cpu_sessions(args, model_path, &strategies, ctx)?,
+    };
+    let options = GenerateOptions {
+        logprobs: None,
+        sampling: SamplingParams::default(),
+        max_tokens: args.gen_tokens,
+        stop_tokens: sessions.stop_tokens.clone(),
+        constraint: None,
+    };
+    let tokenizer = sessions.tokenizer.clone();
+    let encode = |p: &str| -> Result<Vec<u32>> { Ok(tokenizer.encode_with_bos(p, true)?) };
+    // Warm-up: page the weights in, size the buffers (and on a GPU, capture the graphs).
+    let warm = GenerateOptions {
+        logprobs: None,
+        max_tokens: 16,
+        ..options.clone()
+    };
+    for session in &mut sessions.list {
         session.generate(&encode(&list[0])?, &warm, &mut |_| Flow::Continue)?;
-        sessions.push(session);
     }
+    let sessions = &mut sessions.list;
 
+    let device = match args.device {
+        Some(Device::Cuda(i)) => format!("cuda:{i}"),
+        _ => "cpu".to_string(),
+    };
     let k = sessions.len();
     let mut records: Vec<Vec<Value>> = vec![Vec::new(); k];
     for (i, prompt) in list.iter().enumerate() {
@@ -138,6 +141,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         "tree_budget": args.spec.tree_budget,
         "fixed_budget": args.spec.fixed_budget,
         "gen_tokens": args.gen_tokens,
+        "device": device,
         "threads": kasoku::kernels::threads::num_threads(),
         // The process's peak resident memory (every strategy's weights and caches).
         "peak_rss_bytes": kasoku::engine::stats::peak_rss_bytes(),
@@ -158,4 +162,78 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
     }
     println!("{text}");
     Ok(())
+}
+
+/// The strategies' sessions, and what turns the prompts into tokens and ends an answer.
+struct Sessions {
+    list: Vec<Box<dyn Generator>>,
+    tokenizer: Arc<Tokenizer>,
+    stop_tokens: Vec<u32>,
+}
+
+/// The strategies' sessions on the CPU: one model, one draft model or drafter shared.
+fn cpu_sessions(
+    args: &BenchArgs,
+    model_path: &Path,
+    strategies: &[(String, SpecKind, bool)],
+    ctx: usize,
+) -> Result<Sessions> {
+    let model = LoadedModel::load_with(model_path, args.cache_type)
+        .with_context(|| format!("loading {}", model_path.display()))?;
+    let draft = args.spec.load_draft(&model.model, args.cache_type, true)?;
+    let mut list: Vec<Box<dyn Generator>> = Vec::new();
+    for (label, kind, with_draft) in strategies {
+        let mut session = Session::new(Arc::clone(&model.model), ctx);
+        let spec = crate::spec_args::SpecArgs {
+            spec: *kind,
+            ..args.spec.clone()
+        };
+        let d = if *with_draft { draft.clone() } else { None };
+        session.set_speculator(
+            spec.speculator(&model.model, d, ctx)
+                .with_context(|| format!("strategy {label}"))?,
+        );
+        list.push(Box::new(session));
+    }
+    Ok(Sessions {
+        list,
+        tokenizer: model.tokenizer.clone(),
+        stop_tokens: engine::stop_tokens(&model),
+    })
+}
+
+/// The strategies' sessions on GPU `ordinal`: the target loaded once, each strategy's draft
+/// model or DFlash drafter loaded on the same GPU as `run --device cuda` loads it.
+fn gpu_sessions(
+    args: &BenchArgs,
+    model_path: &Path,
+    ordinal: usize,
+    strategies: &[(String, SpecKind, bool)],
+    ctx: usize,
+) -> Result<Sessions> {
+    kasoku_cuda::select_device(args.device)?;
+    let m = crate::run_gpu::GpuModel::load(model_path, ordinal, true)?;
+    let mut list: Vec<Box<dyn Generator>> = Vec::new();
+    for (label, kind, with_draft) in strategies {
+        let spec = crate::spec_args::SpecArgs {
+            spec: *kind,
+            draft: args.spec.draft.clone().filter(|_| *with_draft),
+            ..args.spec.clone()
+        };
+        if let Some(why) = crate::draft_gpu::unsupported(spec.spec, spec.draft.as_deref()) {
+            anyhow::bail!("strategy {label} on the GPU: {why}");
+        }
+        let mut session = DeviceSession::on(m.device.as_ref(), ctx)?;
+        let draft = crate::draft_gpu::load_for(&spec, &m, true)?;
+        session.set_speculator(
+            crate::draft_gpu::speculator(&spec, &m, draft.as_ref(), ctx)
+                .with_context(|| format!("strategy {label}"))?,
+        );
+        list.push(Box::new(session));
+    }
+    Ok(Sessions {
+        list,
+        stop_tokens: engine::end_tokens(&m.tokenizer, None),
+        tokenizer: m.tokenizer,
+    })
 }
