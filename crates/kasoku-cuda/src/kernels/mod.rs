@@ -144,17 +144,19 @@ pub fn matvec_kernel_capped(n: usize, max_tile: usize) -> &'static str {
     }
 }
 
-/// The tallest matvec tile this process uses: 8, or what `KASOKU_CUDA_MATVEC_MAX_TILE` (1, 2
-/// or 4) says, for measuring whether the 8-row kernel's registers (two blocks a multiprocessor)
-/// cost more than a second pass of a lighter tile over rows it has just read. Read once.
+/// The tallest matvec tile this process uses: 4, or what `KASOKU_CUDA_MATVEC_MAX_TILE` (1, 2
+/// or 8) says. Passes of 5 to 8 rows take two 4-row tiles, the second reading the weights the
+/// first just brought into L2: on an H100 (2026-12-07b) an 8-row pass of the 1.5B Q4_K_M shape
+/// cost 2.30x a 1-row pass this way against 2.64x in the 8-row kernel, whose registers leave
+/// fewer warps on a multiprocessor; 16 rows 3.97x against 4.26x, one row the same. Read once.
 pub fn matvec_max_tile() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(
         || match std::env::var("KASOKU_CUDA_MATVEC_MAX_TILE").ok().as_deref() {
             Some("1") => 1,
             Some("2") => 2,
-            Some("4") => 4,
-            _ => 8,
+            Some("8") => 8,
+            _ => 4,
         },
     )
 }

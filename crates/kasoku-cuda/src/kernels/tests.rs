@@ -224,8 +224,11 @@ fn matvec_tiles_follow_the_row_count() {
     assert_eq!(matvec_kernel(1), "matvec_1");
     assert_eq!(matvec_kernel(2), "matvec_2");
     assert_eq!(matvec_kernel(3), "matvec_4");
-    assert_eq!(matvec_kernel(5), "matvec_8");
-    assert_eq!(matvec_kernel(64), "matvec_8");
+    // Tiles of at most 4 rows by default; the 8-row kernel when asked for.
+    assert_eq!(matvec_kernel(5), "matvec_4");
+    assert_eq!(matvec_kernel(64), "matvec_4");
+    assert_eq!(matvec_kernel_capped(5, 8), "matvec_8");
+    assert_eq!(matvec_kernel_capped(64, 8), "matvec_8");
     assert_eq!(matvec_kernel_capped(16, 4), "matvec_4");
     assert_eq!(matvec_kernel_capped(3, 2), "matvec_2");
     assert_eq!(matvec_kernel_capped(1, 4), "matvec_1");
