@@ -182,13 +182,11 @@ impl GpuModel {
 pub fn run(args: &RunArgs, m: &GpuModel) -> Result<()> {
     let ctx = m.context(args.ctx_size);
     let mut session = DeviceSession::on(m.device.as_ref(), ctx)?;
-    let draft = crate::draft_gpu::load_for(&args.spec, m, args.quiet)?;
-    session.set_speculator(crate::draft_gpu::speculator(
-        &args.spec,
-        m,
-        draft.as_ref(),
-        ctx,
-    )?);
+    let spec = args
+        .spec
+        .with_shipped_drafter(args.model_name(), args.quiet);
+    let draft = crate::draft_gpu::load_for(&spec, m, args.quiet)?;
+    session.set_speculator(crate::draft_gpu::speculator(&spec, m, draft.as_ref(), ctx)?);
     let options = crate::run::generate_options(args, m.tokenizer.eos_ids().to_vec())?;
     let prompt_options = PromptOptions {
         raw: args.raw,

@@ -161,7 +161,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     })?;
     let server = match gpu {
         Some(m) => {
-            let drafter = crate::draft_gpu::load_for(&args.spec, &m, false)?
+            let spec = args.spec.with_shipped_drafter(&args.model, false);
+            let drafter = crate::draft_gpu::load_for(&spec, &m, false)?
                 .map(|draft| crate::draft_gpu::session_drafter(&m, draft));
             let served = DeviceServed {
                 path: m.path.clone(),

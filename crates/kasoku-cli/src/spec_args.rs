@@ -84,10 +84,10 @@ impl SpecArgs {
     }
 
     /// These options, with the drafter the repository ships for `model` (a known model's
-    /// name) when speculation is `auto` without `--draft` and this checkout holds it (the CPU
-    /// path's default; a GPU drafts with it only when asked). A drafter that is not there (a
-    /// binary built elsewhere) leaves prompt lookup, with a note if its files do not match
-    /// their pins.
+    /// name) when speculation is `auto` without `--draft` and this checkout holds it, on
+    /// either device (called once the device is chosen: DFlash runs on both). A drafter that
+    /// is not there (a binary built elsewhere) leaves prompt lookup, with a note if its files
+    /// do not match their pins.
     pub fn with_shipped_drafter(&self, model: &str, quiet: bool) -> SpecArgs {
         let mut spec = self.clone();
         let wanted = spec.draft.is_none() && spec.spec == SpecKind::Auto;
@@ -231,7 +231,8 @@ mod tests {
         let mut other = spec(&["--draft", "qwen2.5-coder-0.5b"]);
         other.resolve_shipped("qwen2.5-coder-1.5b").unwrap();
         assert_eq!(other.draft.as_deref(), Some("qwen2.5-coder-0.5b"));
-        // auto is left to the CPU path (with_shipped_drafter); other targets have none.
+        // auto takes it once the device is chosen (with_shipped_drafter); other targets have
+        // none.
         for (args, model) in [
             (&[][..], "qwen2.5-coder-1.5b"),
             (&["--spec", "dflash"][..], "m.gguf"),
