@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::{fixture, Running};
 use kasoku::engine::{HostDevice, LoadedModel, SpecKind};
+use kasoku::spec::PolicyConfig;
 use kasoku_server::{DeviceDrafter, DeviceServed, Server, ServerConfig, ServerError, Speculation};
 use serde_json::{json, Value};
 
@@ -21,8 +22,14 @@ fn config(kind: SpecKind) -> ServerConfig {
     ServerConfig {
         sessions: Some(1),
         model_id: Some("tiny".into()),
+        // A fixed budget: the tests count passes, which must not hang on this machine's
+        // timings.
         speculation: Speculation {
             kind,
+            policy: PolicyConfig {
+                adaptive: false,
+                ..PolicyConfig::default()
+            },
             ..Speculation::default()
         },
         ..ServerConfig::default()

@@ -459,7 +459,12 @@ fn a_device_drafter_drafts_for_draft_and_auto() {
     let o = options(SamplingParams::default(), 40);
     let plain = generate(&mut Session::new(model.clone(), CTX), &prompt, &o);
     let (mut dev, _) = device(&model);
-    dev.set_speculator(device_draft_speculator(SpecKind::Draft, drafter(), p).unwrap());
+    // A fixed budget, so that it drafts whatever this machine's timings say pays.
+    let fixed = PolicyConfig {
+        adaptive: false,
+        ..p
+    };
+    dev.set_speculator(device_draft_speculator(SpecKind::Draft, drafter(), fixed).unwrap());
     for _ in 0..2 {
         let got = generate(&mut dev, &prompt, &o);
         assert_eq!(got.tokens, plain.tokens);
@@ -760,7 +765,11 @@ fn a_drafter_reads_the_devices_layer_outputs_in_place() {
         vocab_rows: 0,
         ..DFlashDrafterConfig::default()
     };
-    let p = PolicyConfig::default();
+    // A fixed budget: both runs must draft alike, whatever the passes' timings.
+    let p = PolicyConfig {
+        adaptive: false,
+        ..PolicyConfig::default()
+    };
     let o = options(SamplingParams::default(), 40);
     let prompt: Vec<u32> = (0..30).map(|i| (i * 37 + 5) % 300).collect();
     let plain = generate(&mut Session::new(model.clone(), CTX), &prompt, &o);
