@@ -881,7 +881,16 @@ __device__ __forceinline__ void matvec_entry(const MatArgs& a) {
 // warp, so each activation load serves four (on an H200, 1.5B Q4_K_M shape: a 16-row pass
 // 4.55 -> 4.33x a 1-row pass, 64 rows 15.8 -> 15.0x); the others take pairs (four made the
 // 4-row kernel slower: 1.50 -> 1.63x). `kernels::matvec_rows_per_warp` says the same.
+// KASOKU_MATVEC_MIN_BLOCKS (KASOKU_CUDA_MATVEC_BLOCKS=N, for measuring) asks ptxas to fit N
+// blocks a multiprocessor in the 2- and 4-row kernels: left alone they take 123 and 128
+// registers (4 blocks, 16 warps: the multi-row products are latency-bound with too few
+// warps), at N = 5 96 registers with a few bytes of spills.
+#ifdef KASOKU_MATVEC_MIN_BLOCKS
+#define MATVEC_TILE_BOUNDS __launch_bounds__(128, KASOKU_MATVEC_MIN_BLOCKS)
+#else
+#define MATVEC_TILE_BOUNDS __launch_bounds__(128)
+#endif
 extern "C" __global__ void __launch_bounds__(128, 7) matvec_1(MatArgs a) { matvec_entry<1, 2>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatArgs a) { matvec_entry<2, 2>(a); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatArgs a) { matvec_entry<4, 2>(a); }
+extern "C" __global__ void MATVEC_TILE_BOUNDS matvec_2(MatArgs a) { matvec_entry<2, 2>(a); }
+extern "C" __global__ void MATVEC_TILE_BOUNDS matvec_4(MatArgs a) { matvec_entry<4, 2>(a); }
 extern "C" __global__ void __launch_bounds__(128) matvec_8(MatArgs a) { matvec_entry<8, 4>(a); }

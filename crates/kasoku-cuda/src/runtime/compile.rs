@@ -155,6 +155,8 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 /// (whole 16-byte headers) before their arithmetic.
 /// `KASOKU_CUDA_TAIL_TILES=1` compiles the products whose last partial tile of activation rows
 /// runs as the smallest tile that holds it (see `row_tiles` in matvec.cu).
+/// `KASOKU_CUDA_MATVEC_BLOCKS=N` compiles the 2- and 4-row products to fit N blocks a
+/// multiprocessor.
 /// `KASOKU_CUDA_STREAM=1` compiles the products that can stream their weights through
 /// shared memory (used on compute capability 9.0; see `kernels::stream_layout`).
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
@@ -181,6 +183,9 @@ pub fn options(arch: &str) -> Vec<String> {
     if std::env::var("KASOKU_CUDA_TAIL_TILES").is_ok_and(|v| v == "1") {
         o.push("-DKASOKU_MATVEC_TAIL_TILES".into());
     }
+    if let Some(n) = matvec_min_blocks() {
+        o.push(format!("-DKASOKU_MATVEC_MIN_BLOCKS={n}"));
+    }
     if crate::kernels::stream_asked() {
         o.push("-DKASOKU_MATVEC_STREAM".into());
     }
@@ -188,6 +193,16 @@ pub fn options(arch: &str) -> Vec<String> {
         o.push("--ptxas-options=-v".into());
     }
     o
+}
+
+/// `KASOKU_CUDA_MATVEC_BLOCKS=N` (2 to 8): blocks a multiprocessor the 2- and 4-row products
+/// are compiled to fit (their register budget; see `MATVEC_TILE_BOUNDS` in matvec.cu).
+fn matvec_min_blocks() -> Option<u32> {
+    std::env::var("KASOKU_CUDA_MATVEC_BLOCKS")
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|n| (2..=8).contains(n))
 }
 
 fn verbose_ptxas() -> bool {
