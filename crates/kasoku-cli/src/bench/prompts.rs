@@ -93,11 +93,7 @@ pub fn bench_prompts(args: &BenchArgs, model_path: &Path, prompts: &Path) -> Res
         session.generate(&encode(&list[0])?, &warm, &mut |_| Flow::Continue)?;
     }
     let sessions = &mut sessions.list;
-
-    let device = match args.device {
-        Some(Device::Cuda(i)) => format!("cuda:{i}"),
-        _ => "cpu".to_string(),
-    };
+    let device = sessions[0].device();
     let k = sessions.len();
     let mut records: Vec<Vec<Value>> = vec![Vec::new(); k];
     for (i, prompt) in list.iter().enumerate() {
