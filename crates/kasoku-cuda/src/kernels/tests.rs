@@ -126,9 +126,11 @@ fn matvec_arguments_cover_every_segment_row() {
     let (a, blocks) = matvec_args(&[seg(10), seg(3), seg(3)], x(256), 4, 256).unwrap();
     assert_eq!((a.nseg, a.n, a.cols, a.xq), (3, 4, 256, 128));
     assert_eq!(blocks, 3); // 5 + 2 + 2 pairs of rows, 4 warps a block
-                           // The 8-row kernel (5 rows or more) takes four weight rows a warp.
+                           // Five rows: two 4-row tiles, pairs of weight rows again (the 8-row
+                           // kernel, which takes four a warp, only when asked for).
     let (_, blocks) = matvec_args(&[seg(10), seg(3), seg(3)], x(256), 5, 256).unwrap();
-    assert_eq!(blocks, 2); // 3 + 1 + 1 groups of four rows
+    assert_eq!(blocks, 3);
+    assert_eq!(matvec_rows_per_warp(5), 2);
     assert!(matvec_args(&[], x(256), 1, 256).is_err());
     assert!(matvec_args(&[seg(1); 4], x(256), 1, 256).is_err());
     assert!(matvec_args(&[seg(1)], x(240), 1, 256).is_err());
