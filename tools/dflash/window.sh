@@ -41,5 +41,5 @@ echo "first train shard at $(date +%s)" >> window.log
 TOTAL_S=$TRAIN_S; [ -n "$INIT" ] && TOTAL_S=0
 python3 $D/train.py --target $T --target-cache target.pt --data regen --out out \
   ${INIT:+--init "$INIT"} --time "$TRAIN_S" --total-time "$TOTAL_S" --text prompts.jsonl.xz \
-  --batch-tokens $TRAIN_TOKENS --reload-every 40 --export-every 240 --export-split-mib 15 --val-every 200 > train.log 2>&1
+  --batch-tokens $TRAIN_TOKENS --reload-every 40 --export-every 120 --export-split-mib 15 --val-every 200 > train.log 2>&1
 echo "trained, rc $?, at $(date +%s)" >> window.log
