@@ -283,14 +283,21 @@ __device__ __forceinline__ WSub kquant_sub(const uint4& h, uint2 q, uint2 e, int
 // One super-block (k) of the tile's rows from their stage rows ra (row g) and rb (row g + 8),
 // against NT tiles of 8 activation rows from r0, into acc[tile][(row g, act 2t), (g, 2t+1),
 // (g+8, 2t), (g+8, 2t+1)]. `subs`: its sub-blocks (8, or fewer at a legacy row's end).
-// The loops over a super-block's sub-blocks (and a K-quant's 64-value groups) are not unrolled
-// (`unroll 1`): unrolled, with every format's path in one kernel, the kernels held to 64
-// registers spilled 308 (mma_1) and 1,240 (mma_2) bytes a thread; rolled, 20 and 136 (ptxas,
-// sm_90, NVRTC 13.0). The arithmetic and its order are the same.
+// The loops over a super-block's sub-blocks (and a K-quant's 64-value groups): unrolled, with
+// every format's path in one kernel, the kernels held to 64 registers spill 308 (mma_1) and
+// 1,240 (mma_2) bytes a thread (ptxas, sm_90, NVRTC 13.0); rolled (KASOKU_MMA_ROLLED, from
+// KASOKU_CUDA_MMA_ROLLED=1) 20 and 136, but each sub-block's activation loads then wait for
+// the one before. Which costs more is for a GPU to say. The arithmetic and its order are the
+// same either way.
+#ifdef KASOKU_MMA_ROLLED
+#define MMA_SUB_LOOP _Pragma("unroll 1")
+#else
+#define MMA_SUB_LOOP _Pragma("unroll")
+#endif
 template <int NT, int FMT>
 __device__ __forceinline__ void mma_sup_legacy(const u8* ra, const u8* rb, const MatArgs& a, int r0, int k, int subs,
                                                int g, int t, float (*acc)[4]) {
-#pragma unroll 1
+MMA_SUB_LOOP
     for (int u = 0; u < MMA_SUBS; u++) {
         if (u >= subs) break;
         WSub wa = load_sub<FMT>(ra, u, t), wb = load_sub<FMT>(rb, u, t);
@@ -310,7 +317,7 @@ __device__ __forceinline__ void mma_sup_kquant(const u8* ra, const u8* rb, const
         ea = make_uint2(lds32(ra + 16 + 8 * t), lds32(ra + 20 + 8 * t));
         eb = make_uint2(lds32(rb + 16 + 8 * t), lds32(rb + 20 + 8 * t));
     }
-#pragma unroll 1
+MMA_SUB_LOOP
     for (int j = 0; j < 4; j++) {
         const uint2 qa = make_uint2(lds32(ra + qo + 32 * j + 8 * t), lds32(ra + qo + 32 * j + 4 + 8 * t));
         const uint2 qb = make_uint2(lds32(rb + qo + 32 * j + 8 * t), lds32(rb + qo + 32 * j + 4 + 8 * t));
@@ -349,7 +356,7 @@ __device__ __forceinline__ WSub q6k_sub(const u8* p, int u, int t) {
 template <int NT>
 __device__ __forceinline__ void mma_sup_q6k(const u8* ra, const u8* rb, const MatArgs& a, int r0, int k, int g, int t,
                                             float (*acc)[4]) {
-#pragma unroll 1
+MMA_SUB_LOOP
     for (int u = 0; u < MMA_SUBS; u++) {
         WSub wa = q6k_sub(ra, u, t), wb = q6k_sub(rb, u, t);
 #pragma unroll
