@@ -150,7 +150,7 @@ pub fn draft_speculative(
             " (graphs captured as they come)",
         );
     }
-    // The engine's session with the drafter (the fixed budget of `run`'s defaults), twice:
+    // The engine's session with the drafter (the budget adapting, as with `run`'s defaults), twice:
     // the second answer reuses the session's state and the drafter's.
     let device = crate::CudaDevice::new(m.clone());
     let mut session = DeviceSession::on(&device, ctx).map_err(engine)?;
