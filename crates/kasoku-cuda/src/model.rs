@@ -432,6 +432,13 @@ pub fn check_tap_layers(layers: &[usize], n_layers: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether committing root path `path` leaves every node in the slot it was verified in
+/// (node `i` of a tree sits at position `len + i`, so a path `0, 1, 2, ...` does): `kv_commit`
+/// would copy nothing.
+pub fn stays_in_place(path: &[usize]) -> bool {
+    path.iter().enumerate().all(|(i, &node)| i == node)
+}
+
 /// `rows` as runs of consecutive values: (index in `rows` of the run's first, the run's range
 /// of values), so each run is one copy.
 pub fn consecutive_runs(rows: &[usize]) -> Vec<(usize, std::ops::Range<usize>)> {
@@ -1389,21 +1396,28 @@ impl CudaState {
                 "{path:?} is not a root path of the pending tree"
             )));
         }
-        let words: Vec<u32> = path.iter().map(|&i| i as u32).collect();
-        self.path_host.put_u32s(0, &words);
-        self.path_dev
-            .write_async(0, &self.path_host, words.len() * 4)?;
-        let c = &m.config;
-        m.kernels.kv_commit(&KvCommit {
-            cache: self.kv.ptr(),
-            head_elems: self.max_slots * c.head_dim,
-            layers: m.attn_layers,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            past: self.len,
-            path: self.path_dev.ptr(),
-            len: path.len(),
-        })?;
+        // A path of nodes already in their places (a chain's accepted prefix, a plain step)
+        // moves no keys or values; without Gated DeltaNet layers it needs no device work.
+        let moves = !stays_in_place(path);
+        if moves || self.delta.is_some() {
+            let words: Vec<u32> = path.iter().map(|&i| i as u32).collect();
+            self.path_host.put_u32s(0, &words);
+            self.path_dev
+                .write_async(0, &self.path_host, words.len() * 4)?;
+        }
+        if moves {
+            let c = &m.config;
+            m.kernels.kv_commit(&KvCommit {
+                cache: self.kv.ptr(),
+                head_elems: self.max_slots * c.head_dim,
+                layers: m.attn_layers,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                past: self.len,
+                path: self.path_dev.ptr(),
+                len: path.len(),
+            })?;
+        }
         // Gated DeltaNet layers replay the path's updates (Qwen3.5).
         self.commit_delta_net(m, self.path_dev.ptr(), path.len())?;
         self.len += path.len();
@@ -2137,6 +2151,14 @@ mod tests {
         let (q, g) = query_and_gate_rows(&rows, 1, 2);
         assert_eq!(q, [10, 11, 12, 13]);
         assert_eq!(g, [20, 21, 22, 23]);
+    }
+
+    #[test]
+    fn only_paths_off_the_chain_move_keys_and_values() {
+        assert!(stays_in_place(&[0]));
+        assert!(stays_in_place(&[0, 1, 2]));
+        assert!(!stays_in_place(&[0, 2]));
+        assert!(!stays_in_place(&[0, 1, 3, 5]));
     }
 
     #[test]
