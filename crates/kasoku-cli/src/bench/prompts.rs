@@ -198,8 +198,9 @@ fn cpu_sessions(
     })
 }
 
-/// The strategies' sessions on GPU `ordinal`: the target loaded once, each strategy's draft
-/// model or DFlash drafter loaded on the same GPU as `run --device cuda` loads it.
+/// The strategies' sessions on GPU `ordinal`: the target loaded once, and the draft model
+/// or DFlash drafter loaded once on the same GPU (as `run --device cuda` loads it) for the
+/// strategies that draft with it.
 fn gpu_sessions(
     args: &BenchArgs,
     model_path: &Path,
@@ -207,8 +208,10 @@ fn gpu_sessions(
     strategies: &[(String, SpecKind, bool)],
     ctx: usize,
 ) -> Result<Sessions> {
+    use crate::draft_gpu::{drafts_with_dflash, drafts_with_model};
     kasoku_cuda::select_device(args.device)?;
     let m = crate::run_gpu::GpuModel::load(model_path, ordinal, true)?;
+    let mut shared = None;
     let mut list: Vec<Box<dyn Generator>> = Vec::new();
     for (label, kind, with_draft) in strategies {
         let spec = crate::spec_args::SpecArgs {
@@ -219,10 +222,16 @@ fn gpu_sessions(
         if let Some(why) = crate::draft_gpu::unsupported(spec.spec, spec.draft.as_deref()) {
             anyhow::bail!("strategy {label} on the GPU: {why}");
         }
+        // Every strategy that drafts with it names the same file, so one load serves them.
+        let draft = spec.draft.as_deref();
+        let uses_draft =
+            drafts_with_dflash(spec.spec, draft) || drafts_with_model(spec.spec, draft);
+        if uses_draft && shared.is_none() {
+            shared = crate::draft_gpu::load_for(&spec, &m, true)?;
+        }
         let mut session = DeviceSession::on(m.device.as_ref(), ctx)?;
-        let draft = crate::draft_gpu::load_for(&spec, &m, true)?;
         session.set_speculator(
-            crate::draft_gpu::speculator(&spec, &m, draft.as_ref(), ctx)
+            crate::draft_gpu::speculator(&spec, &m, shared.as_ref().filter(|_| uses_draft), ctx)
                 .with_context(|| format!("strategy {label}"))?,
         );
         list.push(Box::new(session));
