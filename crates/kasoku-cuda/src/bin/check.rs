@@ -28,7 +28,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use kasoku::model::TokenTree;
 use kasoku_cuda::checks::{self, Report};
-use kasoku_cuda::kernels::Kernels;
+use kasoku_cuda::kernels::{Kernels, MmaPlan};
 use kasoku_cuda::model::Skip;
 use kasoku_cuda::runtime::{compile, Gpu, Timer};
 use kasoku_cuda::synth;
@@ -212,10 +212,10 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
         "bench {name}: loaded in {:.1} s, {} weight bytes per token, block formats on {}",
         t.elapsed().as_secs_f64(),
         m.weight_bytes,
-        if m.kernels.uses_mma() {
-            "tensor cores (mma.cu)"
-        } else {
-            "dp4a (matvec.cu)"
+        match m.kernels.mma_plan() {
+            MmaPlan::Off => "dp4a (matvec.cu)".to_string(),
+            MmaPlan::All => "tensor cores (mma.cu)".to_string(),
+            MmaPlan::AtLeast(b) => format!("tensor cores from {} MiB a matrix, else dp4a", b >> 20),
         }
     );
     let vocab = m.config.vocab as u32;

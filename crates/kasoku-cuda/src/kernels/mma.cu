@@ -283,16 +283,17 @@ __device__ __forceinline__ WSub kquant_sub(const uint4& h, uint2 q, uint2 e, int
 // One super-block (k) of the tile's rows from their stage rows ra (row g) and rb (row g + 8),
 // against NT tiles of 8 activation rows from r0, into acc[tile][(row g, act 2t), (g, 2t+1),
 // (g+8, 2t), (g+8, 2t+1)]. `subs`: its sub-blocks (8, or fewer at a legacy row's end).
-// The loops over a super-block's sub-blocks (and a K-quant's 64-value groups): unrolled, with
-// every format's path in one kernel, the kernels held to 64 registers spill 308 (mma_1) and
-// 1,240 (mma_2) bytes a thread (ptxas, sm_90, NVRTC 13.0); rolled (KASOKU_MMA_ROLLED, from
-// KASOKU_CUDA_MMA_ROLLED=1) 20 and 136, but each sub-block's activation loads then wait for
-// the one before. Which costs more is for a GPU to say. The arithmetic and its order are the
-// same either way.
-#ifdef KASOKU_MMA_ROLLED
-#define MMA_SUB_LOOP _Pragma("unroll 1")
-#else
+// The loops over a super-block's sub-blocks (and a K-quant's 64-value groups) stay rolled:
+// unrolled (KASOKU_MMA_UNROLLED, from KASOKU_CUDA_MMA_ROLLED=0), with every format's path in
+// one kernel, the kernels held to 64 registers spill 308 (mma_1) and 1,240 (mma_2) bytes a
+// thread (ptxas, sm_90, NVRTC 13.0), rolled 20 and 136; each sub-block's activation loads
+// then wait for the one before, and still rolled was faster on an H100 (2026-12-07c: the
+// 1.5B shape all on tensor cores decoded 438 tokens/s against 433, a 16-row pass 1.80 single
+// ones against 2.10). The arithmetic and its order are the same either way.
+#ifdef KASOKU_MMA_UNROLLED
 #define MMA_SUB_LOOP _Pragma("unroll")
+#else
+#define MMA_SUB_LOOP _Pragma("unroll 1")
 #endif
 template <int NT, int FMT>
 __device__ __forceinline__ void mma_sup_legacy(const u8* ra, const u8* rb, const MatArgs& a, int r0, int k, int subs,

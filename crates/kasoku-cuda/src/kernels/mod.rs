@@ -632,14 +632,58 @@ pub fn attention_chunks(pos: usize) -> usize {
     pos / ATT_CHUNK + 1
 }
 
+/// Which block-format matrices a process multiplies on the tensor-core kernel (mma.cu) rather
+/// than matvec.cu's dp4a kernels. The choice is by matrix (its format and its size), never by
+/// the number of activation rows, so each matrix's rows get the same bits in every pass: a
+/// tree node's logits are plain decoding's whichever kernel computes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaPlan {
+    /// Every matrix on dp4a.
+    Off,
+    /// Every block-format matrix on tensor cores (`KASOKU_CUDA_MMA=1`).
+    All,
+    /// Block-format matrices of at least this many bytes (`KASOKU_CUDA_MMA_MIN_MB=N`, in MiB):
+    /// the ones with tiles enough to fill the GPU at one row.
+    AtLeast(usize),
+}
+
+impl MmaPlan {
+    /// The plan the environment asks for (compute capability 8.0 or later; else `Off`).
+    pub fn asked(capability: (i32, i32)) -> MmaPlan {
+        if capability.0 < 8 {
+            return MmaPlan::Off;
+        }
+        if std::env::var("KASOKU_CUDA_MMA").is_ok_and(|v| v == "1") {
+            return MmaPlan::All;
+        }
+        match std::env::var("KASOKU_CUDA_MMA_MIN_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            Some(mb) => MmaPlan::AtLeast(mb << 20),
+            None => MmaPlan::Off,
+        }
+    }
+
+    /// Whether segment `s` goes through the tensor-core kernel.
+    pub fn takes(&self, s: &MatSeg) -> bool {
+        let bytes = s.rows.max(0) as usize * s.row_bytes.max(0) as usize;
+        is_block_format(s.fmt)
+            && match *self {
+                MmaPlan::Off => false,
+                MmaPlan::All => true,
+                MmaPlan::AtLeast(min) => bytes >= min,
+            }
+    }
+}
+
 /// The compiled kernels on one device.
 pub struct Kernels {
     pub gpu: Arc<Gpu>,
     module: Module,
-    /// Block formats go through the tensor-core kernel (compute capability 8.0 or later, and
-    /// `KASOKU_CUDA_MMA=1`: until its one-row speed matches matvec.cu's it is opt-in); the
-    /// choice holds for the process, so every row of a format is always computed the same way.
-    mma: bool,
+    /// Which block-format matrices go through the tensor-core kernel ([`MmaPlan::asked`]); the
+    /// choice holds for the process.
+    mma: MmaPlan,
     /// Products stream their weights through shared memory (`KASOKU_CUDA_STREAM=1`, compute
     /// capability 9.0; until measured on a GPU it is opt-in).
     stream: Option<StreamPlan>,
@@ -660,12 +704,12 @@ impl Kernels {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Kernels> {
         let cubin = compile_cached(&source(), &arch_of(gpu.capability))?;
         let module = Module::load(gpu, &cubin, &NAMES)?;
-        let mma = gpu.capability.0 >= 8 && std::env::var("KASOKU_CUDA_MMA").is_ok_and(|v| v == "1");
+        let mma = MmaPlan::asked(gpu.capability);
         let stream = (gpu.capability.0 >= 9 && stream_asked()).then(|| StreamPlan {
             blocks_per_sm: env_usize("KASOKU_CUDA_STREAM_BLOCKS", 4),
             budget: env_usize("KASOKU_CUDA_STREAM_KB", 48) * 1024,
         });
-        if mma {
+        if mma != MmaPlan::Off {
             for name in ["mma_1", "mma_2", "mma_4", "mma_8"] {
                 gpu.allow_shared(module.function(name), MMA_SHARED_MAX as u32)?;
             }
@@ -738,11 +782,8 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (blocks, floats): (Vec<MatSeg>, Vec<MatSeg>) = if self.mma {
-            segs.iter().partition(|s| is_block_format(s.fmt))
-        } else {
-            (Vec::new(), segs.to_vec())
-        };
+        let (blocks, floats): (Vec<MatSeg>, Vec<MatSeg>) =
+            segs.iter().partition(|s| self.mma.takes(s));
         if !floats.is_empty() {
             let (mut args, grid) = matvec_args(&floats, x, n, cols)?;
             for (i, m) in next.iter().take(3).enumerate() {
@@ -778,7 +819,7 @@ impl Kernels {
         glu: GluTail,
     ) -> Result<()> {
         let GluTail { counts, out } = glu;
-        if self.mma {
+        if self.uses_mma() {
             return Err(Error::Invalid(
                 "SwiGLU is not fused into tensor-core products".into(),
             ));
@@ -814,7 +855,7 @@ impl Kernels {
         cols: usize,
         norm: NormTail,
     ) -> Result<()> {
-        if self.mma {
+        if self.uses_mma() {
             return Err(Error::Invalid(
                 "RMSNorm is not fused into tensor-core products".into(),
             ));
@@ -844,8 +885,13 @@ impl Kernels {
         self.stream.is_some()
     }
 
-    /// Whether block formats run on the tensor-core kernel in this process.
+    /// Whether any block-format matrix runs on the tensor-core kernel in this process.
     pub fn uses_mma(&self) -> bool {
+        self.mma != MmaPlan::Off
+    }
+
+    /// Which block-format matrices run on the tensor-core kernel in this process.
+    pub fn mma_plan(&self) -> MmaPlan {
         self.mma
     }
 

@@ -144,6 +144,34 @@ fn matvec_arguments_cover_every_segment_row() {
 }
 
 #[test]
+fn the_tensor_core_plan_picks_matrices_by_format_and_size_never_by_rows() {
+    let seg = |fmt, rows: i32, row_bytes: i64| MatSeg {
+        w: 0,
+        y: 0,
+        bias: 0,
+        row_bytes,
+        fmt,
+        rows,
+        ldy: rows,
+        accumulate: 0,
+        best: 0,
+    };
+    let q4k = DType::Q4K.ggml_id() as i32;
+    let f16 = DType::F16.ggml_id() as i32;
+    // The 1.5B shape: a head of 151,936 Q6_K-sized rows, a gate of 8,960 Q4_K rows, q of 1,536.
+    let head = seg(q4k, 151_936, 1260);
+    let gate = seg(q4k, 8960, 864);
+    let q = seg(q4k, 1536, 864);
+    let big = MmaPlan::AtLeast(64 << 20);
+    assert!(big.takes(&head) && !big.takes(&gate) && !big.takes(&q));
+    let mid = MmaPlan::AtLeast(4 << 20);
+    assert!(mid.takes(&head) && mid.takes(&gate) && !mid.takes(&q));
+    assert!(MmaPlan::All.takes(&q) && !MmaPlan::Off.takes(&head));
+    // Float formats stay on matvec.cu whatever their size.
+    assert!(!MmaPlan::All.takes(&seg(f16, 151_936, 3072)));
+}
+
+#[test]
 fn attention_chunks_follow_positions() {
     assert_eq!(attention_chunks(0), 1);
     assert_eq!(attention_chunks(63), 1);

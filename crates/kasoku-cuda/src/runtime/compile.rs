@@ -157,8 +157,9 @@ fn nvrtc_check(call: &str, r: nvrtc::nvrtcResult, log: &str) -> Result<()> {
 /// runs as the smallest tile that holds it (see `row_tiles` in matvec.cu).
 /// `KASOKU_CUDA_MATVEC_BLOCKS=N` compiles the 2- and 4-row products to fit N blocks a
 /// multiprocessor.
-/// `KASOKU_CUDA_MMA_ROLLED=1` compiles the tensor-core products with their sub-block loops
-/// rolled (fewer spills; see mma.cu).
+/// `KASOKU_CUDA_MMA_ROLLED=0` compiles the tensor-core products with their sub-block loops
+/// unrolled (more spills; see mma.cu; rolled they decoded 438 tokens/s against 433 on an
+/// H100, and a 16-row pass cost 1.80 single ones against 2.10).
 /// `KASOKU_CUDA_STREAM=1` compiles the products that can stream their weights through
 /// shared memory (used on compute capability 9.0; see `kernels::stream_layout`).
 /// `KASOKU_CUDA_PTXAS_VERBOSE=1` has ptxas report each kernel's registers and shared memory,
@@ -185,8 +186,8 @@ pub fn options(arch: &str) -> Vec<String> {
     if std::env::var("KASOKU_CUDA_TAIL_TILES").is_ok_and(|v| v == "1") {
         o.push("-DKASOKU_MATVEC_TAIL_TILES".into());
     }
-    if std::env::var("KASOKU_CUDA_MMA_ROLLED").is_ok_and(|v| v == "1") {
-        o.push("-DKASOKU_MMA_ROLLED".into());
+    if std::env::var("KASOKU_CUDA_MMA_ROLLED").is_ok_and(|v| v == "0") {
+        o.push("-DKASOKU_MMA_UNROLLED".into());
     }
     if let Some(n) = matvec_min_blocks() {
         o.push(format!("-DKASOKU_MATVEC_MIN_BLOCKS={n}"));
