@@ -14,6 +14,14 @@ cargo build --release -p kasoku-cli
 mkdir -p "$STAGE/fixtures"
 cp target/release/kasoku-cuda-check target/release/kasoku "$STAGE/"
 strip "$STAGE/kasoku-cuda-check" "$STAGE/kasoku" 2>/dev/null || true
+# The kernels compiled here for sm_90 (the H100 and H200), where tools/nvrtc_check.sh fetched
+# NVRTC: both binaries read cuda-cache/ beside them, so a GPU machine does not spend 50-75 s of
+# its first command compiling them (switches that change the compile options still do).
+NVRTC_LIB=.nvrtc/unpacked/nvidia/cu13/lib/libnvrtc.so.13
+rm -rf "$STAGE/cuda-cache"
+if [ -f "$NVRTC_LIB" ]; then
+  KASOKU_NVRTC=$NVRTC_LIB KASOKU_CUDA_CACHE="$STAGE/cuda-cache" "$STAGE/kasoku-cuda-check" compile sm_90
+fi
 cp tools/gpu_device.sh "$STAGE/run.sh"
 cp tools/gpu_cli_checks.sh "$STAGE/cli_checks.sh"
 cp tools/gpu_switches.sh "$STAGE/switches.sh"

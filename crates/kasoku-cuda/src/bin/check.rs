@@ -19,6 +19,9 @@
 //!                                                length, rows and kernel
 //! kasoku-cuda-check pass MODEL.gguf DEPTH K REPS  REPS verifications of K chain tokens
 //!                                                after DEPTH (for a profiler)
+//! kasoku-cuda-check compile ARCH                 the kernels compiled for ARCH (e.g. sm_90)
+//!                                                into the disk cache (KASOKU_CUDA_CACHE):
+//!                                                needs NVRTC, not a GPU
 //! ```
 //! Each prints its lines and exits 1 if a check failed.
 
@@ -61,6 +64,21 @@ fn main() -> Result<()> {
             "synth {name} {:?}: {bytes} tensor bytes in {:.1} s",
             scheme,
             t.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
+    if arg(0) == "compile" {
+        // The GPU machine then loads the cached code instead of spending its time compiling
+        // (tools/gpu_run.sh stages the cache beside the binary).
+        let t = Instant::now();
+        let source = kasoku_cuda::kernels::source();
+        let cubin = compile::compile_cached(&source, arg(1))?;
+        println!(
+            "compiled for {} in {:.1} s: {} bytes of machine code, NVRTC {:?}",
+            arg(1),
+            t.elapsed().as_secs_f64(),
+            cubin.len(),
+            compile::nvrtc_version()?
         );
         return Ok(());
     }

@@ -331,7 +331,12 @@ impl Drop for Module {
 /// Compiled images per (source hash, arch), so a process compiles each source once.
 static CACHE: Mutex<Vec<(u64, String, Vec<u8>)>> = Mutex::new(Vec::new());
 
-/// [`compile_cubin`] through the process-wide cache.
+/// [`compile_cubin`] through the process-wide cache, then the disk cache
+/// (`KASOKU_CUDA_CACHE`, else `~/.cache/kasoku/cuda`), then a `cuda-cache` folder beside the
+/// executable (read only: code compiled on another machine and staged with the binary, e.g.
+/// by tools/gpu_run.sh, so a GPU machine lent for minutes does not spend one of them in
+/// NVRTC). An image is found only under its own key: the source, NVRTC's version, the options
+/// and the architecture.
 pub fn compile_cached(source: &str, arch: &str) -> Result<Vec<u8>> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -348,8 +353,14 @@ pub fn compile_cached(source: &str, arch: &str) -> Result<Vec<u8>> {
         return Ok(c.clone());
     }
     // On disk too: a process that starts often (tools, tests) compiles each source once.
-    let file = disk_cache_dir().map(|d| d.join(format!("{key:016x}-{arch}.cubin")));
-    if let Some(c) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+    let name = format!("{key:016x}-{arch}.cubin");
+    let file = disk_cache_dir().map(|d| d.join(&name));
+    let staged = staged_cache_dir().map(|d| d.join(&name));
+    if let Some(c) = [&file, &staged]
+        .into_iter()
+        .flatten()
+        .find_map(|f| std::fs::read(f).ok())
+    {
         CACHE
             .lock()
             .expect("cache lock")
@@ -380,6 +391,13 @@ fn disk_cache_dir() -> Option<PathBuf> {
         return Some(d.into());
     }
     std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/kasoku/cuda"))
+}
+
+/// `cuda-cache` beside the running executable, if there is one.
+fn staged_cache_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?.join("cuda-cache");
+    dir.is_dir().then_some(dir)
 }
 
 /// The `sm_XY` target for a compute capability.
