@@ -2,8 +2,8 @@
 # Second call of 2026-12-07c (.gpu staged by tools/gpu_run.sh and carried): tensor cores for
 # the large matrices only (KASOKU_CUDA_MMA_MIN_MB: 64 = the head, 6 = the head, gate, up and
 # down) against dp4a everywhere, on the 1.5B Q4_K_M shape: quick benchmarks alternated, two
-# rounds; speculative == plain and the sessions under each plan; then ncu's per-kernel times
-# of a 16-row pass under the plan of 6.
+# rounds; speculative == plain and the sessions under both plans; then, if time is left,
+# ncu's per-kernel times of a 16-row pass under it.
 set -u
 B=.gpu/kasoku-cuda-check; M=/tmp/m; L=${OUT:-/tmp/out}/plan; mkdir -p $M $L
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -16,11 +16,11 @@ for round in 1 2; do
     echo "$mb $round: $(grep -h 'tg128' $L/q15_${mb}_$round.log | cut -c1-36) | $(grep -h 'verify depth 1:' $L/q15_${mb}_$round.log)"
   done
 done
-for mb in 64 6; do
+for mb in 6 64; do
   KASOKU_CUDA_MMA_MIN_MB=$mb timeout 40 $B spec $M/q15.gguf 96 > $L/spec_$mb.log 2>&1; echo "spec $mb: $(grep -h 'checks,' $L/spec_$mb.log | tail -n 1)"
   KASOKU_CUDA_MMA_MIN_MB=$mb timeout 60 $B session $M/q15.gguf 128 > $L/session_$mb.log 2>&1; echo "session $mb: $(tail -n 1 $L/session_$mb.log)"
 done
-KASOKU_CUDA_MMA_MIN_MB=6 timeout 90 ncu --cache-control none --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
+KASOKU_CUDA_MMA_MIN_MB=6 timeout 45 ncu --cache-control none --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
    $B pass $M/q15.gguf 512 16 2 > $L/ncu_pass_512_16_mb6.csv 2> $L/ncu.err; echo "ncu rc=$?"
 gzip $L/*.csv
 tar czf ${OUT:-/tmp/out}/plan.tgz -C $L . && rm -rf $L
