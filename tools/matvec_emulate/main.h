@@ -71,8 +71,11 @@ static int matvec_split(const MatArgs& a) {
     }
     return units >= 256 ? 4 : units >= 128 ? 2 : 1;
 }
+// The tallest tile, as matvec_max_tile: 4 by default (passes of 5 or more rows loop over
+// 4-row tiles), 8 with EMU_MAX_TILE=8 (the 8-row kernel, four weight rows a warp).
+static int g_max_tile = 4;
 // matvec_rows_per_warp: the kernel's NW (4 in the 8-row kernel).
-static int rows_per_warp(int n) { return n > 4 ? 4 : 2; }
+static int rows_per_warp(int n) { return n > 4 && g_max_tile >= 8 ? 4 : 2; }
 static unsigned matvec_grid(const MatArgs& a) {  // matvec_args' grid (a.split set)
     long long groups = 0, nw = rows_per_warp(a.n);
     for (int i = 0; i < a.nseg; i++) groups += (a.seg[i].rows + nw - 1) / nw;
@@ -92,7 +95,7 @@ static bool stream_layout(const MatArgs& a, int mps, int bps, long long budget, 
     *grid = (unsigned)std::min(tiles, (long long)mps * std::max(bps, 1));
     return true;
 }
-static int nr_of(int n) { return n <= 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8; }
+static int nr_of(int n) { return n <= 1 ? 1 : n == 2 ? 2 : n <= 4 || g_max_tile < 8 ? 4 : 8; }
 
 // A streamed configuration: persistent blocks (one SM), stages wanted, copy mode, fiber order.
 struct SCfg { int blocks, stages; bool late, reverse; };
@@ -407,7 +410,9 @@ static void argmax_case(int fmt, int cols, int rows, bool bias, bool acc, bool s
 
 int main(int argc, char** argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "quick");
-    printf("matvec.cu emulated on the host, %s\n", STREAMED ? "with KASOKU_MATVEC_STREAM (plain and streamed paths)" : "without KASOKU_MATVEC_STREAM (plain path)");
+    if (const char* t = getenv("EMU_MAX_TILE")) g_max_tile = atoi(t) >= 8 ? 8 : 4;
+    printf("matvec.cu emulated on the host, %s, tiles of at most %d rows\n",
+           STREAMED ? "with KASOKU_MATVEC_STREAM (plain and streamed paths)" : "without KASOKU_MATVEC_STREAM (plain path)", g_max_tile);
     // widths giving split 1, 2 and 4 for each format (rows of 2-byte, 4-byte and 16-byte alignment)
     struct W { int fmt; std::vector<int> cols; };
     std::vector<W> widths = {

@@ -4,7 +4,8 @@
 # mbarrier, cp.async.bulk) replaced by emulations written from the PTX ISA (emu_ptx.h), built
 # twice: without KASOKU_MATVEC_STREAM (the plain kernel) and with it (the streamed kernel,
 # persistent grids of 2..6 blocks, 2..8 stages, bulk copies landing at once or late). Checks
-# every format at widths giving split 1/2/4, 1..3 segments, n = 1, 2, 3, 8, 9, 10, 12, bias and
+# every format at widths giving split 1/2/4, 1..3 segments, n = 1, 2, 3, 8, 9, 10, 12 (in 4-row
+# tiles, the default, and again in the 8-row kernel), bias and
 # residual, against f64; streamed == plain bit for bit; the fused SwiGLU, RMSNorm and argmax
 # tails against the separate computations. Needs python3 and g++ with C++20 and _Float16
 # (GCC 12), x86-64 (the fiber switch is a few lines of x86-64 assembly).
@@ -23,6 +24,7 @@ g++ $FLAGS -DKASOKU_MATVEC_STREAM -I"$D" "$T/k.cpp" -o "$T/stream" &
 wait %1 && wait %2
 rc=0
 "$T/plain" "$@" || rc=1
+EMU_MAX_TILE=8 "$T/plain" "$@" || rc=1
 "$T/stream" "$@" || rc=1
 [ $rc = 0 ] && echo "matvec_emulate: all passed" || echo "matvec_emulate: FAILURES"
 exit $rc
