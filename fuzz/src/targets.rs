@@ -286,7 +286,7 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "request_body",
         fixture_seeds: &[],
-        derived_seeds: no_seeds,
+        derived_seeds: other_api_bodies,
         dictionary: &[
             "\"messages\"",
             "\"tools\"",
@@ -319,6 +319,23 @@ pub const TARGETS: &[Target] = &[
             "\"$ref\"",
             "\"pattern\"",
             "\"enum\"",
+            "\"system\"",
+            "\"stop_sequences\"",
+            "\"tool_use\"",
+            "\"tool_result\"",
+            "\"tool_use_id\"",
+            "\"input_schema\"",
+            "\"input\"",
+            "\"instructions\"",
+            "\"max_output_tokens\"",
+            "\"input_text\"",
+            "\"output_text\"",
+            "\"function_call\"",
+            "\"function_call_output\"",
+            "\"call_id\"",
+            "\"previous_response_id\"",
+            "\"text\"",
+            "\"type\"",
         ],
         make: request_body,
     },
@@ -521,8 +538,24 @@ fn chat_template(data: &[u8]) {
     let _ = template.render(&conversation(&message), true, &extra);
 }
 
+/// Bodies for Anthropic's `/v1/messages` (selector byte 2) and OpenAI's `/v1/responses` (3),
+/// beside the corpus's chat and completion bodies.
+fn other_api_bodies() -> Vec<Vec<u8>> {
+    let messages = serde_json::json!({"model": "tiny", "max_tokens": 8, "system": [{"type": "text", "text": "be brief"}], "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}], "tools": [{"name": "f", "input_schema": {"type": "object"}}], "stop_sequences": ["x"]});
+    let responses = serde_json::json!({"model": "tiny", "instructions": "be brief", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c1", "output": "2"}], "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "max_output_tokens": 8});
+    [(2u8, messages), (3, responses)]
+        .into_iter()
+        .map(|(selector, body)| {
+            let mut bytes = vec![selector];
+            bytes.extend(body.to_string().into_bytes());
+            bytes
+        })
+        .collect()
+}
+
 /// A request body for the server's request path (tiny llama model): the first byte chooses
-/// /v1/chat/completions (even) or /v1/completions (odd).
+/// the route, modulo 4: /v1/chat/completions, /v1/completions, Anthropic's /v1/messages,
+/// OpenAI's /v1/responses.
 fn request_body() -> Run {
     let model = kasoku::engine::LoadedModel::load(fixture("llama/tiny/model-f32.gguf"))
         .expect("the tiny llama fixture loads");
@@ -539,7 +572,13 @@ fn request_body() -> Run {
         let Some((&first, body)) = data.split_first() else {
             return;
         };
-        let answer = server.prepare_request(first % 2 == 0, body);
+        let api = match first % 4 {
+            0 => kasoku_server::RequestApi::Chat,
+            1 => kasoku_server::RequestApi::Completion,
+            2 => kasoku_server::RequestApi::Messages,
+            _ => kasoku_server::RequestApi::Responses,
+        };
+        let answer = server.prepare_request(api, body);
         if let Err((status, text)) = answer {
             // An error is an answer in OpenAI's shape: a 4xx/5xx with a JSON message.
             assert!((400..600).contains(&status), "status {status}");

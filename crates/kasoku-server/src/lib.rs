@@ -57,6 +57,20 @@ use kasoku::model::footprint;
 use tokio::sync::watch;
 
 pub use config::{PrefixCacheConfig, ServerConfig, Speculation};
+
+/// The route a body goes to in [`Server::prepare_request`] (fuzzing and tests only).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestApi {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+    /// Anthropic's `/v1/messages`.
+    Messages,
+    /// OpenAI's `/v1/responses`.
+    Responses,
+}
 pub use target::{DeviceDrafter, DeviceServed};
 
 use pool::{Engine, Pool};
@@ -315,17 +329,24 @@ impl Server {
         self.config.sessions()
     }
 
-    /// What a request body to `/v1/chat/completions` (`chat`) or `/v1/completions` becomes
-    /// before any generation: its prompt tokens, or the error answer's status and body. For
+    /// What a request body to `api`'s route becomes before any generation: its prompt tokens,
+    /// or the error answer's status and body (in OpenAI's shape, whatever the API). For
     /// fuzzing the request path without sockets or sessions; not a stable interface.
     #[doc(hidden)]
-    pub fn prepare_request(&self, chat: bool, body: &[u8]) -> Result<usize, (u16, String)> {
-        let kind = if chat {
-            prepare::Kind::Chat
-        } else {
-            prepare::Kind::Completion
+    pub fn prepare_request(&self, api: RequestApi, body: &[u8]) -> Result<usize, (u16, String)> {
+        let prepared = match api {
+            RequestApi::Chat => prepare::prepare(&self.engine, body, prepare::Kind::Chat),
+            RequestApi::Completion => {
+                prepare::prepare(&self.engine, body, prepare::Kind::Completion)
+            }
+            RequestApi::Messages => request::parse_object(body)
+                .and_then(anthropic::to_chat)
+                .and_then(|chat| prepare::prepare_object(&self.engine, &chat, prepare::Kind::Chat)),
+            RequestApi::Responses => request::parse_object(body)
+                .and_then(responses::to_chat)
+                .and_then(|chat| prepare::prepare_object(&self.engine, &chat, prepare::Kind::Chat)),
         };
-        prepare::prepare(&self.engine, body, kind)
+        prepared
             .map(|p| p.prompt.len())
             .map_err(|e| (e.status.as_u16(), e.body().to_string()))
     }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use common::Running;
 use kasoku::engine::LoadedModel;
 use kasoku::format::{write_gguf, GgufFile, MetaValue};
-use kasoku_server::{Server, ServerConfig, ServerError};
+use kasoku_server::{RequestApi, Server, ServerConfig, ServerError};
 use serde_json::json;
 
 #[test]
@@ -82,17 +82,20 @@ fn mutated_request_bodies_are_answered_never_panic() {
         },
     )
     .unwrap();
-    let seeds: Vec<(bool, Vec<u8>)> = [
-        (true, json!({"model": "tiny", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi<|eot_id|>"}], "temperature": 0.5, "stop": ["\n"], "stream": true, "stream_options": {"include_usage": true}, "response_format": {"type": "json_object"}})),
-        (true, json!({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}, {"role": "assistant", "content": null, "reasoning_content": "r"}], "chat_template_kwargs": {"enable_thinking": true}, "max_completion_tokens": 3})),
-        (false, json!({"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2, "seed": 7, "top_k": 3, "logprobs": 0})),
-        (false, json!({"model": "tiny", "prompt": "one two", "repetition_penalty": 1.1, "n": 1})),
+    let seeds: Vec<(RequestApi, Vec<u8>)> = [
+        (RequestApi::Chat, json!({"model": "tiny", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi<|eot_id|>"}], "temperature": 0.5, "stop": ["\n"], "stream": true, "stream_options": {"include_usage": true}, "response_format": {"type": "json_object"}})),
+        (RequestApi::Chat, json!({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}, {"role": "assistant", "content": null, "reasoning_content": "r"}], "chat_template_kwargs": {"enable_thinking": true}, "max_completion_tokens": 3})),
+        (RequestApi::Completion, json!({"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2, "seed": 7, "top_k": 3, "logprobs": 0})),
+        (RequestApi::Completion, json!({"model": "tiny", "prompt": "one two", "repetition_penalty": 1.1, "n": 1})),
+        (RequestApi::Messages, json!({"model": "tiny", "max_tokens": 8, "system": [{"type": "text", "text": "be brief"}], "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}], "stop_sequences": ["x"]})),
+        (RequestApi::Responses, json!({"model": "tiny", "instructions": "be brief", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\": 1}"}, {"type": "function_call_output", "call_id": "c1", "output": "2"}], "max_output_tokens": 8})),
     ]
     .into_iter()
-    .map(|(chat, v)| (chat, v.to_string().into_bytes()))
+    .map(|(api, v)| (api, v.to_string().into_bytes()))
     .collect();
-    for (chat, body) in &seeds {
-        assert!(server.prepare_request(*chat, body).is_ok(), "seed refused");
+    for (api, body) in &seeds {
+        let prepared = server.prepare_request(*api, body);
+        assert!(prepared.is_ok(), "{api:?} seed refused: {prepared:?}");
     }
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = |n: usize| {
@@ -103,7 +106,7 @@ fn mutated_request_bodies_are_answered_never_panic() {
     };
     let alphabet = b"{}[]\":,0123456789-.eE truefalsnul\\u00<|>";
     for _ in 0..3000 {
-        let (chat, seed) = &seeds[next(seeds.len())];
+        let (api, seed) = &seeds[next(seeds.len())];
         let mut body = seed.clone();
         for _ in 0..1 + next(4) {
             let at = next(body.len());
@@ -121,7 +124,7 @@ fn mutated_request_bodies_are_answered_never_panic() {
                 _ => body.insert(at, next(256) as u8),
             }
         }
-        match server.prepare_request(*chat, &body) {
+        match server.prepare_request(*api, &body) {
             Ok(tokens) => assert!(tokens > 0),
             Err((status, answer)) => {
                 assert!((400..600).contains(&status), "{status}");
