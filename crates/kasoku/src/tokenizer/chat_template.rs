@@ -11,14 +11,18 @@
 //! output, captured (`{% set x %}`, macros) or not, counts against [`MAX_RENDERED_BYTES`], and so
 //! does the rendered text itself; a `tojson` indent is at most [`MAX_INDENT`] characters; a
 //! panic inside minijinja becomes an error. minijinja itself refuses ranges over 100000 items and
-//! repeated strings over 100 MB. What these bounds do not cover: a handful of instructions that
-//! each build a huge value without writing it (string concatenation doubling a 100 MB string,
-//! raw template text captured in a loop).
+//! repeated strings over 100 MB. The builtins whose one call could build gigabytes from a small
+//! number are wrapped: format strings (the `format` filter and `str.format`) may hold no number
+//! above [`MAX_FORMAT_NUMBER`] (a width of 2³² once hung the fuzzer), `indent` is at most
+//! [`MAX_INDENT`] wide, `batch` and `slice` make at most [`MAX_FORMAT_NUMBER`] items, and
+//! `replace` (filter and method) refuses a result over [`MAX_RENDERED_BYTES`]. What these bounds
+//! do not cover: a handful of instructions that each build a huge value without writing it
+//! (string concatenation doubling a 100 MB string, raw template text captured in a loop).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use minijinja::value::{Kwargs, Object, Value, ValueKind};
+use minijinja::value::{Kwargs, Object, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Output, State};
 use serde::{Deserialize, Serialize};
 use serde_json::Map;
@@ -57,6 +61,11 @@ pub const MAX_RENDERED_BYTES: usize = 64 << 20;
 /// level would be an attack).
 pub const MAX_INDENT: usize = 64;
 
+/// The largest number a format string may hold (`'%4294967296s' | format(x)` or
+/// `'{:>4294967296}'.format(x)` would pad one value to 4 GiB in one instruction), and the most
+/// items `batch` and `slice` may make.
+pub const MAX_FORMAT_NUMBER: usize = 1 << 16;
+
 /// A compiled chat template with the BOS/EOS texts it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -88,7 +97,13 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(bounded_methods);
+        // Builtins whose one call can build a value of any size from a small number: bounded.
+        env.add_filter("format", bounded_format);
+        env.add_filter("indent", bounded_indent);
+        env.add_filter("batch", bounded_batch);
+        env.add_filter("slice", bounded_slice);
+        env.add_filter("replace", bounded_replace);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
         env.add_function("strftime_now", strftime_now);
@@ -328,6 +343,140 @@ fn shown_len_at_least(value: &Value, limit: usize) -> usize {
         ValueKind::Iterable => value.len().unwrap_or(0).saturating_add(2),
         _ => 1,
     }
+}
+
+/// Refuses a format string holding a number (a width, a precision) above
+/// [`MAX_FORMAT_NUMBER`]; printf and `str.format` styles read widths only from the string.
+fn check_format_string(format: &str) -> Result<(), Error> {
+    let too_big = format.split(|c: char| !c.is_ascii_digit()).any(|digits| {
+        digits.len() > 9 || digits.parse::<usize>().is_ok_and(|n| n > MAX_FORMAT_NUMBER)
+    });
+    if too_big {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("a format string may not hold numbers above {MAX_FORMAT_NUMBER} (a width or precision that large is an attack)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a replacement whose result would exceed [`MAX_RENDERED_BYTES`].
+fn check_replace(value: &Value, from: &Value, to: &Value) -> Result<(), Error> {
+    let (Some(s), Some(from), Some(to)) = (value.as_str(), from.as_str(), to.as_str()) else {
+        return Ok(());
+    };
+    if to.len() <= from.len() {
+        return Ok(());
+    }
+    let hits = if from.is_empty() {
+        s.chars().count() + 1
+    } else {
+        s.matches(from).count()
+    };
+    let grown = s
+        .len()
+        .saturating_add(hits.saturating_mul(to.len() - from.len()));
+    if grown > MAX_RENDERED_BYTES {
+        return Err(Error::new(ErrorKind::InvalidOperation, too_long()));
+    }
+    Ok(())
+}
+
+/// A count for `batch` or `slice` of at most [`MAX_FORMAT_NUMBER`].
+fn check_count(count: usize, filter: &str) -> Result<(), Error> {
+    if count > MAX_FORMAT_NUMBER {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{filter} of {count} items (at most {MAX_FORMAT_NUMBER})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `format` filter with [`check_format_string`] first.
+fn bounded_format(state: &State, format: &Value, args: Rest<Value>) -> Result<Value, Error> {
+    if let Some(f) = format.as_str() {
+        check_format_string(f)?;
+    }
+    minijinja::filters::format(state, format, args)
+}
+
+/// The `indent` filter with a width of at most [`MAX_INDENT`].
+fn bounded_indent(
+    state: &State,
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let width = match args.first() {
+        Some(w) => w.as_usize(),
+        None => kwargs.peek::<Option<usize>>("width")?,
+    };
+    if width.is_some_and(|w| w > MAX_INDENT) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("indent wider than {MAX_INDENT} characters"),
+        ));
+    }
+    let mut call = vec![value];
+    call.extend(args.0);
+    call.push(Value::from(kwargs));
+    Value::from_function(minijinja::filters::indent).call(state, &call)
+}
+
+/// `fill_with`, given by position or (as Jinja2 allows) by name.
+fn fill_with(positional: Option<Value>, kwargs: &Kwargs) -> Result<Option<Value>, Error> {
+    let named = kwargs.get::<Option<Value>>("fill_with")?;
+    kwargs.assert_all_used()?;
+    Ok(positional.or(named))
+}
+
+/// The `batch` filter with at most [`MAX_FORMAT_NUMBER`] items a batch.
+fn bounded_batch(
+    state: &State,
+    value: Value,
+    count: usize,
+    fill: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    check_count(count, "batch")?;
+    minijinja::filters::batch(state, value, count, fill_with(fill, &kwargs)?)
+}
+
+/// The `slice` filter with at most [`MAX_FORMAT_NUMBER`] slices.
+fn bounded_slice(
+    state: &State,
+    value: Value,
+    count: usize,
+    fill: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    check_count(count, "slice")?;
+    minijinja::filters::slice(state, value, count, fill_with(fill, &kwargs)?)
+}
+
+/// The `replace` filter, refusing a result over [`MAX_RENDERED_BYTES`].
+fn bounded_replace(state: &State, value: Value, from: Value, to: Value) -> Result<Value, Error> {
+    check_replace(&value, &from, &to)?;
+    Value::from_function(minijinja::filters::replace).call(state, &[value, from, to])
+}
+
+/// Python's string, dict and list methods (minijinja-contrib's pycompat), with
+/// `str.format` and `str.replace` bounded as the filters are.
+fn bounded_methods(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        match (method, args) {
+            ("format", _) => check_format_string(s)?,
+            ("replace", [from, to, ..]) => check_replace(value, from, to)?,
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
@@ -736,6 +885,48 @@ mod tests {
         let start = std::time::Instant::now();
         let e = render(src, serde_json::json!({})).unwrap_err().to_string();
         (e, start.elapsed())
+    }
+
+    #[test]
+    fn one_call_cannot_build_a_huge_value_from_a_small_number() {
+        // Each of these asked for gigabytes in one instruction (the first was a fuzz finding:
+        // fuzz/crashes/chat_template/hang-10b9b7c1f1f90b1c); now each is a quick clear error.
+        for (src, says) in [
+            ("{{ '%4294967296s-%d' | format('a', 3) }}", "format string"),
+            ("{{ '%.100000000f' | format(1.0) }}", "format string"),
+            ("{{ '{:>4294967296}'.format('a') }}", "format string"),
+            ("{{ 'a\nb' | indent(4294967296) }}", "indent wider"),
+            ("{{ 'a\nb' | indent(width=100000) }}", "indent wider"),
+            (
+                "{{ [1] | batch(1000000000, fill_with=0) | list | length }}",
+                "batch of",
+            ),
+            (
+                "{{ [1, 2] | slice(1000000000) | list | length }}",
+                "slice of",
+            ),
+            (
+                "{{ ('a' * 10000000) | replace('a', 'a' * 100) | length }}",
+                "over the limit",
+            ),
+            (
+                "{{ ('a' * 10000000).replace('a', 'a' * 100) | length }}",
+                "over the limit",
+            ),
+        ] {
+            let (e, took) = render_error(src);
+            assert!(e.contains(says), "{src}: {e}");
+            assert!(took.as_secs() < 2, "{src}: {took:?}");
+        }
+        // The same filters and methods at sizes templates use answer as Jinja2 does.
+        let ok = "{{ 'a\nb' | indent(2) }}|{{ 'a\nb' | indent(width=2, first=true) }}|\
+                  {{ '%-5s|%.2f' | format('ab', 1.234) }}|{{ '{:>4}'.format('a') }}|\
+                  {{ [1, 2, 3] | batch(2, fill_with=0) | list }}|{{ [1, 2, 3] | slice(2) | list }}|\
+                  {{ 'aXb' | replace('X', 'yy') }}|{{ 'aXb'.replace('X', 'yy') }}";
+        assert_eq!(
+            render(ok, serde_json::json!({})).unwrap(),
+            "a\n  b|  a\n  b|ab   |1.23|   a|[[1, 2], [3, 0]]|[[1, 2], [3]]|ayyb|ayyb"
+        );
     }
 
     #[test]
