@@ -57,6 +57,11 @@ use kasoku::model::footprint;
 use tokio::sync::watch;
 
 pub use config::{PrefixCacheConfig, ServerConfig, Speculation};
+pub use target::{DeviceDrafter, DeviceServed};
+
+use pool::{Engine, Pool};
+use routes::App;
+use target::{Target, TextSide};
 
 /// The route a body goes to in [`Server::prepare_request`] (fuzzing and tests only).
 #[doc(hidden)]
@@ -71,11 +76,6 @@ pub enum RequestApi {
     /// OpenAI's `/v1/responses`.
     Responses,
 }
-pub use target::{DeviceDrafter, DeviceServed};
-
-use pool::{Engine, Pool};
-use routes::App;
-use target::{Target, TextSide};
 
 /// Why a server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -334,18 +334,19 @@ impl Server {
     /// fuzzing the request path without sockets or sessions; not a stable interface.
     #[doc(hidden)]
     pub fn prepare_request(&self, api: RequestApi, body: &[u8]) -> Result<usize, (u16, String)> {
-        let prepared = match api {
-            RequestApi::Chat => prepare::prepare(&self.engine, body, prepare::Kind::Chat),
-            RequestApi::Completion => {
-                prepare::prepare(&self.engine, body, prepare::Kind::Completion)
-            }
-            RequestApi::Messages => request::parse_object(body)
-                .and_then(anthropic::to_chat)
-                .and_then(|chat| prepare::prepare_object(&self.engine, &chat, prepare::Kind::Chat)),
-            RequestApi::Responses => request::parse_object(body)
-                .and_then(responses::to_chat)
-                .and_then(|chat| prepare::prepare_object(&self.engine, &chat, prepare::Kind::Chat)),
+        let kind = match api {
+            RequestApi::Completion => prepare::Kind::Completion,
+            _ => prepare::Kind::Chat,
         };
+        // Anthropic's and the Responses bodies become chat bodies first, as their routes do.
+        let convert: fn(_) -> _ = match api {
+            RequestApi::Messages => anthropic::to_chat,
+            RequestApi::Responses => responses::to_chat,
+            RequestApi::Chat | RequestApi::Completion => Ok,
+        };
+        let prepared = request::parse_object(body)
+            .and_then(convert)
+            .and_then(|object| prepare::prepare_object(&self.engine, &object, kind));
         prepared
             .map(|p| p.prompt.len())
             .map_err(|e| (e.status.as_u16(), e.body().to_string()))

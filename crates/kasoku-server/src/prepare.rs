@@ -54,12 +54,6 @@ pub struct Prepared {
     pub constraint: Option<Constraint>,
 }
 
-/// Parses, checks and tokenizes a request (CPU work: runs on a blocking thread).
-pub fn prepare(engine: &Engine, body: &[u8], kind: Kind) -> Result<Prepared, ApiError> {
-    let object = request::parse_object(body)?;
-    prepare_object(engine, &object, kind)
-}
-
 /// Refuses, before it is tokenized, prompt text of `bytes` bytes that the context cannot hold
 /// (more than the engine's bytes per context token): a 400 naming `param`.
 pub fn prompt_fits(engine: &Engine, bytes: usize, param: &str) -> Result<(), ApiError> {
@@ -81,7 +75,8 @@ pub fn prompt_fits(engine: &Engine, bytes: usize, param: &str) -> Result<(), Api
     })
 }
 
-/// [`prepare`] for a body already parsed (or translated from another API).
+/// Checks and tokenizes a request body already parsed, or translated from another API (CPU
+/// work: runs on a blocking thread).
 pub fn prepare_object(
     engine: &Engine,
     object: &Map<String, Value>,
