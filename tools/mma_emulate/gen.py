@@ -3,7 +3,8 @@
 matvec.cu's MatArgs, quantize_acts and argmax_key) with its pre.h inlined for blocks of up to
 512 threads, then mma.cu with its PTX wrappers (mma.sync, cp.async) cut out for emu_mma.h's
 emulations, its dynamic shared memory mapped onto the emulator's and its static shared arrays
-registered (poisoned at each block's start). Fails if any asm is left or a pattern is not
+registered (poisoned at each block's start), and mma_packed.cu the same way (its L2 prefetch a
+no-op). Fails if any asm is left or a pattern is not
 found (the kernel source changed: adjust this file)."""
 import os
 import re
@@ -39,7 +40,15 @@ b = mma.index("// ---- end of PTX wrappers")
 mma = mma[:a] + '#include "emu_mma.h"\n' + mma[b:]
 mma = sub(r"extern __shared__ __align__\(16\) u8 mma_smem\[\];", "u8* mma_smem = g_dyn_smem;", mma)
 mma = sub(r"(\n\s*)__shared__ ([^;\n]*?)(\w+)(\[[^\]\n]*\])?;", r"\1__shared__ \2\3\4; emu_shared(&\3, sizeof(\3));", mma, 1)
-code = re.sub(r"//[^\n]*", "", mma)
-if re.search(r"\basm\b", code):
-    sys.exit("gen.py: inline asm left in mma.cu: " + code[re.search(r'\basm\b', code).start():][:120])
-open(OUT, "w").write(unit + "\n// ---- mma.cu\n" + mma + '\n#include "mma_main.h"\n')
+# mma_packed.cu: its PTX wrapper (an L2 prefetch) does nothing on the host; its static
+# shared arrays are registered like mma.cu's.
+packed = open(os.path.join(K, "mma_packed.cu")).read()
+a = packed.index("// ---- PTX wrappers")
+b = packed.index("// ---- end of PTX wrappers")
+packed = (packed[:a] + "static void mmap_prefetch(const u8* p) { (void)p; }\n" + packed[b:])
+packed = sub(r"(\n\s*)__shared__ ([^;\n]*?)(\w+)(\[[^\]\n]*\])?;", r"\1__shared__ \2\3\4; emu_shared(&\3, sizeof(\3));", packed, 2)
+for name, text in (("mma.cu", mma), ("mma_packed.cu", packed)):
+    code = re.sub(r"//[^\n]*", "", text)
+    if re.search(r"\basm\b", code):
+        sys.exit(f"gen.py: inline asm left in {name}: " + code[re.search(r'\basm\b', code).start():][:120])
+open(OUT, "w").write(unit + "\n// ---- mma.cu\n" + mma + "\n// ---- mma_packed.cu\n" + packed + '\n#include "mma_main.h"\n')

@@ -270,10 +270,11 @@ static void product_case(int cols, int ldx, std::vector<SegSpec> specs, std::vec
         }
         // (d) the fused argmax of each row, against the outputs it wrote
         if (specs.size() == 1) {
-            MatArgs a = P.args(nmax, 0, true);
+            const int nb = std::min(nmax, MATVEC_MAX_ROWS);  // the launcher's bound for a fused argmax
+            MatArgs a = P.args(nb, 0, true);
             run_mma(a, cfg);
             int ldy = specs[0].rows + specs[0].ldy_extra;
-            for (int r = 0; r < nmax; r++) {
+            for (int r = 0; r < nb; r++) {
                 int bj = 0;
                 for (int j = 1; j < specs[0].rows; j++) if (P.y[0][(size_t)r * ldy + j] > P.y[0][(size_t)r * ldy + bj]) bj = j;
                 ok_best &= (u32)(0xFFFFFFFFu - (u32)P.best[r]) == (u32)bj;
@@ -288,6 +289,67 @@ static void product_case(int cols, int ldx, std::vector<SegSpec> specs, std::vec
            ok_untouched ? "" : ", WROTE OUTSIDE its outputs", ok_inv ? "" : ", rows differ between n", ok_alone ? "" : ", a row alone differs",
            ok_ring ? "" : ", the ring changes bits", ok_best ? "" : ", fused argmax wrong", reads ? "" : ", BAD READS", splits.c_str(),
            rings ? " (all bit-identical per split)" : "");
+    g_bad_reads = 0; g_misaligned = 0;
+}
+
+// ---- mma_packed.cu: each segment packed by mma_pack (one warp a chunk), then the packed
+// kernels against mma_N on the GGUF bytes: the same bits at every n (outputs and the fused
+// argmax), and within REL_BOUND of f64.
+static int packed_chunk_of(int fmt) { return fmt == FMT_Q4_K ? PK_Q4K_CHUNK : PK_Q6K_CHUNK; }
+static std::unique_ptr<WBuf> pack_emulated(const u8* w, long long rb, int fmt, int rows, int cols) {
+    long long chunks = (long long)(rows + 15) / 16 * (cols / 256);
+    auto out = std::make_unique<WBuf>((size_t)chunks * packed_chunk_of(fmt), 0);
+    memset(out->p, 0xA5, out->len);
+    g_dyn_size = 0;
+    for (long long c = 0; c < chunks; c++)
+        launch(1, 32, [&] { blockIdx.x = (unsigned)c; gridDim.x = (unsigned)chunks; mma_pack(w, rb, rows, cols, fmt, out->p); });
+    return out;
+}
+static void run_packed(MatArgs a) {
+    a.split = mma_split_of(a.cols, 1);
+    g_dyn_size = 0;
+    unsigned tiles = 0;
+    for (int i = 0; i < a.nseg; i++) tiles += (a.seg[i].rows + 15) / 16;
+    const int nt = nt_of(a.n), fmt = a.seg[0].fmt;
+    for (unsigned b = 0; b < tiles; b++)
+        launch(1, a.split * 32, [&] {
+            blockIdx.x = b; gridDim.x = tiles;
+            if (fmt == FMT_Q4_K) { if (nt == 1) mmap_q4k_1(a); else if (nt == 2) mmap_q4k_2(a); else if (nt == 4) mmap_q4k_4(a); else mmap_q4k_8(a); }
+            else { if (nt == 1) mmap_q6k_1(a); else if (nt == 2) mmap_q6k_2(a); else if (nt == 4) mmap_q6k_4(a); else mmap_q6k_8(a); }
+        });
+}
+static void packed_case(int cols, int ldx, std::vector<SegSpec> specs, std::vector<int> ns) {
+    int nmax = *std::max_element(ns.begin(), ns.end());
+    Prod P; setup(P, cols, ldx, specs, nmax);
+    std::vector<std::unique_ptr<WBuf>> pk;
+    for (size_t i = 0; i < specs.size(); i++) pk.push_back(pack_emulated(P.w[i]->p, P.rb[i], specs[i].fmt, specs[i].rows, cols));
+    double worst = 0; bool same = true, ok_ref = true, ok_best = true;
+    for (int n : ns) {
+        MatArgs a = P.args(n);
+        run_mma(a, DEFAULT_CFG);
+        auto want = P.y;
+        a = P.args(n);
+        for (size_t i = 0; i < specs.size(); i++) a.seg[i].packed = pk[i]->p;
+        run_packed(a);
+        same &= same_y(P.y, want);
+        bool untouched; double e = check_ref(P, n, &untouched);
+        worst = std::max(worst, e); ok_ref &= e < REL_BOUND && untouched;
+        if (specs.size() == 1 && n <= MATVEC_MAX_ROWS) {  // the launcher's bound for a fused argmax
+            MatArgs b = P.args(n, 0, true);
+            run_mma(b, DEFAULT_CFG);
+            auto best_mma = P.best;
+            b = P.args(n, 0, true);
+            b.seg[0].packed = pk[0]->p;
+            run_packed(b);
+            ok_best &= P.best == best_mma;
+        }
+    }
+    std::string nl; for (int n : ns) nl += std::to_string(n) + ",";
+    nl.pop_back();
+    bool reads = g_bad_reads == 0 && g_misaligned == 0;
+    report(same && ok_ref && ok_best && reads, "packed %5d cols %s n=%s: rel err %.1e%s%s%s%s", cols, describe(specs).c_str(), nl.c_str(), worst,
+           same ? ", mma.cu's bits" : ", BITS DIFFER from mma.cu", ok_ref ? "" : ", off the f64 reference or wrote outside",
+           ok_best ? "" : ", fused argmax differs", reads ? "" : ", BAD READS");
     g_bad_reads = 0; g_misaligned = 0;
 }
 
@@ -319,6 +381,14 @@ int main(int argc, char** argv) {
     if (!quick) {
         product_case(512, 512, {{FMT_Q4_K, 24, 0, true, true}}, {65, 64, 33, 32}, false);
         product_case(800, 800, {{FMT_Q5_1, 17, 0, false, false}, {FMT_Q8_0, 5, 0, false, false}}, {65, 1}, false);
+    }
+    // Packed copies: widths of 1, 2, 6, 16 warps a tile (4608: 18 super-blocks over 16 warps,
+    // uneven ranges), rows not a multiple of 16, two segments, bias and residual, 1..65 rows.
+    for (int fmt : {FMT_Q4_K, FMT_Q6_K}) {
+        packed_case(256, 256, {{fmt, 40, 0, true, false}}, {17, 8, 1});
+        packed_case(1536, 1600, {{fmt, 33, 3, false, true}}, {16, 9, 2, 1});
+        packed_case(1536, 1536, {{fmt, 16, 0, true, true}, {fmt, 21, 0, false, false}}, {8, 3});
+        if (!quick) packed_case(4608, 4608, {{fmt, 24, 0, false, true}}, {65, 33, 17, 1});
     }
     printf("%d checks, %d failed; %lld mma.sync, %lld cp.async copies emulated, at most %lld groups in flight a thread\n",
            g_checks, g_fails, g_mmas, g_cp_copies, g_cp_max_pending);

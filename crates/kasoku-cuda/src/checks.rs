@@ -28,6 +28,8 @@ mod draft;
 pub use draft::{draft_speculative, row_top2_checks};
 mod dflash;
 pub use dflash::{compare_marginals, dflash_checks};
+mod mma_packed;
+pub use mma_packed::checks as mma_packed_checks;
 
 /// The outcome of a group of checks.
 #[derive(Debug, Default)]
@@ -1366,6 +1368,7 @@ pub fn kernels(k: &Kernels) -> R<Report> {
     rep.merge(delta_net_checks(k)?);
     rep.merge(top_k_checks(k)?);
     rep.merge(row_top2_checks(k)?);
+    rep.merge(mma_packed_checks(k)?);
     Ok(rep)
 }
 

@@ -114,6 +114,21 @@ impl Layer {
         }
     }
 
+    /// The attention and MLP matrices, to give them their packed copies at load (a Gated
+    /// DeltaNet layer's in-projections keep their GGUF layout).
+    fn matrices_mut(&mut self) -> Vec<&mut DeviceMatrix> {
+        let mut v = match &mut self.mixer {
+            Mixer::Attention(a) => {
+                let mut v = vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo];
+                v.extend(a.wg.as_mut());
+                v
+            }
+            Mixer::DeltaNet(..) => Vec::new(),
+        };
+        v.extend([&mut self.gate, &mut self.up, &mut self.down]);
+        v
+    }
+
     /// Every matrix a decode step reads.
     fn matrices(&self) -> Vec<&DeviceMatrix> {
         let mut v = match &self.mixer {
@@ -260,7 +275,7 @@ impl CudaModel {
         let c = &config;
         let (h, hd) = (c.hidden, c.head_dim);
         let (q_dim, kv_dim) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let embed = matrix(gpu, &file, "token_embd.weight", c.vocab, h)?;
+        let mut embed = matrix(gpu, &file, "token_embd.weight", c.vocab, h)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         let (mut attn_layers, mut gdn_layers) = (0, 0);
         let one = c.norm_offset_one;
@@ -323,11 +338,19 @@ impl CudaModel {
             });
         }
         let output_norm = norm_vector(gpu, &file, "output_norm.weight", h, one)?;
-        let head = if file.tensor_info("output.weight").is_some() {
+        let mut head = if file.tensor_info("output.weight").is_some() {
             Some(matrix(gpu, &file, "output.weight", c.vocab, h)?)
         } else {
             None
         };
+        // The fragment-order copies of the matrices the tensor-core plan takes, if this
+        // process packs them (kernels::packed_asked).
+        for l in &mut layers {
+            for m in l.matrices_mut() {
+                kernels.pack_planned(m)?;
+            }
+        }
+        kernels.pack_planned(head.as_mut().unwrap_or(&mut embed))?;
         let freq_factors = if file.tensor_info("rope_freqs.weight").is_some() {
             Some(vector_f32(&file, "rope_freqs.weight", c.rope_dim / 2)?)
         } else {

@@ -3,6 +3,7 @@
 //! ```text
 //! kasoku-cuda-check kernels                      every kernel against the CPU backend
 //! kasoku-cuda-check topk                         the top-K selection against the host's
+//! kasoku-cuda-check packed                       the packed tensor-core products against mma.cu
 //! kasoku-cuda-check fixtures DIR                 tests/fixtures through the GPU
 //! kasoku-cuda-check spec MODEL.gguf [N]          speculative == plain on the GPU
 //! kasoku-cuda-check spec-draft TARGET DRAFT [N]  the same with a draft model on the GPU
@@ -105,6 +106,7 @@ fn main() -> Result<()> {
             checks::kernels(&k)?
         }
         "topk" => checks::top_k_checks(&Kernels::new(&gpu)?)?,
+        "packed" => checks::mma_packed_checks(&Kernels::new(&gpu)?)?,
         "fixtures" => {
             let dir = Path::new(arg(1));
             let mut rep = Report::default();
@@ -234,6 +236,10 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
             MmaPlan::Off => "dp4a (matvec.cu)".to_string(),
             MmaPlan::All => "tensor cores (mma.cu)".to_string(),
             MmaPlan::AtLeast(b) => format!("tensor cores from {} MiB a matrix, else dp4a", b >> 20),
+        } + if m.kernels.packs() {
+            " (Q4_K and Q6_K packed)"
+        } else {
+            ""
         }
     );
     let vocab = m.config.vocab as u32;

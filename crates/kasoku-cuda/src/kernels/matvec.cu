@@ -35,6 +35,7 @@ struct MatSeg {
     int ldy;
     int accumulate;     // 1: y += result (residual epilogue)
     u64* best;          // or null: per activation row, atomicMax of (ordered value, ~index)
+    const u8* packed;   // or null: its fragment-order copy (Q4_K, Q6_K; mma_packed.cu)
 };
 
 struct MatArgs {

@@ -255,20 +255,24 @@ __device__ __forceinline__ void mma_tile_step(const WSub& wa, const WSub& wb, co
 // Sub-block `sub` of a Q4_K / Q5_K super-block from its header h, this thread's 8 quant bytes
 // of the sub-block's 64-value group q (low nibbles: even sub-blocks, high: odd) and, for Q5_K,
 // its 8 bytes of high bits e.
+// The 6-bit scale and min of sub-block j (0..7) of a K-quant super-block with header h.
+__device__ __forceinline__ void kquant_scale_min(const uint4& h, int j, u32* sc, u32* mn) {
+    if (j < 4) {
+        *sc = kscale_byte(h, j) & 63;
+        *mn = kscale_byte(h, j + 4) & 63;
+    } else {
+        *sc = (kscale_byte(h, j + 4) & 0xF) | ((kscale_byte(h, j - 4) >> 6) << 4);
+        *mn = (kscale_byte(h, j + 4) >> 4) | ((kscale_byte(h, j) >> 6) << 4);
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ WSub kquant_sub(const uint4& h, uint2 q, uint2 e, int sub) {
     WSub w;
-    float sc, mn;
-    int j = sub;
-    if (j < 4) {
-        sc = (float)(kscale_byte(h, j) & 63);
-        mn = (float)(kscale_byte(h, j + 4) & 63);
-    } else {
-        sc = (float)((kscale_byte(h, j + 4) & 0xF) | ((kscale_byte(h, j - 4) >> 6) << 4));
-        mn = (float)((kscale_byte(h, j + 4) >> 4) | ((kscale_byte(h, j) >> 6) << 4));
-    }
-    w.d = h2f((u16)(h.x & 0xFFFF)) * sc;
-    w.m = -(h2f((u16)(h.x >> 16)) * mn);
+    u32 sc, mn;
+    kquant_scale_min(h, sub, &sc, &mn);
+    w.d = h2f((u16)(h.x & 0xFFFF)) * (float)sc;
+    w.m = -(h2f((u16)(h.x >> 16)) * (float)mn);
     w.d2 = 0.0f;
     int sh = 4 * (sub & 1);
     w.lo = (q.x >> sh) & 0x0F0F0F0Fu;
@@ -380,6 +384,48 @@ __device__ __forceinline__ void mma_sup_any(int fmt, const u8* ra, const u8* rb,
     }
 }
 
+// The warps' sums of a tile added in warp order (ranges in order along the row) through
+// `part` (split · 4 · 32 floats of shared memory no copy writes any more: each warp waited for
+// its last super-block, and the first barrier keeps it until every warp is done with it), then
+// warp 0 writes each (weight row, activation row) entry: bias, residual, the fused argmax into
+// `block_best` (or null).
+template <int NT>
+__device__ __forceinline__ void mma_store(float (*acc)[4], float* part, const MatArgs& a, const MatSeg& s, int r0,
+                                          int row0, int row1, u64* block_best) {
+    const int split = a.split, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+#pragma unroll
+    for (int ti = 0; ti < NT; ti++) {
+        float v[4] = {acc[ti][0], acc[ti][1], acc[ti][2], acc[ti][3]};
+        if (split > 1) {
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 4; i++) part[(warp * 4 + i) * 32 + lane] = v[i];
+            __syncthreads();
+            if (warp == 0)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float x = part[i * 32 + lane];
+                    for (int p = 1; p < split; p++) x += part[(p * 4 + i) * 32 + lane];
+                    v[i] = x;
+                }
+        }
+        if (warp == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int j = i < 2 ? row0 : row1;
+                int r = r0 + 8 * ti + 2 * t + (i & 1);
+                if (j < s.rows && r < a.n) {
+                    float* out = s.y + (size_t)r * s.ldy + j;
+                    float y = v[i] + (s.bias ? s.bias[j] : 0.0f);
+                    y = s.accumulate ? *out + y : y;
+                    *out = y;
+                    if (block_best) atomicMax(block_best + r, argmax_key(y, j));
+                }
+            }
+        }
+    }
+}
+
 // Grid: one block per tile of 16 weight rows (over the segments, in order), `split` warps a
 // block, warp w taking super-blocks [w·nsup/split, (w+1)·nsup/split) of the rows through its
 // ring of `stages` stages (dynamic shared memory: split · stages · 16 · stride bytes).
@@ -430,41 +476,7 @@ __device__ __forceinline__ void mma_body(const MatArgs& a) {
             if (k + stages < k1) mma_fetch(ring + ((k - k0) % stages) * stage_bytes, s, tile, k + stages, stride, lane);
             mma_cp_commit();
         }
-        // The warps' sums added in warp order (ranges in order along the row), through the
-        // shared memory of the rings: no copy is in flight any more (each warp waited for its
-        // last super-block), and the barrier below keeps it until every warp is done with it.
-        float* part = (float*)mma_smem;
-#pragma unroll
-        for (int ti = 0; ti < NT; ti++) {
-            float v[4] = {acc[ti][0], acc[ti][1], acc[ti][2], acc[ti][3]};
-            if (split > 1) {
-                __syncthreads();
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[(warp * 4 + i) * 32 + lane] = v[i];
-                __syncthreads();
-                if (warp == 0)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float x = part[i * 32 + lane];
-                        for (int p = 1; p < split; p++) x += part[(p * 4 + i) * 32 + lane];
-                        v[i] = x;
-                    }
-            }
-            if (warp == 0) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int j = i < 2 ? row0 : row1;
-                    int r = r0 + 8 * ti + 2 * t + (i & 1);
-                    if (j < s.rows && r < a.n) {
-                        float* out = s.y + (size_t)r * s.ldy + j;
-                        float y = v[i] + (s.bias ? s.bias[j] : 0.0f);
-                        y = s.accumulate ? *out + y : y;
-                        *out = y;
-                        if (best) atomicMax(block_best + r, argmax_key(y, j));
-                    }
-                }
-            }
-        }
+        mma_store<NT>(acc, (float*)mma_smem, a, s, r0, row0, row1, best ? block_best : nullptr);
         r0 += 8 * NT;
         if (r0 >= a.n) break;
         // More than 8·NT rows: the weights again, once warp 0 is done with `part`.

@@ -5,6 +5,8 @@
 //!   rows, batch-invariant ([`Kernels::matvec`]).
 //! - `mma.cu`: the same products on the block formats with int8 tensor cores (compute
 //!   capability 8.0 and later), so that 16 or 64 rows cost little more than one.
+//! - `mma_packed.cu`: mma.cu's products, the same bits, on a load-time copy of a Q4_K or Q6_K
+//!   matrix in fragment order ([`Kernels::pack`]; launchers in `mma_packed.rs`).
 //! - `ops.cu`: embedding, RMSNorm, the q/k/v epilogue (per-head norm, RoPE, KV-cache write),
 //!   SwiGLU, argmax, KV-cache commit.
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility
@@ -36,6 +38,7 @@ mod attention_prefill;
 mod delta_net;
 mod draft_top;
 mod gemm;
+mod mma_packed;
 use attention_prefill::{prefill_attention_asked, prefill_attention_fits};
 pub use delta_net::{GdnCommit, GdnConv, GdnRecurrence, GdnShape, GDN_MAX_DK, GDN_MAX_HEAD};
 pub use draft_top::{RowTop2, TOP2_WORDS};
@@ -43,6 +46,7 @@ pub use gemm::{
     gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
     product_args, DequantSeg, GemmArgs, GemmOut, GemmScratch, GemmTile, PrepArgs, GEMM_MAX_SPLITS,
 };
+pub use mma_packed::{packed_asked, packed_chunk_bytes, packed_kernel, packed_len};
 
 /// The whole kernel source, in compilation order.
 pub fn source() -> String {
@@ -50,6 +54,7 @@ pub fn source() -> String {
         include_str!("common.cuh"),
         include_str!("matvec.cu"),
         include_str!("mma.cu"),
+        include_str!("mma_packed.cu"),
         include_str!("ops.cu"),
         include_str!("attention.cu"),
         include_str!("sample.cu"),
@@ -62,7 +67,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 33] = [
+pub const NAMES: [&str; 42] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -72,6 +77,15 @@ pub const NAMES: [&str; 33] = [
     "mma_2",
     "mma_4",
     "mma_8",
+    "mma_pack",
+    "mmap_q4k_1",
+    "mmap_q4k_2",
+    "mmap_q4k_4",
+    "mmap_q4k_8",
+    "mmap_q6k_1",
+    "mmap_q6k_2",
+    "mmap_q6k_4",
+    "mmap_q6k_8",
     "embed",
     "rmsnorm",
     "qkv_post",
@@ -192,6 +206,9 @@ pub struct MatSeg {
     /// Per activation row, a u64 that receives the row's largest output as an ordered key
     /// (see [`argmax_id`]); 0 for none.
     pub best: u64,
+    /// Its fragment-order copy ([`Kernels::pack`]; Q4_K and Q6_K), or 0: products then run
+    /// `mma_packed.cu` on it.
+    pub packed: u64,
 }
 
 /// The token id in an argmax key that `matvec` left (the low half holds `!id`).
@@ -308,6 +325,8 @@ pub struct DeviceMatrix {
     pub cols: usize,
     pub row_bytes: usize,
     pub buf: crate::runtime::DeviceBuffer,
+    /// Its fragment-order copy for the tensor-core products, when [`Kernels::pack`] made one.
+    pub packed: Option<crate::runtime::DeviceBuffer>,
 }
 
 impl DeviceMatrix {
@@ -327,6 +346,7 @@ impl DeviceMatrix {
             cols,
             row_bytes,
             buf: gpu.upload(bytes)?,
+            packed: None,
         })
     }
 
@@ -342,6 +362,7 @@ impl DeviceMatrix {
             ldy: ldy as i32,
             accumulate: accumulate as i32,
             best: 0,
+            packed: self.packed.as_ref().map_or(0, |p| p.ptr()),
         }
     }
 }
@@ -632,6 +653,11 @@ pub fn attention_chunks(pos: usize) -> usize {
     pos / ATT_CHUNK + 1
 }
 
+/// Whether a device of this compute capability runs the tensor-core products (8.0 and later).
+pub fn capability_has_mma(capability: (i32, i32)) -> bool {
+    capability.0 >= 8
+}
+
 /// Which block-format matrices a process multiplies on the tensor-core kernel (mma.cu) rather
 /// than matvec.cu's dp4a kernels. The choice is by matrix (its format and its size), never by
 /// the number of activation rows, so each matrix's rows get the same bits in every pass: a
@@ -684,6 +710,8 @@ pub struct Kernels {
     /// Which block-format matrices go through the tensor-core kernel ([`MmaPlan::asked`]); the
     /// choice holds for the process.
     mma: MmaPlan,
+    /// The matrices `mma` takes get a fragment-order copy at load ([`Kernels::pack_planned`]).
+    packs: bool,
     /// Products stream their weights through shared memory (`KASOKU_CUDA_STREAM=1`, compute
     /// capability 9.0; until measured on a GPU it is opt-in).
     stream: Option<StreamPlan>,
@@ -709,7 +737,7 @@ impl Kernels {
             blocks_per_sm: env_usize("KASOKU_CUDA_STREAM_BLOCKS", 4),
             budget: env_usize("KASOKU_CUDA_STREAM_KB", 48) * 1024,
         });
-        if mma != MmaPlan::Off {
+        if capability_has_mma(gpu.capability) {
             for name in ["mma_1", "mma_2", "mma_4", "mma_8"] {
                 gpu.allow_shared(module.function(name), MMA_SHARED_MAX as u32)?;
             }
@@ -723,6 +751,7 @@ impl Kernels {
             gpu: gpu.clone(),
             module,
             mma,
+            packs: mma != MmaPlan::Off && mma_packed::packed_asked(),
             stream,
             attn_grouped: attention_grouped_asked(),
             attn_prefill: prefill_attention_asked(),
@@ -782,27 +811,41 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (blocks, floats): (Vec<MatSeg>, Vec<MatSeg>) =
-            segs.iter().partition(|s| self.mma.takes(s));
+        let (blocks, floats): (Vec<MatSeg>, Vec<MatSeg>) = segs
+            .iter()
+            .partition(|s| s.packed != 0 || self.mma.takes(s));
+        let (packed, blocks): (Vec<MatSeg>, Vec<MatSeg>) =
+            blocks.into_iter().partition(|s| s.packed != 0);
         if !floats.is_empty() {
             let (mut args, grid) = matvec_args(&floats, x, n, cols)?;
             for (i, m) in next.iter().take(3).enumerate() {
-                args.pre[i] = m.buf.ptr();
-                args.pre_len[i] = m.buf.len() as i64;
+                // The bytes the next product will read: its packed copy where it has one.
+                let buf = m.packed.as_ref().unwrap_or(&m.buf);
+                args.pre[i] = buf.ptr();
+                args.pre_len[i] = buf.len() as i64;
             }
             self.launch_matvec(n, args, grid)?;
         }
         if !blocks.is_empty() {
-            let (args, grid) = mma_args(&blocks, x, n, cols)?;
-            self.gpu.launch_shared(
-                self.module.function(mma_kernel(n)),
-                (grid, 1, 1),
-                (args.split * 32) as u32,
-                mma_shared(&args) as u32,
-                &mut [p(&args)],
-            )?;
+            self.launch_mma(&blocks, x, n, cols)?;
+        }
+        if !packed.is_empty() {
+            self.launch_packed(&packed, x, n, cols)?;
         }
         Ok(())
+    }
+
+    /// mma.cu's product of block-format `segs` read in their GGUF layout (whatever the plan;
+    /// the kernel checks compare it with the packed kernels).
+    pub fn launch_mma(&self, segs: &[MatSeg], x: Acts, n: usize, cols: usize) -> Result<()> {
+        let (args, grid) = mma_args(segs, x, n, cols)?;
+        self.gpu.launch_shared(
+            self.module.function(mma_kernel(n)),
+            (grid, 1, 1),
+            (args.split * 32) as u32,
+            mma_shared(&args) as u32,
+            &mut [p(&args)],
+        )
     }
 
     /// `g = silu(x·Gateᵀ) · (x·Upᵀ)` in one kernel: the gate|up product of [`Kernels::matvec`]
@@ -893,6 +936,12 @@ impl Kernels {
     /// Which block-format matrices run on the tensor-core kernel in this process.
     pub fn mma_plan(&self) -> MmaPlan {
         self.mma
+    }
+
+    /// Whether the matrices of the plan get packed copies in this process
+    /// ([`Kernels::pack_planned`]).
+    pub fn packs(&self) -> bool {
+        self.packs
     }
 
     /// Whether a chain pass of `n` rows of heads of `head_dim` takes the prefill attention

@@ -5,22 +5,23 @@ use super::*;
 
 #[test]
 fn parameter_blocks_have_the_cuda_layout() {
-    // struct MatSeg: 3 pointers, a long long, 4 ints, a pointer = 56 bytes; MatArgs: 3 segs,
-    // 3 pointers, 5 ints (4 bytes of padding), 3 pointers, 3 long longs = 264 bytes, 8-aligned.
-    assert_eq!(std::mem::size_of::<MatSeg>(), 56);
+    // struct MatSeg: 3 pointers, a long long, 4 ints, 2 pointers = 64 bytes; MatArgs: 3 segs,
+    // 3 pointers, 5 ints (4 bytes of padding), 3 pointers, 3 long longs = 288 bytes, 8-aligned.
+    assert_eq!(std::mem::size_of::<MatSeg>(), 64);
     assert_eq!(std::mem::offset_of!(MatSeg, best), 48);
-    assert_eq!(std::mem::size_of::<MatArgs>(), 344);
-    assert_eq!(std::mem::offset_of!(MatArgs, norm_count), 288);
-    assert_eq!(std::mem::offset_of!(MatArgs, norm_eps), 328);
-    assert_eq!(std::mem::offset_of!(MatArgs, glu_count), 264);
+    assert_eq!(std::mem::offset_of!(MatSeg, packed), 56);
+    assert_eq!(std::mem::size_of::<MatArgs>(), 368);
+    assert_eq!(std::mem::offset_of!(MatArgs, norm_count), 312);
+    assert_eq!(std::mem::offset_of!(MatArgs, norm_eps), 352);
+    assert_eq!(std::mem::offset_of!(MatArgs, glu_count), 288);
     assert_eq!(std::mem::align_of::<MatArgs>(), 8);
-    assert_eq!(std::mem::offset_of!(MatArgs, x), 168);
-    assert_eq!(std::mem::offset_of!(MatArgs, xs), 184);
-    assert_eq!(std::mem::offset_of!(MatArgs, ldx), 204);
-    assert_eq!(std::mem::offset_of!(MatArgs, split), 208);
-    assert_eq!(std::mem::offset_of!(MatArgs, pre), 216);
-    assert_eq!(std::mem::offset_of!(MatArgs, pre_len), 240);
-    assert_eq!(std::mem::offset_of!(MatArgs, stream_stages), 336);
+    assert_eq!(std::mem::offset_of!(MatArgs, x), 192);
+    assert_eq!(std::mem::offset_of!(MatArgs, xs), 208);
+    assert_eq!(std::mem::offset_of!(MatArgs, ldx), 228);
+    assert_eq!(std::mem::offset_of!(MatArgs, split), 232);
+    assert_eq!(std::mem::offset_of!(MatArgs, pre), 240);
+    assert_eq!(std::mem::offset_of!(MatArgs, pre_len), 264);
+    assert_eq!(std::mem::offset_of!(MatArgs, stream_stages), 360);
     assert_eq!(std::mem::size_of::<BatchDesc>(), 16);
     // struct PostArgs: 5 pointers, 6 ints/floats = 64 bytes.
     assert_eq!(std::mem::size_of::<PostArgs>(), 64);
@@ -155,6 +156,7 @@ fn the_tensor_core_plan_picks_matrices_by_format_and_size_never_by_rows() {
         ldy: rows,
         accumulate: 0,
         best: 0,
+        packed: 0,
     };
     let q4k = DType::Q4K.ggml_id() as i32;
     let f16 = DType::F16.ggml_id() as i32;
