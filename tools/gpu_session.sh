@@ -8,8 +8,9 @@
 #                                      DFlash on the 1.5B shape
 #   bash .gpu/session.sh 3 [SECONDS]   each opt-in switch of the decode step against the
 #                                      defaults (quick benchmarks, three rounds alternated)
-#   bash .gpu/session.sh 2 [SECONDS]   the opt-in tensor-core products' checks, the CLI checks,
-#                                      the full benchmark
+#   bash .gpu/session.sh 2 [SECONDS]   the checks with dp4a everywhere (KASOKU_CUDA_MMA=0: the
+#                                      opt-in fused products too), the CLI checks, the full
+#                                      benchmark with and without the tensor-core plan
 #   bash .gpu/session.sh 4 [SECONDS]   checks and quick benchmarks of a switch under test
 #                                      (SWITCH=NAME=VALUE) against the defaults, three rounds
 #                                      alternated
@@ -72,12 +73,12 @@ elif [ "$PART" = 4 ]; then
   done
 else
   wait_models
-  phase kernels_mma 150 KASOKU_CUDA_MMA=1 -- $B kernels
-  phase spec_q15_mma 60 KASOKU_CUDA_MMA=1 -- $B spec $M/q15.gguf 96
-  phase session_q15_mma 60 KASOKU_CUDA_MMA=1 -- $B session $M/q15.gguf 128
+  phase kernels_dp4a 150 KASOKU_CUDA_MMA=0 -- $B kernels
+  phase spec_q15_dp4a 60 KASOKU_CUDA_MMA=0 -- $B spec $M/q15.gguf 96
+  phase session_q15_dp4a 60 KASOKU_CUDA_MMA=0 -- $B session $M/q15.gguf 128
   phase cli 150 -- bash "$G/cli_checks.sh" "$G"
   phase bench_full 150 -- $B bench $M/q15.gguf
-  phase bench_full_mma 150 KASOKU_CUDA_MMA=1 -- $B bench $M/q15.gguf
+  phase bench_full_dp4a 150 KASOKU_CUDA_MMA=0 -- $B bench $M/q15.gguf
 fi
 tar czf "$OUT/session$PART.tgz" -C "$L" .
 echo "=== summary"

@@ -283,6 +283,11 @@ pub fn matvec(k: &Kernels) -> R<Report> {
     if !k.uses_mma() {
         rep.merge(fused_swiglu(k, &mut rng)?);
         rep.merge(fused_norm(k, &mut rng)?);
+    } else {
+        rep.lines.push(
+            "note: the fused SwiGLU and RMSNorm products (opt-in, dp4a only) are checked under KASOKU_CUDA_MMA=0"
+                .into(),
+        );
     }
     // Three matrices of different formats in one launch, with bias and a residual epilogue.
     let cols = 256;

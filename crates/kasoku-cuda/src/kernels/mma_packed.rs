@@ -52,11 +52,18 @@ pub fn packed_kernel(fmt: i32, n: usize) -> Option<&'static str> {
     })
 }
 
-/// Whether this process packs the matrices its tensor-core plan takes
-/// (`KASOKU_CUDA_MMA_PACKED=1`; opt-in until measured on a GPU). Read once per
+/// Whether this process packs the matrices its tensor-core plan takes (the default;
+/// `KASOKU_CUDA_MMA_PACKED=0` runs them on mma.cu's GGUF reads instead). Read once per
 /// [`Kernels::new`].
 pub fn packed_asked() -> bool {
-    std::env::var("KASOKU_CUDA_MMA_PACKED").is_ok_and(|v| v == "1")
+    !std::env::var("KASOKU_CUDA_MMA_PACKED").is_ok_and(|v| v == "0")
+}
+
+/// Device memory a packed copy must leave free: an eighth of the device (the KV cache,
+/// the states and the scratch are allocated after the weights). A matrix whose copy does not
+/// fit stays on dp4a.
+pub fn packing_reserve(total: usize) -> usize {
+    total / 8
 }
 
 impl Kernels {
@@ -82,16 +89,21 @@ impl Kernels {
         Ok(())
     }
 
-    /// Packs `m` when this process packs ([`packed_asked`]) and its plan puts `m` on tensor
-    /// cores; returns whether it did.
+    /// Packs `m` when this process packs ([`packed_asked`]), its plan puts `m` on tensor
+    /// cores and the copy leaves [`packing_reserve`] free; returns whether it did.
     pub fn pack_planned(&self, m: &mut DeviceMatrix) -> Result<bool> {
-        let wanted = self.packs
-            && packed_len(m.dtype, m.rows, m.cols).is_some()
-            && self.mma_plan().takes(&m.seg(0, m.rows, None, false));
-        if wanted {
-            self.pack(m)?;
+        let Some(len) = packed_len(m.dtype, m.rows, m.cols) else {
+            return Ok(false);
+        };
+        if !self.packs || !self.mma_plan().takes(&m.seg(0, m.rows, None, false)) {
+            return Ok(false);
         }
-        Ok(wanted)
+        let (free, total) = self.gpu.memory()?;
+        if free < len + packing_reserve(total) {
+            return Ok(false);
+        }
+        self.pack(m)?;
+        Ok(true)
     }
 
     /// Products of segments that all have a packed copy: one launch per format, each block

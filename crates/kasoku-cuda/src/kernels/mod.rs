@@ -46,7 +46,9 @@ pub use gemm::{
     gemm_part_bytes, gemm_plan, gemm_scratch_bytes, gemm_tile, prepare_args, prepare_unit,
     product_args, DequantSeg, GemmArgs, GemmOut, GemmScratch, GemmTile, PrepArgs, GEMM_MAX_SPLITS,
 };
-pub use mma_packed::{packed_asked, packed_chunk_bytes, packed_kernel, packed_len};
+pub use mma_packed::{
+    packed_asked, packed_chunk_bytes, packed_kernel, packed_len, packing_reserve,
+};
 
 /// The whole kernel source, in compilation order.
 pub fn source() -> String {
@@ -658,6 +660,12 @@ pub fn capability_has_mma(capability: (i32, i32)) -> bool {
     capability.0 >= 8
 }
 
+/// The default tensor-core plan's smallest matrix, in MiB: on the 1.5B Q4_K_M shape, gate, up,
+/// down and the head (the matrices with tiles enough to fill the GPU at one row). Packed, they
+/// decode at dp4a's speed and verify 16 rows in 2.70 single passes against 4.03 (H100,
+/// bench/results/gpu/2026-12-07d).
+pub const MMA_DEFAULT_MIN_MB: usize = 6;
+
 /// Which block-format matrices a process multiplies on the tensor-core kernel (mma.cu) rather
 /// than matvec.cu's dp4a kernels. The choice is by matrix (its format and its size), never by
 /// the number of activation rows, so each matrix's rows get the same bits in every pass: a
@@ -674,21 +682,24 @@ pub enum MmaPlan {
 }
 
 impl MmaPlan {
-    /// The plan the environment asks for (compute capability 8.0 or later; else `Off`).
+    /// The plan the environment asks for on a device of compute capability 8.0 or later
+    /// (else `Off`): `KASOKU_CUDA_MMA=1` every block-format matrix, `=0` none,
+    /// `KASOKU_CUDA_MMA_MIN_MB=N` those of at least N MiB; by default those of at least
+    /// [`MMA_DEFAULT_MIN_MB`].
     pub fn asked(capability: (i32, i32)) -> MmaPlan {
-        if capability.0 < 8 {
+        if !capability_has_mma(capability) {
             return MmaPlan::Off;
         }
-        if std::env::var("KASOKU_CUDA_MMA").is_ok_and(|v| v == "1") {
-            return MmaPlan::All;
+        match std::env::var("KASOKU_CUDA_MMA").ok().as_deref() {
+            Some("1") => return MmaPlan::All,
+            Some("0") => return MmaPlan::Off,
+            _ => {}
         }
-        match std::env::var("KASOKU_CUDA_MMA_MIN_MB")
+        let mb = std::env::var("KASOKU_CUDA_MMA_MIN_MB")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-        {
-            Some(mb) => MmaPlan::AtLeast(mb << 20),
-            None => MmaPlan::Off,
-        }
+            .unwrap_or(MMA_DEFAULT_MIN_MB);
+        MmaPlan::AtLeast(mb << 20)
     }
 
     /// Whether segment `s` goes through the tensor-core kernel.
@@ -710,7 +721,8 @@ pub struct Kernels {
     /// Which block-format matrices go through the tensor-core kernel ([`MmaPlan::asked`]); the
     /// choice holds for the process.
     mma: MmaPlan,
-    /// The matrices `mma` takes get a fragment-order copy at load ([`Kernels::pack_planned`]).
+    /// The matrices `mma` takes get a fragment-order copy at load ([`Kernels::pack_planned`]),
+    /// and only matrices with one run on tensor cores.
     packs: bool,
     /// Products stream their weights through shared memory (`KASOKU_CUDA_STREAM=1`, compute
     /// capability 9.0; until measured on a GPU it is opt-in).
@@ -811,9 +823,11 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
+        // Packing, the plan chose at load which matrices have copies (memory allowing): only
+        // those go to tensor cores. Without it, the plan's matrices run mma.cu on GGUF bytes.
         let (blocks, floats): (Vec<MatSeg>, Vec<MatSeg>) = segs
             .iter()
-            .partition(|s| s.packed != 0 || self.mma.takes(s));
+            .partition(|s| s.packed != 0 || (!self.packs && self.mma.takes(s)));
         let (packed, blocks): (Vec<MatSeg>, Vec<MatSeg>) =
             blocks.into_iter().partition(|s| s.packed != 0);
         if !floats.is_empty() {
