@@ -25,3 +25,18 @@ done
 timeout 60 .gpu/kasoku-cuda-check spec $W/t.gguf 128 > $L/spec_real.log 2>&1; echo "$(el) spec real: $(grep -h 'checks,' $L/spec_real.log)"
 timeout 60 .gpu/kasoku-cuda-check session $W/t.gguf 128 > $L/session_real.log 2>&1; echo "$(el) session real: $(tail -n 1 $L/session_real.log)"
 tar czf $OUT/real.tgz -C $OUT real && rm -rf $L
+# Two opt-in switches on the 1.5B shape, now that attention and the 16-row gate|up lead a
+# 16-row pass: the grouped decode attention (KASOKU_CUDA_ATTN=1) and the packed two-tile
+# kernels without their register bound (KASOKU_CUDA_PACKED_WIDE=1; their checks first), quick
+# benchmarks against the defaults, two rounds alternated.
+B=.gpu/kasoku-cuda-check; M=/tmp/m; mkdir -p $M $OUT/switch
+$B synth 1.5b q4_k_m $M/q15.gguf > $OUT/switch/synth.log 2>&1
+KASOKU_CUDA_PACKED_WIDE=1 timeout 30 $B packed > $OUT/switch/packed_wide.log 2>&1; echo "$(el) packed checks, wide: $(tail -n 1 $OUT/switch/packed_wide.log)"
+KASOKU_CUDA_PACKED_WIDE=1 timeout 40 $B spec $M/q15.gguf 96 > $OUT/switch/spec_wide.log 2>&1; echo "$(el) spec, wide: $(tail -n 1 $OUT/switch/spec_wide.log)"
+for run in base:1 attn1:1 wide:1 base:2 attn1:2 wide:2; do
+  v=${run%:*}; r=${run#*:}
+  case $v in base) E=KASOKU_NONE=1;; attn1) E=KASOKU_CUDA_ATTN=1;; wide) E=KASOKU_CUDA_PACKED_WIDE=1;; esac
+  env $E timeout 60 $B bench $M/q15.gguf quick > $OUT/switch/q15_${v}_$r.log 2>&1
+  echo "$(el) $v $r: $(grep -h 'tg128' $OUT/switch/q15_${v}_$r.log | cut -c1-36) | $(grep -h 'verify depth 1:' $OUT/switch/q15_${v}_$r.log)"
+done
+tar czf $OUT/switch.tgz -C $OUT switch && rm -rf $OUT/switch

@@ -40,8 +40,11 @@ pub fn packed_kernel(fmt: i32, n: usize) -> Option<&'static str> {
         FMT_Q6_K => false,
         _ => return None,
     };
+    let wide = packed_wide();
     Some(match (q4k, n) {
         (true, 0..=8) => "mmap_q4k_1",
+        (true, 9..=16) if wide => "mmap_q4k_2w",
+        (false, 9..=16) if wide => "mmap_q6k_2w",
         (true, 9..=16) => "mmap_q4k_2",
         (true, 17..=32) => "mmap_q4k_4",
         (true, _) => "mmap_q4k_8",
@@ -50,6 +53,14 @@ pub fn packed_kernel(fmt: i32, n: usize) -> Option<&'static str> {
         (false, 17..=32) => "mmap_q6k_4",
         (false, _) => "mmap_q6k_8",
     })
+}
+
+/// Whether passes of 9 to 16 rows take the two-tile kernels compiled without a bound on their
+/// registers (`KASOKU_CUDA_PACKED_WIDE=1`; opt-in until measured): no spills, fewer warps a
+/// multiprocessor, the same bits. Read once.
+fn packed_wide() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| std::env::var("KASOKU_CUDA_PACKED_WIDE").is_ok_and(|v| v == "1"))
 }
 
 /// Whether this process packs the matrices its tensor-core plan takes (the default;
@@ -170,12 +181,25 @@ mod tests {
             let mma = super::super::mma_kernel(n);
             let q4 = packed_kernel(FMT_Q4_K, n).unwrap();
             let q6 = packed_kernel(FMT_Q6_K, n).unwrap();
-            // mma_N and mmap_*_N: the same N activation tiles a pass.
-            assert_eq!(mma.rsplit('_').next(), q4.rsplit('_').next(), "n = {n}");
-            assert_eq!(mma.rsplit('_').next(), q6.rsplit('_').next(), "n = {n}");
+            // mma_N and mmap_*_N (or its wide twin Nw): the same N activation tiles a pass.
+            let tiles = |k: &str| {
+                k.rsplit('_')
+                    .next()
+                    .unwrap()
+                    .trim_end_matches('w')
+                    .to_string()
+            };
+            assert_eq!(tiles(mma), tiles(q4), "n = {n}");
+            assert_eq!(tiles(mma), tiles(q6), "n = {n}");
         }
         assert_eq!(packed_kernel(2, 1), None);
-        for name in ["mma_pack", "mmap_q4k_1", "mmap_q6k_8"] {
+        for name in [
+            "mma_pack",
+            "mmap_q4k_1",
+            "mmap_q6k_8",
+            "mmap_q4k_2w",
+            "mmap_q6k_2w",
+        ] {
             assert!(super::super::NAMES.contains(&name), "{name}");
         }
     }

@@ -69,7 +69,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 42] = [
+pub const NAMES: [&str; 44] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -88,6 +88,8 @@ pub const NAMES: [&str; 42] = [
     "mmap_q6k_2",
     "mmap_q6k_4",
     "mmap_q6k_8",
+    "mmap_q4k_2w",
+    "mmap_q6k_2w",
     "embed",
     "rmsnorm",
     "qkv_post",
