@@ -3,8 +3,8 @@
 # carrying .dflash/p/t.gguf.partNN; this one carries .gpu): prompt lookup and the shipped DFlash
 # drafter against plain decoding on the code-editing requests (bench/prompt_lookup.py, the real
 # Qwen2.5-Coder-1.5B-Instruct Q4_K_M), with the packed tensor-core plan (the default since this
-# call's binary) and with dp4a everywhere (KASOKU_CUDA_MMA=0: the previous default), two rounds
-# alternated; then the sessions and speculative == plain on the real target.
+# call's binary) and with dp4a everywhere (KASOKU_CUDA_MMA=0: the previous default), alternated
+# (packed, dp4a, packed); then the sessions and speculative == plain on the real target.
 set -u
 W=/root/dfw; OUT=${OUT:-/tmp/out}; L=$OUT/real; mkdir -p $L
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -15,7 +15,7 @@ export KASOKU_DRAFTERS=$W/drafters
 K=$PWD/.gpu/kasoku
 nvidia-smi --query-gpu=name,driver_version --format=csv > $L/sysinfo.log 2>&1
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s]"; }
-for run in packed:1 dp4a:1 packed:2 dp4a:2; do
+for run in packed:1 dp4a:1 packed:2; do
   v=${run%:*}; r=${run#*:}
   E=KASOKU_NONE=1; [ $v = dp4a ] && E=KASOKU_CUDA_MMA=0
   env $E timeout 200 python3 bench/prompt_lookup.py --kasoku $K --model $W/t.gguf --device cuda \
@@ -25,18 +25,3 @@ done
 timeout 60 .gpu/kasoku-cuda-check spec $W/t.gguf 128 > $L/spec_real.log 2>&1; echo "$(el) spec real: $(grep -h 'checks,' $L/spec_real.log)"
 timeout 60 .gpu/kasoku-cuda-check session $W/t.gguf 128 > $L/session_real.log 2>&1; echo "$(el) session real: $(tail -n 1 $L/session_real.log)"
 tar czf $OUT/real.tgz -C $OUT real && rm -rf $L
-# Two opt-in switches on the 1.5B shape, now that attention and the 16-row gate|up lead a
-# 16-row pass: the grouped decode attention (KASOKU_CUDA_ATTN=1) and the packed two-tile
-# kernels without their register bound (KASOKU_CUDA_PACKED_WIDE=1; their checks first), quick
-# benchmarks against the defaults, two rounds alternated.
-B=.gpu/kasoku-cuda-check; M=/tmp/m; mkdir -p $M $OUT/switch
-$B synth 1.5b q4_k_m $M/q15.gguf > $OUT/switch/synth.log 2>&1
-KASOKU_CUDA_PACKED_WIDE=1 timeout 30 $B packed > $OUT/switch/packed_wide.log 2>&1; echo "$(el) packed checks, wide: $(tail -n 1 $OUT/switch/packed_wide.log)"
-KASOKU_CUDA_PACKED_WIDE=1 timeout 40 $B spec $M/q15.gguf 96 > $OUT/switch/spec_wide.log 2>&1; echo "$(el) spec, wide: $(tail -n 1 $OUT/switch/spec_wide.log)"
-for run in base:1 attn1:1 wide:1 base:2 attn1:2 wide:2; do
-  v=${run%:*}; r=${run#*:}
-  case $v in base) E=KASOKU_NONE=1;; attn1) E=KASOKU_CUDA_ATTN=1;; wide) E=KASOKU_CUDA_PACKED_WIDE=1;; esac
-  env $E timeout 60 $B bench $M/q15.gguf quick > $OUT/switch/q15_${v}_$r.log 2>&1
-  echo "$(el) $v $r: $(grep -h 'tg128' $OUT/switch/q15_${v}_$r.log | cut -c1-36) | $(grep -h 'verify depth 1:' $OUT/switch/q15_${v}_$r.log)"
-done
-tar czf $OUT/switch.tgz -C $OUT switch && rm -rf $OUT/switch
