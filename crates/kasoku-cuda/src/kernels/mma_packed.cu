@@ -257,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) mmap_q6k_1(MatArgs a) { mma
 extern "C" __global__ void __launch_bounds__(512, 2) mmap_q6k_2(MatArgs a) { mmap_body<2, FMT_Q6_K>(a); }
 extern "C" __global__ void __launch_bounds__(512) mmap_q6k_4(MatArgs a) { mmap_body<4, FMT_Q6_K>(a); }
 extern "C" __global__ void __launch_bounds__(512) mmap_q6k_8(MatArgs a) { mmap_body<8, FMT_Q6_K>(a); }
-// The two-tile kernels without the two-blocks-a-multiprocessor bound (up to 128 registers, no
-// spills; KASOKU_CUDA_PACKED_WIDE=1): the same code, so the same bits.
+// The two-tile kernels without the two-blocks-a-multiprocessor bound (108 registers, no spills;
+// the default, KASOKU_CUDA_PACKED_WIDE=0 takes mmap_*_2): the same code, so the same bits.
 extern "C" __global__ void __launch_bounds__(512) mmap_q4k_2w(MatArgs a) { mmap_body<2, FMT_Q4_K>(a); }
 extern "C" __global__ void __launch_bounds__(512) mmap_q6k_2w(MatArgs a) { mmap_body<2, FMT_Q6_K>(a); }

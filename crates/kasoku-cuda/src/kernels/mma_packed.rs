@@ -56,11 +56,13 @@ pub fn packed_kernel(fmt: i32, n: usize) -> Option<&'static str> {
 }
 
 /// Whether passes of 9 to 16 rows take the two-tile kernels compiled without a bound on their
-/// registers (`KASOKU_CUDA_PACKED_WIDE=1`; opt-in until measured): no spills, fewer warps a
-/// multiprocessor, the same bits. Read once.
+/// registers (the default; `KASOKU_CUDA_PACKED_WIDE=0` takes the bounded ones): no spills,
+/// fewer warps a multiprocessor, the same bits. On an H100 a 16-row pass of the 1.5B shape
+/// cost 2.50 single passes against 2.68, one row the same (bench/results/gpu/2026-12-07d).
+/// Read once.
 fn packed_wide() -> bool {
     static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| std::env::var("KASOKU_CUDA_PACKED_WIDE").is_ok_and(|v| v == "1"))
+    *WIDE.get_or_init(|| !std::env::var("KASOKU_CUDA_PACKED_WIDE").is_ok_and(|v| v == "0"))
 }
 
 /// Whether this process packs the matrices its tensor-core plan takes (the default;
