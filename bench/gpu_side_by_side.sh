@@ -13,8 +13,10 @@
 #   CHECKS=1: also the GPU-against-CPU kernel checks, speculative == plain on the 1.5B shape,
 #             the transformers fixtures, DeviceSession, DFlash with a random drafter and the
 #             CLI checks, while llama.cpp builds;
-#   MMA_AB=1: also kasoku on the 1.5B shape with the block formats on the tensor-core
-#             kernels (KASOKU_CUDA_MMA=1, mma.cu) instead of the dp4a ones (matvec.cu).
+#   MMA_AB=1: also kasoku on the 1.5B shape with every block-format matrix on the packed
+#             tensor-core kernels (KASOKU_CUDA_MMA=1; by default only those of at least 6 MiB,
+#             the rest on matvec.cu's dp4a). The checks run with KASOKU_CUDA_MMA=0 (dp4a
+#             everywhere) and =1.
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 B=$G/kasoku-cuda-check
