@@ -156,6 +156,9 @@ pub struct CudaModel {
     inv_freq: DeviceBuffer,
     /// Bytes of weights a decode step reads (every matrix once, the embedding row aside).
     pub weight_bytes: usize,
+    /// Device bytes of the packed copies made at load (`Kernels::pack_planned`), beside the
+    /// GGUF bytes.
+    pub packed_bytes: usize,
     /// Attention layers (each with a KV cache) and Gated DeltaNet layers (each with a
     /// recurrent and a conv state).
     pub attn_layers: usize,
@@ -345,12 +348,16 @@ impl CudaModel {
         };
         // The fragment-order copies of the matrices the tensor-core plan takes, if this
         // process packs them (kernels::packed_asked).
+        let mut packed_bytes = 0;
         for l in &mut layers {
             for m in l.matrices_mut() {
                 kernels.pack_planned(m)?;
+                packed_bytes += m.packed.as_ref().map_or(0, |p| p.len());
             }
         }
-        kernels.pack_planned(head.as_mut().unwrap_or(&mut embed))?;
+        let head_matrix = head.as_mut().unwrap_or(&mut embed);
+        kernels.pack_planned(head_matrix)?;
+        packed_bytes += head_matrix.packed.as_ref().map_or(0, |p| p.len());
         let freq_factors = if file.tensor_info("rope_freqs.weight").is_some() {
             Some(vector_f32(&file, "rope_freqs.weight", c.rope_dim / 2)?)
         } else {
@@ -382,6 +389,7 @@ impl CudaModel {
             head,
             inv_freq,
             weight_bytes,
+            packed_bytes,
             attn_layers,
             gdn_layers,
         })

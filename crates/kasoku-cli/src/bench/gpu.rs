@@ -110,7 +110,10 @@ pub fn bench(
             "reps": super::VERIFY_REPS,
             "points": points,
         },
-        "bytes": {"weights_per_token": model.weight_bytes},
+        "bytes": {
+            "weights_per_token": model.weight_bytes,
+            "packed_copies": model.packed_bytes,
+        },
     }))
 }
 

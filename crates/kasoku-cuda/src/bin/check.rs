@@ -236,10 +236,13 @@ fn bench(gpu: &std::sync::Arc<Gpu>, path: &Path, quick: bool) -> Result<()> {
             MmaPlan::Off => "dp4a (matvec.cu)".to_string(),
             MmaPlan::All => "tensor cores (mma.cu)".to_string(),
             MmaPlan::AtLeast(b) => format!("tensor cores from {} MiB a matrix, else dp4a", b >> 20),
-        } + if m.kernels.packs() {
-            " (Q4_K and Q6_K packed)"
+        } + &if m.kernels.packs() {
+            format!(
+                " (Q4_K and Q6_K packed: {} bytes of copies)",
+                m.packed_bytes
+            )
         } else {
-            ""
+            String::new()
         }
     );
     let vocab = m.config.vocab as u32;
