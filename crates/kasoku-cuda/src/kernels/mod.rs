@@ -674,12 +674,12 @@ pub const MMA_DEFAULT_MIN_MB: usize = 6;
 /// tree node's logits are plain decoding's whichever kernel computes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmaPlan {
-    /// Every matrix on dp4a.
+    /// Every matrix on dp4a (`KASOKU_CUDA_MMA=0`, and devices before compute capability 8.0).
     Off,
     /// Every block-format matrix on tensor cores (`KASOKU_CUDA_MMA=1`).
     All,
-    /// Block-format matrices of at least this many bytes (`KASOKU_CUDA_MMA_MIN_MB=N`, in MiB):
-    /// the ones with tiles enough to fill the GPU at one row.
+    /// Block-format matrices of at least this many bytes (`KASOKU_CUDA_MMA_MIN_MB=N`, in MiB;
+    /// by default [`MMA_DEFAULT_MIN_MB`]): the ones with tiles enough to fill the GPU at one row.
     AtLeast(usize),
 }
 
