@@ -209,20 +209,13 @@ pub fn matvec(k: &Kernels) -> R<Report> {
                 x.clone()
             };
             let yd = out_buf(gpu, nmax * rows)?;
+            let want = product_f64(&xr, &wf, nmax, rows, cols);
             let mut worst = (0f64, 0f64);
             for n in [1usize, 3, 8, 13, 64] {
                 yd.fill(0xff)?;
                 k.matvec(&[m.seg(yd.ptr(), rows, None, false)], acts, n, cols)?;
                 let y = yd.read_f32(n * rows)?;
-                let want: Vec<f64> = (0..n * rows)
-                    .map(|i| {
-                        let (r, j) = (i / rows, i % rows);
-                        (0..cols)
-                            .map(|c| xr[r * cols + c] as f64 * wf[j * cols + c] as f64)
-                            .sum()
-                    })
-                    .collect();
-                worst.0 = worst.0.max(rel_err(&y, &want));
+                worst.0 = worst.0.max(rel_err(&y, &want[..n * rows]));
                 let mut yc = vec![0f32; n * rows];
                 matmul(&cpu, &x[..n * cols], n, &mut yc);
                 worst.1 = worst.1.max(rel_err(&y, &f64s(&yc)));
@@ -265,12 +258,7 @@ pub fn matvec(k: &Kernels) -> R<Report> {
             seg.best = best.ptr();
             k.matvec(&[seg], acts, n, cols)?;
             let y = yd.read_f32(n * rows)?;
-            let mut kb = vec![0u8; n * 8];
-            best.read(0, &mut kb)?;
-            let got: Vec<u32> = kb
-                .chunks(8)
-                .map(|c| argmax_id(u64::from_le_bytes(c.try_into().unwrap())))
-                .collect();
+            let got = argmax_ids(&best, n)?;
             let want: Vec<u32> = (0..n)
                 .map(|r| kasoku::engine::sampler::argmax(&y[r * rows..(r + 1) * rows]))
                 .collect();
@@ -385,6 +373,16 @@ const GEMM_WAYS: [(GemmTile, usize); 4] = [
     (GemmTile::Large, 4),
     (GemmTile::Small, 4),
 ];
+
+/// The token ids of the first `n` argmax keys a fused-argmax product left in `best`.
+fn argmax_ids(best: &DeviceBuffer, n: usize) -> R<Vec<u32>> {
+    let mut kb = vec![0u8; n * 8];
+    best.read(0, &mut kb)?;
+    Ok(kb
+        .chunks(8)
+        .map(|c| argmax_id(u64::from_le_bytes(c.try_into().unwrap())))
+        .collect())
+}
 
 /// `y[r][j] = Σ_c x[r][c] · w[j][c]` in f64 for rows `0..n` of `x`.
 fn product_f64(x: &[f32], w: &[f32], n: usize, rows: usize, cols: usize) -> Vec<f64> {

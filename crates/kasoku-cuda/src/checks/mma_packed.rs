@@ -4,8 +4,8 @@
 
 use kasoku::quant::{dequantize, DType};
 
-use super::{out_buf, quantize_ref, randv, rel_err, QuantBufs, Report, R};
-use crate::kernels::{argmax_id, capability_has_mma, DeviceMatrix, Kernels};
+use super::{argmax_ids, out_buf, product_f64, quantize_ref, randv, rel_err, QuantBufs, Report, R};
+use crate::kernels::{capability_has_mma, DeviceMatrix, Kernels};
 use crate::synth::{random_tensor, Rng};
 
 /// Q4_K and Q6_K matrices of the 1.5B's widths (1536: 6 warps a tile; 8960: 35 super-blocks
@@ -36,6 +36,7 @@ pub fn checks(k: &Kernels) -> R<Report> {
             k.quantize(acts, nmax * cols)?;
             let xr = quantize_ref(&x).0;
             let (yd, best) = (out_buf(gpu, nmax * rows)?, gpu.alloc(nmax * 8)?);
+            let want = product_f64(&xr, &wf, nmax, rows, cols);
             let (mut same, mut best_same, mut worst) = (true, true, 0f64);
             for n in [1usize, 3, 8, 13, 16, 17, 33, 64] {
                 let mut runs = Vec::new();
@@ -50,13 +51,7 @@ pub fn checks(k: &Kernels) -> R<Report> {
                         seg.packed = 0;
                         k.launch_mma(&[seg], acts, n, cols)?;
                     }
-                    let mut kb = vec![0u8; n * 8];
-                    best.read(0, &mut kb)?;
-                    let ids: Vec<u32> = kb
-                        .chunks(8)
-                        .map(|c| argmax_id(u64::from_le_bytes(c.try_into().unwrap())))
-                        .collect();
-                    runs.push((yd.read_f32(n * rows)?, ids));
+                    runs.push((yd.read_f32(n * rows)?, argmax_ids(&best, n)?));
                 }
                 same &= runs[0]
                     .0
@@ -64,15 +59,7 @@ pub fn checks(k: &Kernels) -> R<Report> {
                     .zip(&runs[1].0)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 best_same &= runs[0].1 == runs[1].1;
-                let want: Vec<f64> = (0..n * rows)
-                    .map(|i| {
-                        let (r, j) = (i / rows, i % rows);
-                        (0..cols)
-                            .map(|c| xr[r * cols + c] as f64 * wf[j * cols + c] as f64)
-                            .sum()
-                    })
-                    .collect();
-                worst = worst.max(rel_err(&runs[1].0, &want));
+                worst = worst.max(rel_err(&runs[1].0, &want[..n * rows]));
             }
             rep.check(
                 same && best_same && worst < 1e-5,

@@ -128,15 +128,22 @@ impl Kernels {
         n: usize,
         cols: usize,
     ) -> Result<()> {
+        // Every segment is checked before anything is queued.
+        if let Some(s) = segs.iter().find(|s| s.fmt != FMT_Q4_K && s.fmt != FMT_Q6_K) {
+            return Err(Error::Invalid(format!(
+                "packed product of format {} (Q4_K and Q6_K only)",
+                s.fmt
+            )));
+        }
+        if segs.iter().any(|s| s.packed == 0) || !cols.is_multiple_of(256) {
+            return Err(Error::Invalid(format!(
+                "packed product of {cols} columns without a packed copy of every segment"
+            )));
+        }
         for fmt in [FMT_Q4_K, FMT_Q6_K] {
             let group: Vec<MatSeg> = segs.iter().filter(|s| s.fmt == fmt).copied().collect();
             if group.is_empty() {
                 continue;
-            }
-            if group.iter().any(|s| s.packed == 0) || !cols.is_multiple_of(256) {
-                return Err(Error::Invalid(format!(
-                    "packed product of {cols} columns without a packed copy of every segment"
-                )));
             }
             let (mut args, _) = matvec_args(&group, x, n, cols)?;
             let split = mma_split(cols, mma_units());
@@ -150,12 +157,6 @@ impl Kernels {
                 0,
                 &mut [p(&args)],
             )?;
-        }
-        if let Some(s) = segs.iter().find(|s| s.fmt != FMT_Q4_K && s.fmt != FMT_Q6_K) {
-            return Err(Error::Invalid(format!(
-                "packed product of format {} (Q4_K and Q6_K only)",
-                s.fmt
-            )));
         }
         Ok(())
     }
