@@ -32,7 +32,7 @@ pub const KNOWN_DRAFTERS: &[KnownDrafter] = &[KnownDrafter {
         ),
         (
             "model.safetensors",
-            "93a0c2d2d063741cedc876fb441d524cee828ceaa53d4e1a1f5b2662eb5ec9b5",
+            "07506b381abf0b3def6a95252a4bd7b52aeb75a0039401d718abee7efb77e86c",
         ),
     ],
 }];
