@@ -5,6 +5,7 @@
 #   bash .gpu/session.sh 1 [SECONDS]   correctness with the defaults (kernels, speculative ==
 #                                      plain, sessions), attention alone by context length,
 #                                      the full benchmark, the grouped attention's quick one,
+#                                      attn_rows' checks and timings (KASOKU_CUDA_ATTN_ROWS),
 #                                      DFlash on the 1.5B shape
 #   bash .gpu/session.sh 3 [SECONDS]   each opt-in switch of the decode step against the
 #                                      defaults (quick benchmarks, three rounds alternated)
@@ -38,6 +39,16 @@ if [ "$PART" = 1 ]; then
   phase attn 90 -- $B attn $M/q15.gguf
   phase bench_full 200 -- $B bench $M/q15.gguf
   phase q15_attn1 60 KASOKU_CUDA_ATTN=1 -- $B bench $M/q15.gguf quick
+  # attn_rows (several rows a block in passes of several rows; opt-in until measured):
+  # its bits against attn_partial's through the checks, then its cost.
+  phase kernels_rows4 150 KASOKU_CUDA_ATTN_ROWS=4 -- $B kernels
+  phase spec_q15_rows4 60 KASOKU_CUDA_ATTN_ROWS=4 -- $B spec $M/q15.gguf 96
+  phase session_q15_rows4 60 KASOKU_CUDA_ATTN_ROWS=4 -- $B session $M/q15.gguf 128
+  phase attn_rows4 90 KASOKU_CUDA_ATTN_ROWS=4 -- $B attn $M/q15.gguf
+  phase attn_rows16 90 KASOKU_CUDA_ATTN_ROWS=16 -- $B attn $M/q15.gguf
+  phase q15_default 60 KASOKU_NONE=1 -- $B bench $M/q15.gguf quick
+  phase q15_rows4 60 KASOKU_CUDA_ATTN_ROWS=4 -- $B bench $M/q15.gguf quick
+  phase q15_rows16 60 KASOKU_CUDA_ATTN_ROWS=16 -- $B bench $M/q15.gguf quick
   phase dflash_q15 120 -- $B dflash $M/q15.gguf /tmp/rd/drafter 64
 elif [ "$PART" = 3 ]; then
   # Each opt-in switch of the decode step against the defaults: quick benchmarks in rounds,

@@ -8,7 +8,8 @@
 //       the order blocks run in (which one merges) or the threads' schedule, and a tree node
 //       gets the bits of the chain row of its path;
 //   (c) the fused q/k/v epilogue: attention with post on gives the bits of qkv_post followed
-//       by attention (output, int8 blocks, both caches), for both kernels.
+//       by attention (output, int8 blocks, both caches), for both kernels;
+//   (d) attn_rows (several rows a block) gives attn_partial's bits row for row.
 // Shared memory starts poisoned (NaN) in every block and the partial buffers start NaN, so a
 // read of something not written shows.
 #define ATT_BLOCKS 32
@@ -103,6 +104,40 @@ static Result attend(bool grouped, const Shape& s, const Meta& m, const V& q, Ca
     for (int a : arrivals) if (a) { report(false, "an arrival count left non-zero"); break; }
     if (g_bad_reads) {
         report(false, "a cache read outside the caches");
+        g_bad_reads = 0;
+    }
+    r.cache = std::move(cache);
+    return r;
+}
+
+// One attn_rows call (`rows` rows a block) as Kernels::attention makes it for a pass of
+// several rows.
+static Result attend_rows(const Shape& s, const Meta& m, const V& q, Cache cache, int chunks, bool quant, int rows,
+                          int order = 0) {
+    int n = m.n, q_dim = s.nh * s.hd;
+    Result r;
+    r.out.assign((size_t)n * q_dim, NAN);
+    r.xq.assign(quant ? (size_t)n * q_dim : 0, 0);
+    r.xs.assign(quant ? (size_t)n * q_dim / 32 * 4 : 0, NAN);
+    V part_ml((size_t)n * s.nh * chunks * 2, NAN), part_o((size_t)n * s.nh * chunks * s.hd, NAN);
+    std::vector<int> arrivals((size_t)n * s.nh, 0);
+    unsigned gx = (n + rows - 1) / rows, gy = s.nh, gz = std::min(chunks, ATT_BLOCKS);
+    std::vector<unsigned> ord(gx * gy * gz);
+    for (size_t k = 0; k < ord.size(); k++) ord[k] = k;
+    if (order == 1) std::reverse(ord.begin(), ord.end());
+    if (order == 2) for (size_t k = ord.size(); k > 1; k--) std::swap(ord[k - 1], ord[rnd() % k]);
+    float scale = 1.0f / sqrtf((float)s.hd);
+    g_weights = {{(const unsigned char*)cache.k.data(), cache.k.size() * 2},
+                 {(const unsigned char*)cache.v.data(), cache.v.size() * 2}};
+    launch3(gx, gy, gz, 128, ord, [&] {
+        attn_rows(q.data(), q_dim, cache.k.data(), cache.v.data(), cache.slots, s.nh, s.nkv, s.hd, scale, &m.b,
+                  m.pos.data(), m.path.data(), part_ml.data(), part_o.data(), chunks, arrivals.data(), r.out.data(),
+                  q_dim, quant ? r.xq.data() : nullptr, quant ? (float4*)r.xs.data() : nullptr, n, rows);
+    });
+    g_weights.clear();
+    for (int a : arrivals) if (a) { report(false, "attn_rows: an arrival count left non-zero"); break; }
+    if (g_bad_reads) {
+        report(false, "attn_rows: a cache read outside the caches");
         g_bad_reads = 0;
     }
     r.cache = std::move(cache);
@@ -258,6 +293,31 @@ static void check_tree(const Shape& s, int past, bool quant) {
     }
 }
 
+// (d) attn_rows gives attn_partial's bits, row for row (outputs and int8 blocks), for chains
+// and trees, whatever the rows a block, the grid, the block order and the thread schedule.
+static void check_rows(const Shape& s, int past, const std::vector<int>& parents, bool quant) {
+    Meta m = parents.empty() ? chain_meta(past, 17) : tree_meta(past, parents);
+    int n = m.n, max_slots = past + 80, chunks = chunks_for(max_slots);
+    Cache c = random_cache(s, max_slots);
+    V q = random_q(n, s);
+    Result want = attend(false, s, m, q, c, chunks, quant);
+    bool ok = true;
+    int tries = 0;
+    for (int rows : {2, 3, 4, 16, 64})
+        for (int order = 0; order < 3; order++) {
+            g_reverse = order == 1 && rows == 4;
+            Result r = attend_rows(s, m, q, c, rows == 3 ? chunks + 9 : chunks, quant, rows, order);
+            g_reverse = false;
+            ok &= same(r.out.data(), want.out.data(), want.out.size() * 4) && r.xq == want.xq &&
+                  same(r.xs.data(), want.xs.data(), want.xs.size() * 4);
+            tries++;
+        }
+    char what[200];
+    snprintf(what, sizeof what, "%s: %s of %d at %d cached (%d chunks): attn_rows has attn_partial's bits (%d grids and orders)",
+             name(s).c_str(), parents.empty() ? "chain" : "tree", n, past, (m.pos.back() + 64) / 64, tries);
+    report(ok, what);
+}
+
 // (c) the fused epilogue against qkv_post + attention, bit for bit.
 static void check_post(const Shape& s, int rot, bool interleaved, bool qk_norm, int past, bool quant) {
     int max_slots = past + 70, chunks = chunks_for(max_slots), q_dim = s.nh * s.hd, kv_dim = s.nkv * s.hd;
@@ -323,6 +383,15 @@ int main(int argc, char** argv) {
     check_tree(big, 61, true);
     check_tree(g14, 130, true);
     check_tree(h96, 64, true);
+    std::vector<int> tree16 = {-1, 0, 1, 2, 3, 4, 5, 6, 1, 8, 0, 10, 11, 2, 13, 14};  // depths up to 7
+    check_rows(h16, 20, {}, false);
+    for (int past : {0, 30, 64, 120, 500}) check_rows(q15, past, tree16, past % 2 == 0);
+    check_rows(q15, 57, {}, true);  // a chain whose rows cross a chunk's edge
+    check_rows(mha, 190, tree16, false);
+    check_rows(big, 61, tree16, true);
+    check_rows(g14, 130, {}, true);
+    check_rows(h96, 64, tree16, true);
+    if (!quick) check_rows(q15, 2100, tree16, true);
     check_post(q15, 128, false, false, 300, true);
     check_post(q15, 128, false, true, 10, true);
     check_post(big, 64, false, true, 70, true);

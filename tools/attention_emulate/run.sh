@@ -6,7 +6,8 @@
 # past 32 * 64 keys, GQA 1/4/6/7/14, head_dim 64/128/256, int8 blocks on/off); attn_group's
 # bits the same in any block order, thread schedule, grid and batch, and a tree node's bits
 # equal to its path's chain row; the fused q/k/v epilogue equal to qkv_post + attention bit
-# for bit. Needs python3 and g++ with C++20 and _Float16 (GCC 12), x86-64.
+# for bit; attn_rows (several rows a block) equal to attn_partial bit for bit. Needs python3
+# and g++ with C++20 and _Float16 (GCC 12), x86-64.
 # Usage: bash tools/attention_emulate/run.sh [quick]   (ok/FAIL lines, exits 1 on a FAIL)
 set -euo pipefail
 D=$(cd "$(dirname "$0")" && pwd)

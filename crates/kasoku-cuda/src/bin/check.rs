@@ -498,14 +498,14 @@ fn bench_attention(gpu: &std::sync::Arc<Gpu>, path: &Path) -> Result<()> {
         let prompt: Vec<u32> = (0..depth as u32).map(|i| (i * 7919 + 3) % vocab).collect();
         st.prefill(&m, &prompt)?;
         for grouped in [false, true] {
-            let mut line = format!(
-                "depth {depth:>4} {:<12}",
-                if grouped {
-                    "attn_group"
-                } else {
-                    "attn_partial"
-                }
-            );
+            let rows = m.kernels.attention_rows();
+            let name = match (grouped, rows) {
+                (true, _) => "attn_group".to_string(),
+                (false, 1) => "attn_partial".to_string(),
+                // Passes of several rows run attn_rows (KASOKU_CUDA_ATTN_ROWS).
+                (false, r) => format!("attn_rows/{r}"),
+            };
+            let mut line = format!("depth {depth:>4} {name:<12}");
             for (n, fused) in [(1, true), (1, false), (2, false), (16, false), (64, false)] {
                 let us = m.profile_attention(&mut st, n, fused, grouped, 50)?;
                 line += &format!(" n{n}{}={us:.1}", if fused { "f" } else { "" });

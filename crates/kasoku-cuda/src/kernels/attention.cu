@@ -122,7 +122,7 @@ __device__ __forceinline__ void unpack_f16x8(uint4 raw, float* f) {
     }
 }
 
-// Shared memory of attn_partial, passed to its body (one instantiation per L).
+// Shared memory of attn_partial and attn_rows, passed to their bodies (one instantiation per L).
 struct AttpShared {
     float* qs;    // [256] the query, then (one chunk) the output
     float* ks;    // [256] the fused epilogue's key
@@ -133,6 +133,140 @@ struct AttpShared {
     int* last;
 };
 
+// Row i's slots of the keys this thread scores in the chunk at virtual position v0 (nk keys
+// of the row fall in it; -1 past them): the committed slots, then a tree row's path. Returns
+// the chunk's first slot, which a lane reads in place of a missing key (so every load goes
+// out unconditionally).
+template <int L>
+__device__ __forceinline__ int attp_slots(int past, int chain, int plen, const int* path, int i, int v0, int nk,
+                                          int* slot) {
+    constexpr int KPS = 32 / L, STEPS = ATTP_KPW / KPS;
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) / L;
+    const int vfirst = (v0 < past || chain) ? v0 : past + path[i * plen + (v0 - past)];
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        int t = warp * ATTP_KPW + s * KPS + g, v = v0 + t;
+        int node = path[chain ? 0 : i * plen + min(v > past ? v - past : 0, plen - 1)];
+        slot[s] = t >= nk ? -1 : (v < past || chain) ? v : past + node;
+    }
+    return vfirst;
+}
+
+// This lane's 16-byte pieces of the keys and values at `slot` (vfirst for a missing one),
+// every load issued before any is used.
+template <int L>
+__device__ __forceinline__ void attp_load(const u16* kc, const u16* vc, int head_dim, const int* slot, int vfirst,
+                                          uint4* kraw, uint4* vraw) {
+    constexpr int KPS = 32 / L, STEPS = ATTP_KPW / KPS;
+    const int r = (threadIdx.x & 31) % L, rr = 8 * r < head_dim ? r : 0;
+#pragma unroll
+    for (int s = 0; s < STEPS; s++)
+        kraw[s] = __ldg((const uint4*)(kc + (size_t)(slot[s] >= 0 ? slot[s] : vfirst) * head_dim) + rr);
+#pragma unroll
+    for (int s = 0; s < STEPS; s++)
+        vraw[s] = __ldg((const uint4*)(vc + (size_t)(slot[s] >= 0 ? slot[s] : vfirst) * head_dim) + rr);
+}
+
+// One chunk of row i and query head h, from its keys and values in registers and the
+// query's 8 values of this lane (qr), in the order the file comment gives: the chunk's max,
+// exp-sum and weighted values into the partial buffers, or (`alone`: the row's only chunk)
+// the output itself, which is also left in sm.qs. `fresh`: the virtual position whose key
+// and value are in sm.knew/vnew (the fused epilogue), or -1. Ends with a barrier.
+template <int L>
+__device__ __forceinline__ void attp_chunk(uint4* kraw, uint4* vraw, const int* slot, const float* qr, int fresh,
+                                           int v0, float scale, bool alone, int i, int h, int c, int n_heads,
+                                           int chunks, int head_dim, float* part_ml, float* part_o, float* out,
+                                           int out_ld, const AttpShared& sm) {
+    constexpr int KPS = 32 / L, STEPS = ATTP_KPW / KPS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane / L, r = lane % L;
+    const bool act = 8 * r < head_dim;
+    const int rr = act ? r : 0;
+    // Keys past the row's end are zeros; the new key and value come from shared memory.
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        const int v = v0 + warp * ATTP_KPW + s * KPS + g;
+        if (slot[s] < 0) {
+            kraw[s] = make_uint4(0, 0, 0, 0);
+            vraw[s] = make_uint4(0, 0, 0, 0);
+        } else if (v == fresh) {
+            kraw[s] = ((const uint4*)sm.knew)[rr];
+            vraw[s] = ((const uint4*)sm.vnew)[rr];
+        }
+    }
+    float sc[STEPS];
+    float m = -KINF;
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        float kf[8];
+        unpack_f16x8(kraw[s], kf);
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) a = fmaf(qr[j], kf[j], a);
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        sc[s] = slot[s] >= 0 ? a * scale : -KINF;
+        m = fmaxf(m, sc[s]);
+    }
+    m = warp_max(m);
+    if (lane == 0) sm.red[warp] = m;
+    __syncthreads();
+    m = fmaxf(fmaxf(sm.red[0], sm.red[1]), fmaxf(sm.red[2], sm.red[3]));
+    float l = 0.0f;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < STEPS; s++) {
+        const float p = slot[s] >= 0 ? expf(sc[s] - m) : 0.0f;
+        l += p;
+        float vf[8];
+        unpack_f16x8(vraw[s], vf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(p, vf[j], acc[j]);
+    }
+#pragma unroll
+    for (int o = 16; o >= L; o >>= 1) {
+        l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    }
+    if (lane == 0) sm.red[4 + warp] = l;
+    if (g == 0 && act) {
+        float4* dst = (float4*)(sm.parts + warp * 256 + 8 * r);
+        dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+    __syncthreads();
+    l = ((sm.red[4] + sm.red[5]) + sm.red[6]) + sm.red[7];
+    if (!alone && tid == 0) {
+        size_t at = ((size_t)(i * n_heads + h) * chunks + c) * 2;
+        part_ml[at] = m;
+        part_ml[at + 1] = l;
+    }
+    const float inv_l = 1.0f / l;
+    float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
+    for (int d = tid; d < head_dim; d += blockDim.x) {
+        float total = ((sm.parts[d] + sm.parts[256 + d]) + sm.parts[512 + d]) + sm.parts[768 + d];
+        if (alone) {
+            float v = total * inv_l;
+            out[(size_t)i * out_ld + h * head_dim + d] = v;
+            sm.qs[d] = v;
+        } else {
+            o[d] = total;
+        }
+    }
+    __syncthreads();
+}
+
+// The int8 blocks of row i's head h from its output in sm.qs (written before a barrier).
+__device__ __forceinline__ void attp_quantize(int i, int h, int head_dim, int out_ld, i8* xq, float4* xs,
+                                              const AttpShared& sm) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
+        size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
+        quant_block32(sm.qs[32 * b + lane], xq + at, xs + at / 32);
+    }
+}
+
 template <int L>
 __device__ __forceinline__ void attn_partial_body(
     const float* q, int q_ld, u16* k_cache, u16* v_cache, int max_slots,
@@ -142,8 +276,8 @@ __device__ __forceinline__ void attn_partial_body(
     int* arrivals, float* out, int out_ld, i8* xq, float4* xs, const PostArgs& post, AttpShared sm) {
     constexpr int KPS = 32 / L;           // keys a warp covers per step
     constexpr int STEPS = ATTP_KPW / KPS; // steps per warp per chunk
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane / L, r = lane % L;
+    const int tid = threadIdx.x;
+    const int r = (tid & 31) % L;
     const bool act = 8 * r < head_dim;
     const int rr = act ? r : 0;
     const int i = blockIdx.x, h = blockIdx.y;
@@ -161,23 +295,10 @@ __device__ __forceinline__ void attn_partial_body(
     for (int c = blockIdx.z; c < nc; c += gridDim.z) {
         const int v0 = c * ATT_CHUNK;
         const int nk = min(ATT_CHUNK, seen - v0);
-        // The slots: a tree row's past its committed positions from its path (read
-        // unconditionally, at a clamped index, so the reads go out together).
-        const int vfirst = (v0 < past || chain) ? v0 : past + path[i * plen + (v0 - past)];
         int slot[STEPS];
-#pragma unroll
-        for (int s = 0; s < STEPS; s++) {
-            int t = warp * ATTP_KPW + s * KPS + g, v = v0 + t;
-            int node = path[chain ? 0 : i * plen + min(v > past ? v - past : 0, plen - 1)];
-            slot[s] = t >= nk ? -1 : (v < past || chain) ? v : past + node;
-        }
+        const int vfirst = attp_slots<L>(past, chain, plen, path, i, v0, nk, slot);
         uint4 kraw[STEPS], vraw[STEPS];
-#pragma unroll
-        for (int s = 0; s < STEPS; s++)
-            kraw[s] = __ldg((const uint4*)(kc + (size_t)(slot[s] >= 0 ? slot[s] : vfirst) * head_dim) + rr);
-#pragma unroll
-        for (int s = 0; s < STEPS; s++)
-            vraw[s] = __ldg((const uint4*)(vc + (size_t)(slot[s] >= 0 ? slot[s] : vfirst) * head_dim) + rr);
+        attp_load<L>(kc, vc, head_dim, slot, vfirst, kraw, vraw);
         if (first) {
             // The query (with the fused epilogue: rotated here, and the new key and value
             // computed by the block whose chunks end the row), while the loads are in flight.
@@ -208,87 +329,11 @@ __device__ __forceinline__ void attn_partial_body(
 #pragma unroll
             for (int j = 0; j < 8; j++) qr[j] = act ? sm.qs[8 * rr + j] : 0.0f;
         }
-        // Keys past the row's end are zeros; the new key and value come from shared memory.
-#pragma unroll
-        for (int s = 0; s < STEPS; s++) {
-            const int v = v0 + warp * ATTP_KPW + s * KPS + g;
-            if (slot[s] < 0) {
-                kraw[s] = make_uint4(0, 0, 0, 0);
-                vraw[s] = make_uint4(0, 0, 0, 0);
-            } else if (v == fresh) {
-                kraw[s] = ((const uint4*)sm.knew)[rr];
-                vraw[s] = ((const uint4*)sm.vnew)[rr];
-            }
-        }
-        float sc[STEPS];
-        float m = -KINF;
-#pragma unroll
-        for (int s = 0; s < STEPS; s++) {
-            float kf[8];
-            unpack_f16x8(kraw[s], kf);
-            float a = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) a = fmaf(qr[j], kf[j], a);
-#pragma unroll
-            for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-            sc[s] = slot[s] >= 0 ? a * scale : -KINF;
-            m = fmaxf(m, sc[s]);
-        }
-        m = warp_max(m);
-        if (lane == 0) sm.red[warp] = m;
-        __syncthreads();
-        m = fmaxf(fmaxf(sm.red[0], sm.red[1]), fmaxf(sm.red[2], sm.red[3]));
-        float l = 0.0f;
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s = 0; s < STEPS; s++) {
-            const float p = slot[s] >= 0 ? expf(sc[s] - m) : 0.0f;
-            l += p;
-            float vf[8];
-            unpack_f16x8(vraw[s], vf);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[j] = fmaf(p, vf[j], acc[j]);
-        }
-#pragma unroll
-        for (int o = 16; o >= L; o >>= 1) {
-            l += __shfl_xor_sync(0xffffffffu, l, o);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-        }
-        if (lane == 0) sm.red[4 + warp] = l;
-        if (g == 0 && act) {
-            float4* dst = (float4*)(sm.parts + warp * 256 + 8 * r);
-            dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-        }
-        __syncthreads();
-        l = ((sm.red[4] + sm.red[5]) + sm.red[6]) + sm.red[7];
-        if (!alone && tid == 0) {
-            size_t at = ((size_t)(i * n_heads + h) * chunks + c) * 2;
-            part_ml[at] = m;
-            part_ml[at + 1] = l;
-        }
-        const float inv_l = 1.0f / l;
-        float* o = part_o + ((size_t)(i * n_heads + h) * chunks + c) * head_dim;
-        for (int d = tid; d < head_dim; d += blockDim.x) {
-            float total = ((sm.parts[d] + sm.parts[256 + d]) + sm.parts[512 + d]) + sm.parts[768 + d];
-            if (alone) {
-                float v = total * inv_l;
-                out[(size_t)i * out_ld + h * head_dim + d] = v;
-                sm.qs[d] = v;
-            } else {
-                o[d] = total;
-            }
-        }
-        __syncthreads();
+        attp_chunk<L>(kraw, vraw, slot, qr, fresh, v0, scale, alone, i, h, c, n_heads, chunks, head_dim, part_ml,
+                      part_o, out, out_ld, sm);
     }
     if (alone) {
-        if (xq) {
-            for (int b = warp; b < head_dim / 32; b += blockDim.x >> 5) {
-                size_t at = (size_t)i * out_ld + h * head_dim + 32 * b;
-                quant_block32(sm.qs[32 * b + lane], xq + at, xs + at / 32);
-            }
-        }
+        if (xq) attp_quantize(i, h, head_dim, out_ld, xq, xs, sm);
         return;
     }
     // The last of the row's blocks to finish merges them all (no second kernel).
@@ -319,6 +364,91 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial(
     else if (head_dim <= 128) ATTP_RUN(16);
     else ATTP_RUN(32);
 #undef ATTP_RUN
+}
+
+// attn_rows: attn_partial for passes of several rows (a tree's or a chain's), with each
+// block taking `rows` rows of one query head instead of one, so a chunk of committed keys
+// and values is read once for all of them. Grid (ceil(n / rows), n_heads, blocks); block z
+// takes chunks z, z + blocks, ... of every row of its group. Each row's chunk goes through
+// attp_chunk with its query read as attn_partial reads it, and the merge is the same, so a
+// row gets attn_partial's bits whatever its group: a verification pass keeps plain decoding's
+// bits. A chunk wholly before the committed end (v0 + ATT_CHUNK <= past) holds the same
+// slots for every row and is loaded once; the chunks holding a tree's nodes or the rows' own
+// ends are loaded per row, as attn_partial loads them. No fused q/k/v epilogue (a decode
+// step's one row runs attn_partial).
+template <int L>
+__device__ __forceinline__ void attn_rows_body(
+    const float* q, int q_ld, const u16* k_cache, const u16* v_cache, int max_slots,
+    int n_heads, int n_kv_heads, int head_dim, float scale,
+    const Batch* batch, const int* pos, const int* path,
+    float* part_ml, float* part_o, int chunks,
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, int n, int rows, AttpShared sm) {
+    constexpr int KPS = 32 / L;
+    constexpr int STEPS = ATTP_KPW / KPS;
+    const int r = (threadIdx.x & 31) % L;
+    const bool act = 8 * r < head_dim;
+    const int rr = act ? r : 0;
+    const int i0 = blockIdx.x * rows, i1 = min(n, i0 + rows), h = blockIdx.y;
+    const int kh = h / (n_heads / n_kv_heads);
+    const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
+    const u16* vc = v_cache + (size_t)kh * max_slots * head_dim;
+    const int past = batch->past, chain = batch->is_chain, plen = batch->max_depth + 1;
+    int most = 0;  // chunks of the group's longest row
+    for (int i = i0; i < i1; i++) {
+        const int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
+        if (nc > most) most = nc;
+    }
+    for (int c = blockIdx.z; c < most; c += gridDim.z) {
+        const int v0 = c * ATT_CHUNK;
+        const bool common = v0 + ATT_CHUNK <= past;
+        int slot[STEPS];
+        uint4 kraw[STEPS], vraw[STEPS];
+        bool loaded = false;
+        for (int i = i0; i < i1; i++) {
+            const int seen = pos[i] + 1, nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+            if (c >= nc) continue;
+            if (!(common && loaded)) {
+                const int vfirst = attp_slots<L>(past, chain, plen, path, i, v0, min(ATT_CHUNK, seen - v0), slot);
+                attp_load<L>(kc, vc, head_dim, slot, vfirst, kraw, vraw);
+                loaded = true;
+            }
+            float qr[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) qr[j] = act ? q[(size_t)i * q_ld + h * head_dim + 8 * rr + j] : 0.0f;
+            attp_chunk<L>(kraw, vraw, slot, qr, -1, v0, scale, nc == 1, i, h, c, n_heads, chunks, head_dim, part_ml,
+                          part_o, out, out_ld, sm);
+            if (nc == 1 && xq) attp_quantize(i, h, head_dim, out_ld, xq, xs, sm);
+        }
+    }
+    // Each row of several chunks: the last of its blocks to finish merges it.
+    for (int i = i0; i < i1; i++) {
+        const int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
+        if (nc == 1 || (int)blockIdx.z >= nc) continue;
+        if (last_to_arrive(arrivals + i * n_heads + h, min(nc, (int)gridDim.z), sm.last))
+            attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, sm.qs);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) attn_rows(
+    const float* q, int q_ld, const u16* k_cache, const u16* v_cache, int max_slots,
+    int n_heads, int n_kv_heads, int head_dim, float scale,
+    const Batch* batch, const int* pos, const int* path,
+    float* part_ml, float* part_o, int chunks,
+    int* arrivals, float* out, int out_ld, i8* xq, float4* xs, int n, int rows) {
+    wait_for_predecessor();
+    __shared__ __align__(16) float qs[256];
+    __shared__ __align__(16) float parts[4 * 256];
+    __shared__ float red[8];
+    __shared__ int last;
+    AttpShared sm = {qs, nullptr, nullptr, nullptr, parts, red, &last};
+#define ATTR_RUN(L)                                                                                                 \
+    attn_rows_body<L>(q, q_ld, k_cache, v_cache, max_slots, n_heads, n_kv_heads, head_dim, scale, batch, pos, path, \
+                      part_ml, part_o, chunks, arrivals, out, out_ld, xq, xs, n, rows, sm)
+    if (head_dim <= 32) ATTR_RUN(4);
+    else if (head_dim <= 64) ATTR_RUN(8);
+    else if (head_dim <= 128) ATTR_RUN(16);
+    else ATTR_RUN(32);
+#undef ATTR_RUN
 }
 
 

@@ -69,7 +69,7 @@ pub fn source() -> String {
 }
 
 /// Every kernel entry point.
-pub const NAMES: [&str; 44] = [
+pub const NAMES: [&str; 45] = [
     "quantize_acts",
     "matvec_1",
     "matvec_2",
@@ -98,6 +98,7 @@ pub const NAMES: [&str; 44] = [
     "kv_commit",
     "attn_partial",
     "attn_group",
+    "attn_rows",
     "attn_prefill_64",
     "attn_prefill_128",
     "top_k_select",
@@ -132,6 +133,23 @@ pub const ATTG_HEADS: usize = 8;
 /// per process by [`Kernels::new`].
 pub fn attention_grouped_asked() -> bool {
     std::env::var("KASOKU_CUDA_ATTN").is_ok_and(|v| v == "1")
+}
+
+/// Rows of one query head a block of `attn_rows` takes in a pass of several rows
+/// (`KASOKU_CUDA_ATTN_ROWS=N`; 0 or 1, the default: every pass on `attn_partial`, a block per
+/// row). Each row keeps attn_partial's bits (see attention.cu), so the choice may differ from
+/// pass to pass. Read once per process by [`Kernels::new`].
+pub fn attention_rows_asked() -> usize {
+    env_usize("KASOKU_CUDA_ATTN_ROWS", 1).clamp(1, MATVEC_MAX_ROWS)
+}
+
+/// The grid of `attn_rows` for `a`, `rows` rows a block.
+pub fn attention_rows_grid(a: &AttnCall, rows: usize) -> (u32, u32, u32) {
+    (
+        a.n.div_ceil(rows) as u32,
+        a.n_heads as u32,
+        a.chunks.min(ATT_BLOCKS) as u32,
+    )
 }
 
 /// The grid of [`Kernels::attention`]: (rows, blocks per row and split, splits), by the
@@ -734,6 +752,9 @@ pub struct Kernels {
     attn_grouped: bool,
     /// Long chain passes take `attn_prefill` ([`prefill_attention_asked`]).
     attn_prefill: bool,
+    /// Passes of several rows take `attn_rows` with this many rows a block (1: never;
+    /// [`attention_rows_asked`]).
+    attn_rows: usize,
 }
 
 /// A kernel parameter: a pointer to the value, as cuLaunchKernel takes them.
@@ -769,6 +790,7 @@ impl Kernels {
             stream,
             attn_grouped: attention_grouped_asked(),
             attn_prefill: prefill_attention_asked(),
+            attn_rows: attention_rows_asked(),
         })
     }
 
@@ -1144,8 +1166,15 @@ impl Kernels {
         self.attn_grouped
     }
 
+    /// Rows a block of `attn_rows` takes in this process's passes of several rows (1: those
+    /// passes run `attn_partial`).
+    pub fn attention_rows(&self) -> usize {
+        self.attn_rows
+    }
+
     /// [`Kernels::attention`] by the kernel named: `grouped` `attn_group`, else
-    /// `attn_partial` (the checks run both; a model uses the process's one).
+    /// `attn_partial` (the checks run both; a model uses the process's one), or `attn_rows`
+    /// for a pass of several rows when the process asks for it ([`attention_rows_asked`]).
     pub fn attention_by(&self, a: &AttnCall, grouped: bool) -> Result<()> {
         if grouped
             && (a.n_kv_heads == 0
@@ -1172,6 +1201,38 @@ impl Kernels {
             a.chunks as i32,
         );
         let q_ld = (a.n_heads * a.head_dim) as i32;
+        if !grouped && a.n > 1 && self.attn_rows > 1 && a.post.on == 0 {
+            let (n, rows) = (a.n as i32, self.attn_rows as i32);
+            return self.launch(
+                "attn_rows",
+                attention_rows_grid(a, self.attn_rows),
+                128,
+                &mut [
+                    p(&a.q),
+                    p(&q_ld),
+                    p(&a.k_cache),
+                    p(&a.v_cache),
+                    p(&ms),
+                    p(&nh),
+                    p(&nkv),
+                    p(&hd),
+                    p(&a.scale),
+                    p(&a.batch),
+                    p(&a.pos),
+                    p(&a.path),
+                    p(&a.part_ml),
+                    p(&a.part_o),
+                    p(&ch),
+                    p(&a.arrivals),
+                    p(&a.out),
+                    p(&q_ld),
+                    p(&a.out_q),
+                    p(&a.out_s),
+                    p(&n),
+                    p(&rows),
+                ],
+            );
+        }
         self.launch(
             if grouped {
                 "attn_group"

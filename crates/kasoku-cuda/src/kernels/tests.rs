@@ -219,6 +219,11 @@ fn attention_grids_follow_the_shape_and_the_cache_only() {
         let (_, y, _) = attention_grid(&call(1, nh, nkv, 1), true);
         assert!(y as usize <= nh);
     }
+    // attn_rows: groups of `rows` rows (the last one partial), a block per query head, the
+    // same splits as attn_partial.
+    assert_eq!(attention_rows_grid(&call(16, 12, 2, 9), 4), (4, 12, 9));
+    assert_eq!(attention_rows_grid(&call(17, 12, 2, 70), 4), (5, 12, 32));
+    assert_eq!(attention_rows_grid(&call(3, 12, 2, 1), 16), (1, 12, 1));
 }
 
 #[test]
