@@ -1201,70 +1201,44 @@ impl Kernels {
             a.chunks as i32,
         );
         let q_ld = (a.n_heads * a.head_dim) as i32;
-        if !grouped && a.n > 1 && self.attn_rows > 1 && a.post.on == 0 {
-            let (n, rows) = (a.n as i32, self.attn_rows as i32);
-            return self.launch(
-                "attn_rows",
-                attention_rows_grid(a, self.attn_rows),
-                128,
-                &mut [
-                    p(&a.q),
-                    p(&q_ld),
-                    p(&a.k_cache),
-                    p(&a.v_cache),
-                    p(&ms),
-                    p(&nh),
-                    p(&nkv),
-                    p(&hd),
-                    p(&a.scale),
-                    p(&a.batch),
-                    p(&a.pos),
-                    p(&a.path),
-                    p(&a.part_ml),
-                    p(&a.part_o),
-                    p(&ch),
-                    p(&a.arrivals),
-                    p(&a.out),
-                    p(&q_ld),
-                    p(&a.out_q),
-                    p(&a.out_s),
-                    p(&n),
-                    p(&rows),
-                ],
-            );
-        }
-        self.launch(
-            if grouped {
+        let (n, rows) = (a.n as i32, self.attn_rows as i32);
+        // The parameters the three kernels share, in their order; then attn_rows' row count
+        // and rows a block, or the others' epilogue.
+        let mut params = vec![
+            p(&a.q),
+            p(&q_ld),
+            p(&a.k_cache),
+            p(&a.v_cache),
+            p(&ms),
+            p(&nh),
+            p(&nkv),
+            p(&hd),
+            p(&a.scale),
+            p(&a.batch),
+            p(&a.pos),
+            p(&a.path),
+            p(&a.part_ml),
+            p(&a.part_o),
+            p(&ch),
+            p(&a.arrivals),
+            p(&a.out),
+            p(&q_ld),
+            p(&a.out_q),
+            p(&a.out_s),
+        ];
+        let (name, grid) = if !grouped && a.n > 1 && self.attn_rows > 1 && a.post.on == 0 {
+            params.extend([p(&n), p(&rows)]);
+            ("attn_rows", attention_rows_grid(a, self.attn_rows))
+        } else {
+            params.push(p(&a.post));
+            let name = if grouped {
                 "attn_group"
             } else {
                 "attn_partial"
-            },
-            attention_grid(a, grouped),
-            128,
-            &mut [
-                p(&a.q),
-                p(&q_ld),
-                p(&a.k_cache),
-                p(&a.v_cache),
-                p(&ms),
-                p(&nh),
-                p(&nkv),
-                p(&hd),
-                p(&a.scale),
-                p(&a.batch),
-                p(&a.pos),
-                p(&a.path),
-                p(&a.part_ml),
-                p(&a.part_o),
-                p(&ch),
-                p(&a.arrivals),
-                p(&a.out),
-                p(&q_ld),
-                p(&a.out_q),
-                p(&a.out_s),
-                p(&a.post),
-            ],
-        )
+            };
+            (name, attention_grid(a, grouped))
+        };
+        self.launch(name, grid, 128, &mut params)
     }
 
     /// Moves slots `past + path[t]` to `past + t` in every layer's keys and values.
