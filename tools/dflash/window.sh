@@ -19,10 +19,12 @@ if [ "$GIB" -ge 120 ]; then REGEN_BATCH=256 TRAIN_TOKENS=16384; else REGEN_BATCH
 if ls $W/t.gguf.part* > /dev/null 2>&1; then cat $W/t.gguf.part* > $T && rm $W/t.gguf.part*; fi
 # Answers regenerated in earlier windows: watch.sh's regen-NNN.tar carried into regen-in/, and
 # those the repository keeps for this target (tools/dflash/data/*/ whose target.sha256 is its).
-for t in $W/regen-in/*.tar; do [ -f "$t" ] && tar xf "$t" -C $W; done
+# Their shards go on watch.sh's list of returned ones, so it sends back only new shards.
+for t in $W/regen-in/*.tar; do [ -f "$t" ] && tar xf "$t" -C $W && tar tf "$t" >> $W/returned.list; done
 sum=$(sha256sum $T | cut -c1-64)
 for d in $D/data/*/; do
-  [ "$(cat "$d/target.sha256" 2>/dev/null)" = "$sum" ] && for t in "$d"/regen-*.tar; do tar xf "$t" -C $W; done
+  [ "$(cat "$d/target.sha256" 2>/dev/null)" = "$sum" ] &&
+    for t in "$d"/regen-*.tar; do tar xf "$t" -C $W && tar tf "$t" >> $W/returned.list; done
 done
 echo "target $sum at $(date +%s); $GIB GiB: regen batch $REGEN_BATCH, train $TRAIN_TOKENS tokens" > window.log
 python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
