@@ -85,16 +85,21 @@ class Sequences:
     sequences anchored anywhere (prompt length 0), bucketed by length."""
 
     def __init__(self, paths: list[str], seqlen: int, block: int, extra=()):
-        self.items = [(t[:seqlen], 0) for t in extra if len(t[:seqlen]) > block + 1]
+        items = [(t[:seqlen], 0, "text") for t in extra if len(t[:seqlen]) > block + 1]
         for p in paths:
             with np.load(p) as shard:
                 tokens, offsets = shard["tokens"].astype(np.int64), shard["offsets"]
                 plens = shard["prompt_len"].tolist()
+                kinds = shard["kind"].tolist() if "kind" in shard.files else ["?"] * len(plens)
             for j, plen in enumerate(plens):
                 toks = torch.from_numpy(tokens[offsets[j]:offsets[j + 1]][:seqlen].copy())
                 if len(toks) - block >= max(1, plen - 1):
-                    self.items.append((toks, plen))
-        self.items.sort(key=lambda x: len(x[0]))
+                    items.append((toks, plen, str(kinds[j])))
+        items.sort(key=lambda x: len(x[0]))
+        self.items = [(t, plen) for t, plen, _ in items]
+        # The prompt kind of each item (prompts.py's instruct / edit / complete; "text" for
+        # the prompts' own text), for validation by kind.
+        self.kinds = [k for _, _, k in items]
         self.tokens = sum(len(t) for t, _ in self.items)
 
     def __len__(self):
@@ -346,7 +351,10 @@ def main(argv=None):
         return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * p)))
 
     vgen = torch.Generator().manual_seed(1234)
-    val_items = val.items[:: max(1, len(val) // max(1, args.val_sequences))][:args.val_sequences]
+    val_index = list(range(0, len(val), max(1, len(val) // max(1, args.val_sequences))))
+    val_index = val_index[:args.val_sequences]
+    val_items = [val.items[i] for i in val_index]
+    val_kinds = [val.kinds[i] for i in val_index]
 
     def validate():
         if not val_items:
@@ -365,9 +373,16 @@ def main(argv=None):
                 hits_all.append(hits.cpu())
                 ok_all.append(ok)
         drafter.train()
-        per_pos, tau = accept_stats(torch.cat(hits_all), torch.cat(ok_all))
+        hits, ok = torch.cat(hits_all), torch.cat(ok_all)
+        per_pos, tau = accept_stats(hits, ok)
+        # τ by prompt kind: which kinds of answer the drafter has learned (the held-out set
+        # mixes chat answers and raw continuations, and kasoku's benchmarks weigh them apart).
+        by_kind = {}
+        for kind in sorted(set(val_kinds)):
+            rows = torch.tensor([k == kind for k in val_kinds])
+            by_kind[kind] = round(accept_stats(hits[rows], ok[rows])[1], 3)
         return {"val_loss": round(sum(losses) / len(losses), 4), "val_tf_tau": round(tau, 3),
-                "val_hit_rate": [round(x, 3) for x in per_pos]}
+                "val_hit_rate": [round(x, 3) for x in per_pos], "val_tf_tau_by_kind": by_kind}
 
     del vgen
     drafter.train()
