@@ -3,7 +3,9 @@
 // max score, exp-sum and weighted values; the last chunk of a (row, head) to finish combines
 // them in order (`attn_merge_row`). `attn_group` (below; opt-in with KASOKU_CUDA_ATTN=1)
 // computes the same function per (row, KV head, chunk) for all the group's
-// query heads at once, with fewer dependent rounds per chunk.
+// query heads at once, with fewer dependent rounds per chunk. `attn_rows` (below; opt-in with
+// KASOKU_CUDA_ATTN_ROWS=N) runs attn_partial's own chunk step and merge for N rows a block,
+// reading a chunk of committed keys once for all of them: attn_partial's bits.
 //
 // A row sees a sequence of "virtual positions" 0..=pos: the committed slots 0..past, then (a
 // chain) slots past.. in order, or (a tree node) the slots of its path from the root down, so

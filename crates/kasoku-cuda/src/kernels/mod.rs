@@ -11,7 +11,8 @@
 //!   SwiGLU, argmax, KV-cache commit.
 //! - `attention.cu`: split-K attention over the f16 cache with chain or tree visibility
 //!   (`attn_partial`, a block per query head; `KASOKU_CUDA_ATTN=1`: `attn_group`, a block
-//!   per KV head's group of query heads).
+//!   per KV head's group of query heads; `KASOKU_CUDA_ATTN_ROWS=N`: `attn_rows`, N rows of a
+//!   query head a block in passes of several rows, with attn_partial's bits).
 //! - `attention_prefill.cu`: attention of long chain passes (prefill) on f16 tensor cores, a
 //!   block per 64 rows and query head (`KASOKU_CUDA_ATTN_PREFILL=0`: the decode kernels;
 //!   launcher in `attention_prefill.rs`).
