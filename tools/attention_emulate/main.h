@@ -72,9 +72,10 @@ static Cache random_cache(const Shape& s, int slots) {
 }
 struct Result { V out; std::vector<int8_t> xq; V xs; Cache cache; };
 
-// One attention call as Kernels::attention makes it.
+// One attention call as Kernels::attention makes it: attn_partial, attn_group (`grouped`),
+// or attn_rows with `rows` rows a block (rows > 0).
 static Result attend(bool grouped, const Shape& s, const Meta& m, const V& q, Cache cache, int chunks, bool quant,
-                     PostArgs post = PostArgs{}, int order = 0) {
+                     PostArgs post = PostArgs{}, int order = 0, int rows = 0) {
     int n = m.n, q_dim = s.nh * s.hd;
     Result r;
     r.out.assign((size_t)n * q_dim, NAN);
@@ -83,9 +84,10 @@ static Result attend(bool grouped, const Shape& s, const Meta& m, const V& q, Ca
     V part_ml((size_t)n * s.nh * chunks * 2, NAN), part_o((size_t)n * s.nh * chunks * s.hd, NAN);
     std::vector<int> arrivals((size_t)n * s.nh, 0);
     int group = s.nh / s.nkv;
+    unsigned gx = rows > 0 ? (n + rows - 1) / rows : n;
     unsigned gy = grouped ? s.nkv * ((group + KERNEL_ATTG_HEADS - 1) / KERNEL_ATTG_HEADS) : s.nh;
     unsigned gz = std::min(chunks, ATT_BLOCKS);
-    std::vector<unsigned> ord(n * gy * gz);
+    std::vector<unsigned> ord(gx * gy * gz);
     for (size_t k = 0; k < ord.size(); k++) ord[k] = k;
     if (order == 1) std::reverse(ord.begin(), ord.end());
     if (order == 2) for (size_t k = ord.size(); k > 1; k--) std::swap(ord[k - 1], ord[rnd() % k]);
@@ -94,50 +96,23 @@ static Result attend(bool grouped, const Shape& s, const Meta& m, const V& q, Ca
     // The caches are what the kernels may read with __ldg (exactly their slots).
     g_weights = {{(const unsigned char*)cache.k.data(), cache.k.size() * 2},
                  {(const unsigned char*)cache.v.data(), cache.v.size() * 2}};
-    launch3(n, gy, gz, 128, ord, [&] {
+    launch3(gx, gy, gz, 128, ord, [&] {
+        i8* xq = quant ? r.xq.data() : nullptr;
+        float4* xs = quant ? (float4*)r.xs.data() : nullptr;
+        if (rows > 0) {
+            attn_rows(qc.data(), q_dim, cache.k.data(), cache.v.data(), cache.slots, s.nh, s.nkv, s.hd, scale, &m.b,
+                      m.pos.data(), m.path.data(), part_ml.data(), part_o.data(), chunks, arrivals.data(),
+                      r.out.data(), q_dim, xq, xs, n, rows);
+            return;
+        }
         auto f = grouped ? attn_group : attn_partial;
         f(qc.data(), q_dim, cache.k.data(), cache.v.data(), cache.slots, s.nh, s.nkv, s.hd, scale, &m.b, m.pos.data(),
-          m.path.data(), part_ml.data(), part_o.data(), chunks, arrivals.data(), r.out.data(), q_dim,
-          quant ? r.xq.data() : nullptr, quant ? (float4*)r.xs.data() : nullptr, post);
+          m.path.data(), part_ml.data(), part_o.data(), chunks, arrivals.data(), r.out.data(), q_dim, xq, xs, post);
     });
     g_weights.clear();
     for (int a : arrivals) if (a) { report(false, "an arrival count left non-zero"); break; }
     if (g_bad_reads) {
         report(false, "a cache read outside the caches");
-        g_bad_reads = 0;
-    }
-    r.cache = std::move(cache);
-    return r;
-}
-
-// One attn_rows call (`rows` rows a block) as Kernels::attention makes it for a pass of
-// several rows.
-static Result attend_rows(const Shape& s, const Meta& m, const V& q, Cache cache, int chunks, bool quant, int rows,
-                          int order = 0) {
-    int n = m.n, q_dim = s.nh * s.hd;
-    Result r;
-    r.out.assign((size_t)n * q_dim, NAN);
-    r.xq.assign(quant ? (size_t)n * q_dim : 0, 0);
-    r.xs.assign(quant ? (size_t)n * q_dim / 32 * 4 : 0, NAN);
-    V part_ml((size_t)n * s.nh * chunks * 2, NAN), part_o((size_t)n * s.nh * chunks * s.hd, NAN);
-    std::vector<int> arrivals((size_t)n * s.nh, 0);
-    unsigned gx = (n + rows - 1) / rows, gy = s.nh, gz = std::min(chunks, ATT_BLOCKS);
-    std::vector<unsigned> ord(gx * gy * gz);
-    for (size_t k = 0; k < ord.size(); k++) ord[k] = k;
-    if (order == 1) std::reverse(ord.begin(), ord.end());
-    if (order == 2) for (size_t k = ord.size(); k > 1; k--) std::swap(ord[k - 1], ord[rnd() % k]);
-    float scale = 1.0f / sqrtf((float)s.hd);
-    g_weights = {{(const unsigned char*)cache.k.data(), cache.k.size() * 2},
-                 {(const unsigned char*)cache.v.data(), cache.v.size() * 2}};
-    launch3(gx, gy, gz, 128, ord, [&] {
-        attn_rows(q.data(), q_dim, cache.k.data(), cache.v.data(), cache.slots, s.nh, s.nkv, s.hd, scale, &m.b,
-                  m.pos.data(), m.path.data(), part_ml.data(), part_o.data(), chunks, arrivals.data(), r.out.data(),
-                  q_dim, quant ? r.xq.data() : nullptr, quant ? (float4*)r.xs.data() : nullptr, n, rows);
-    });
-    g_weights.clear();
-    for (int a : arrivals) if (a) { report(false, "attn_rows: an arrival count left non-zero"); break; }
-    if (g_bad_reads) {
-        report(false, "attn_rows: a cache read outside the caches");
         g_bad_reads = 0;
     }
     r.cache = std::move(cache);
@@ -306,7 +281,7 @@ static void check_rows(const Shape& s, int past, const std::vector<int>& parents
     for (int rows : {2, 3, 4, 16, 64})
         for (int order = 0; order < 3; order++) {
             g_reverse = order == 1 && rows == 4;
-            Result r = attend_rows(s, m, q, c, rows == 3 ? chunks + 9 : chunks, quant, rows, order);
+            Result r = attend(false, s, m, q, c, rows == 3 ? chunks + 9 : chunks, quant, PostArgs{}, order, rows);
             g_reverse = false;
             ok &= same(r.out.data(), want.out.data(), want.out.size() * 4) && r.xq == want.xq &&
                   same(r.xs.data(), want.xs.data(), want.xs.size() * 4);
