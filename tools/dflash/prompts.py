@@ -11,7 +11,11 @@ Three kinds, all over functions that have a docstring (tests, `encodings/`, `pyd
   edit      a chat request to rework a given function (add type hints, comments, simplify, turn
             into a class method, ...): answers copy much of the prompt, which is what prompt
             lookup and a drafter must both handle;
-  complete  raw code: a file's text up to a function's body, which the target continues.
+  complete  raw code: a file's text up to a function's body, which the target continues;
+  body      raw code as HumanEval-style benchmarks pose it (only with `--kinds body`, in a
+            file of its own): the file's imports, then a top-level function's header and
+            docstring, which the target continues with the body. No benchmark prompt is used;
+            this is the same form, from the standard library's functions.
 
 Files are split by a hash of their path: 3% are held out for validation (`split: "val"`).
 
@@ -81,7 +85,18 @@ def short_doc(doc: str, limit: int = 1200) -> str:
     return doc
 
 
-def prompts_of_file(path: str, rel: str, rng: random.Random, variants: int = 1):
+def body_prompt(tree: ast.Module, lines: list[str], fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """The file's top-level imports (at most 12), then `fn` from its first decorator through
+    its docstring: what the target is asked to continue with the function's body."""
+    imports = [ast.get_source_segment("".join(lines), n) for n in tree.body
+               if isinstance(n, (ast.Import, ast.ImportFrom))][:12]
+    start = min([d.lineno for d in fn.decorator_list] + [fn.lineno]) - 1
+    head = "".join(lines[start:fn.body[0].end_lineno])
+    return ("\n".join(i for i in imports if i) + "\n\n\n" if imports else "") + head
+
+
+def prompts_of_file(path: str, rel: str, rng: random.Random, variants: int = 1,
+                    kinds: frozenset = frozenset({"instruct", "edit", "complete"})):
     try:
         text = open(path, encoding="utf-8").read()
         tree = ast.parse(text)
@@ -105,11 +120,15 @@ def prompts_of_file(path: str, rel: str, rng: random.Random, variants: int = 1):
             continue
         sig = signature(fn)
         base = {"source": rel, "function": f"{cls + '.' if cls else ''}{fn.name}", "split": split}
+        if "body" in kinds and cls is None and len(fn.body) > 1:
+            yield {**base, "kind": "body", "text": body_prompt(tree, lines, fn)}
+        # The templates are drawn whatever the kinds asked, so the default file stays the same.
         pool = INSTRUCT_METHOD if cls else INSTRUCT
         for tmpl in rng.sample(pool, min(variants, len(pool))):
-            yield {**base, "kind": "instruct",
-                   "messages": [{"role": "user", "content": tmpl.format(
-                       sig=sig, doc=short_doc(doc), cls=cls, name=fn.name)}]}
+            if "instruct" in kinds:
+                yield {**base, "kind": "instruct",
+                       "messages": [{"role": "user", "content": tmpl.format(
+                           sig=sig, doc=short_doc(doc), cls=cls, name=fn.name)}]}
         start, end = fn.lineno - 1, fn.end_lineno or fn.lineno
         if fn.decorator_list:
             start = min(d.lineno for d in fn.decorator_list) - 1
@@ -119,14 +138,15 @@ def prompts_of_file(path: str, rel: str, rng: random.Random, variants: int = 1):
                          default=0)
             code = "".join(l[indent:] if l.strip() else l for l in lines[start:end]).rstrip()
             for tmpl in rng.sample(EDIT, min(variants, len(EDIT))):
-                yield {**base, "kind": "edit",
-                       "messages": [{"role": "user", "content": tmpl.format(code=code)}]}
+                if "edit" in kinds:
+                    yield {**base, "kind": "edit",
+                           "messages": [{"role": "user", "content": tmpl.format(code=code)}]}
         # Raw continuation: up to ~2500 characters of the file before the body's first line.
         body = fn.body[1] if len(fn.body) > 1 else fn.body[0]
         cut = sum(len(l) for l in lines[:body.lineno - 1])
         prefix = text[max(0, cut - 2500):cut]
         prefix = prefix[prefix.find("\n") + 1:] if cut > 2500 else prefix
-        if len(prefix) > 200:
+        if len(prefix) > 200 and "complete" in kinds:
             yield {**base, "kind": "complete", "text": prefix}
 
 
@@ -138,17 +158,25 @@ def main(argv=None):
                     help="another source tree to draw from (e.g. site-packages), repeatable")
     ap.add_argument("--variants", type=int, default=2,
                     help="instruct and edit prompts per function (different templates)")
+    ap.add_argument("--kinds", default="instruct,edit,complete",
+                    help="comma-separated kinds to write: instruct, edit, complete, body (body "
+                         "goes in a file of its own, so the default file and the shards "
+                         "regenerated from it keep their order)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many prompts (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
+    kinds = frozenset(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = kinds - {"instruct", "edit", "complete", "body"}
+    if unknown or not kinds:
+        ap.error(f"--kinds: unknown or empty: {sorted(unknown)}")
     out, counts = [], {}
     trees = [args.stdlib] + args.extra
     files = [(path, os.path.relpath(path, tree) if i == 0
               else f"extra{i}/{os.path.relpath(path, tree)}")
              for i, tree in enumerate(trees) for path in stdlib_files(tree)]
     for path, rel in files:
-        for p in prompts_of_file(path, rel, rng, args.variants):
+        for p in prompts_of_file(path, rel, rng, args.variants, kinds):
             out.append(p)
             key = f"{p['split']}/{p['kind']}"
             counts[key] = counts.get(key, 0) + 1
@@ -161,6 +189,7 @@ def main(argv=None):
     manifest = {
         "prompts": len(out), "counts": counts, "python": sys.version.split()[0],
         "stdlib": args.stdlib, "extra": args.extra, "variants": args.variants,
+        "kinds": sorted(kinds),
         "seed": args.seed, "limit": args.limit,
         "sha256_jsonl": hashlib.sha256(data).hexdigest(),
     }

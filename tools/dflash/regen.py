@@ -5,7 +5,8 @@ is), greedy for most, sampled (temperature 0.7, top-p 0.95) for a share, so the 
 the distribution it will draft for.
 
 Work is cut into shards of `--shard-size` prompts (in the prompts file's order, per split);
-a shard is written when complete (`<split>-NNNNN.npz`, compressed: the sequences' token ids
+a shard is written when complete (`<split>-NNNNN.npz`, or `<split>-<tag>-NNNNN.npz` with
+`--tag`; compressed: the sequences' token ids
 end to end, their offsets, prompt lengths, kinds and whether sampled; a few MiB, under the
 16 MiB a GPU machine returns per file) and skipped when it exists, so runs in separate time
 windows continue one another. `--time` stops starting
@@ -44,7 +45,7 @@ def read_prompts(path: str, split: str) -> list[dict]:
 
 
 def encode(tok, p: dict) -> list[int]:
-    if p["kind"] == "complete":
+    if "text" in p:  # raw code (complete, body): continued as it is
         return tok(p["text"], add_special_tokens=False).input_ids
     ids = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
@@ -129,6 +130,9 @@ def main(argv=None):
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--split", default="train", choices=["train", "val"])
+    ap.add_argument("--tag", default="",
+                    help="shards named <split>-<tag>-NNNNN.npz: a second prompts file's "
+                         "(e.g. prompts.py --kinds body) beside the default one's")
     ap.add_argument("--shard-size", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=512,
                     help="sequences per batch; with generate on the H200 a step took 0.23-0.31 s "
@@ -174,7 +178,8 @@ def main(argv=None):
             break
         if k % args.workers != args.worker:
             continue
-        path = os.path.join(args.out, f"{args.split}-{k:05d}.npz")
+        name = f"{args.split}-{args.tag}-{k:05d}" if args.tag else f"{args.split}-{k:05d}"
+        path = os.path.join(args.out, name + ".npz")
         if os.path.exists(path):
             continue
         if time.time() - t0 > args.time:

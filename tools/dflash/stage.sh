@@ -15,6 +15,7 @@ piece=$(( piece >> 20 ))M
 split -b "$piece" -d -a 2 "$T" .dflash/p/t.gguf.part
 sha256sum "$T" | cut -c1-64 > .dflash/target.sha256
 [ -f .dflash/prompts.jsonl.xz ] || python3 tools/dflash/prompts.py --out .dflash/prompts.jsonl.xz
+[ -f .dflash/body.jsonl.xz ] || python3 tools/dflash/prompts.py --kinds body --out .dflash/body.jsonl.xz
 ls .dflash/gguf-*.whl > /dev/null 2>&1 ||
   python3 -m pip download -q --no-deps --only-binary=:all: -d .dflash gguf
 echo "pieces of $piece: $(ls .dflash/p | wc -l); target sha256 $(cat .dflash/target.sha256)"

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -326,7 +327,13 @@ def main(argv=None):
     texts = Sequences([], args.seqlen, b, text)
     train_paths = sorted(glob.glob(os.path.join(args.data, "train-*.npz")))
     train = Sequences(train_paths, args.seqlen, b)
-    val = Sequences(sorted(glob.glob(os.path.join(args.data, "val-*.npz"))), args.seqlen, b)
+    # Held-out answers: the default prompts' (val-NNNNN.npz, sampled as in every window, so
+    # val_tf_tau stays comparable) and a tagged prompts file's (val-<tag>-NNNNN.npz, all of
+    # them, reported by kind only).
+    val_paths = sorted(glob.glob(os.path.join(args.data, "val-*.npz")))
+    untagged = [p for p in val_paths if re.fullmatch(r"val-\d+\.npz", os.path.basename(p))]
+    val = Sequences(untagged, args.seqlen, b)
+    val_tagged = Sequences([p for p in val_paths if p not in untagged], args.seqlen, b)
     if len(train) == 0:
         raise SystemExit(f"no usable train-*.npz sequences in {args.data}")
 
@@ -336,7 +343,7 @@ def main(argv=None):
          "load_s": round(time.time() - t_load, 1), "draft_params": params,
          "export_mb_bf16": round(2 * params / 2**20, 2), "train_sequences": len(train),
          "train_tokens": train.tokens, "text_sequences": len(texts), "text_tokens": texts.tokens,
-         "text_share": args.text_share if len(texts) else 0.0, "val_sequences": len(val),
+         "text_share": args.text_share if len(texts) else 0.0, "val_sequences": len(val), "val_tagged_sequences": len(val_tagged),
          "config": config})
     if 2 * params / 2**20 > args.max_mb:
         log({"event": "warning", "reason": f"the bf16 export ({2 * params / 2**20:.1f} MiB) "
@@ -355,6 +362,9 @@ def main(argv=None):
     val_index = val_index[:args.val_sequences]
     val_items = [val.items[i] for i in val_index]
     val_kinds = [val.kinds[i] for i in val_index]
+    val_base = len(val_items)  # val_tf_tau and the hit rates are over these
+    val_items += val_tagged.items[:args.val_sequences]
+    val_kinds += val_tagged.kinds[:args.val_sequences]
 
     def validate():
         if not val_items:
@@ -374,7 +384,7 @@ def main(argv=None):
                 ok_all.append(ok)
         drafter.train()
         hits, ok = torch.cat(hits_all), torch.cat(ok_all)
-        per_pos, tau = accept_stats(hits, ok)
+        per_pos, tau = accept_stats(hits[:val_base], ok[:val_base])
         # τ by prompt kind: which kinds of answer the drafter has learned (the held-out set
         # mixes chat answers and raw continuations, and kasoku's benchmarks weigh them apart).
         by_kind = {}

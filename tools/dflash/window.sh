@@ -30,12 +30,23 @@ echo "target $sum at $(date +%s); $GIB GiB: regen batch $REGEN_BATCH, train $TRA
 python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
   --out regen --split val --shard-size 96 --max-shards 1 --batch 96 --max-new 256 \
   --time 400 > regen_val.log 2>&1
+# HumanEval-style prompts (prompts.py --kinds body), when the window brought them: their
+# held-out answers too (val-body-*, reported by kind), and their training answers are
+# regenerated first (1,608 prompts: a few minutes), then the default prompts'.
+BODY=$W/body.jsonl.xz
+[ -f $BODY ] && python3 $D/regen.py --target $T --target-cache target.pt --prompts $BODY --tag body \
+  --out regen --split val --shard-size 48 --max-shards 1 --batch 48 --max-new 256 \
+  --time 300 >> regen_val.log 2>&1
 echo "held-out answers at $(date +%s)" >> window.log
 # REGEN_SECONDS 0: train on the kept answers alone, with the whole GPU (the third window
 # trained at 14.3K tokens/s alone against ~10K beside regeneration).
-[ "$REGEN_S" != 0 ] && python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
-  --out regen --split train --shard-size $REGEN_BATCH --batch $REGEN_BATCH --max-new 384 \
-  --time "$REGEN_S" > regen_train.log 2>&1 &
+[ "$REGEN_S" != 0 ] && (
+  [ -f $BODY ] && python3 $D/regen.py --target $T --target-cache target.pt --prompts $BODY --tag body \
+    --out regen --split train --shard-size $REGEN_BATCH --batch $REGEN_BATCH --max-new 256 \
+    --time $(( REGEN_S / 2 )) > regen_body.log 2>&1
+  python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
+    --out regen --split train --shard-size $REGEN_BATCH --batch $REGEN_BATCH --max-new 384 \
+    --time "$REGEN_S" > regen_train.log 2>&1 ) &
 while ! ls regen/train-*.npz > /dev/null 2>&1; do sleep 3; done
 echo "first train shard at $(date +%s)" >> window.log
 # A continued drafter's learning-rate schedule spans its earlier training and this window's
