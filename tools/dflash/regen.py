@@ -157,6 +157,8 @@ def main(argv=None):
     ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.time()
+    # The target first, even when no shard is left to do: window.sh's first call writes the
+    # dequantized cache (--target-cache) that the processes after it read.
     dev = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     model = targets.load_target(args.target, dev, dtype, args.target_cache or None)
@@ -166,20 +168,27 @@ def main(argv=None):
             if isinstance(t, int) and t >= 0 and t != tok.unk_token_id]
     pad = tok.pad_token_id if tok.pad_token_id is not None else stop[0]
     prompts = read_prompts(args.prompts, args.split)
+    os.makedirs(args.out, exist_ok=True)
+    shards = (len(prompts) + args.shard_size - 1) // args.shard_size
+
+    def shard_path(k):
+        name = f"{args.split}-{args.tag}-{k:05d}" if args.tag else f"{args.split}-{k:05d}"
+        return os.path.join(args.out, name + ".npz")
+
+    todo = [k for k in range(shards) if not (args.max_shards and k >= args.max_shards)
+            and k % args.workers == args.worker and not os.path.exists(shard_path(k))]
+    if not todo:
+        # Every shard exists (kept from earlier windows): no engine to start and check (its
+        # graph captures cost a minute or more on a GPU).
+        print(json.dumps({"shards": shards, "todo": 0}), flush=True)
+        return
     engine = args.engine if args.engine != "auto" else ("graph" if dev == "cuda" else "hf")
     dec = None
     if engine == "graph":
         dec = start_engine(model, tok, prompts, args, stop, pad)
-    os.makedirs(args.out, exist_ok=True)
-    shards = (len(prompts) + args.shard_size - 1) // args.shard_size
     done_tokens = 0
-    for k in range(shards):
-        if args.max_shards and k >= args.max_shards:
-            break
-        if k % args.workers != args.worker:
-            continue
-        name = f"{args.split}-{args.tag}-{k:05d}" if args.tag else f"{args.split}-{k:05d}"
-        path = os.path.join(args.out, name + ".npz")
+    for k in todo:
+        path = shard_path(k)
         if os.path.exists(path):
             continue
         if time.time() - t0 > args.time:
