@@ -114,6 +114,9 @@ __device__ __forceinline__ bool last_to_arrive(int* count, int working, int* las
 // plain decoding of its path gets, whatever the batch, grid or block that computes it.
 #define ATTP_KPW (ATT_CHUNK / 4)
 
+// Chunks of ATT_CHUNK virtual positions a row at position `pos` sees (0..=pos).
+__device__ __forceinline__ int att_row_chunks(int pos) { return pos / ATT_CHUNK + 1; }
+
 // The 8 f16 values of a 16-byte load, as floats (both decode kernels).
 __device__ __forceinline__ void unpack_f16x8(uint4 raw, float* f) {
     u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -284,7 +287,7 @@ __device__ __forceinline__ void attn_partial_body(
     const int rr = act ? r : 0;
     const int i = blockIdx.x, h = blockIdx.y;
     const int seen = pos[i] + 1;
-    const int nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+    const int nc = att_row_chunks(pos[i]);
     if ((int)blockIdx.z >= nc) return;
     const int kh = h / (n_heads / n_kv_heads);
     const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
@@ -397,7 +400,7 @@ __device__ __forceinline__ void attn_rows_body(
     const int past = batch->past, chain = batch->is_chain, plen = batch->max_depth + 1;
     int most = 0;  // chunks of the group's longest row
     for (int i = i0; i < i1; i++) {
-        const int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
+        const int nc = att_row_chunks(pos[i]);
         if (nc > most) most = nc;
     }
     for (int c = blockIdx.z; c < most; c += gridDim.z) {
@@ -407,7 +410,7 @@ __device__ __forceinline__ void attn_rows_body(
         uint4 kraw[STEPS], vraw[STEPS];
         bool loaded = false;
         for (int i = i0; i < i1; i++) {
-            const int seen = pos[i] + 1, nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+            const int seen = pos[i] + 1, nc = att_row_chunks(pos[i]);
             if (c >= nc) continue;
             if (!(common && loaded)) {
                 const int vfirst = attp_slots<L>(past, chain, plen, path, i, v0, min(ATT_CHUNK, seen - v0), slot);
@@ -424,7 +427,7 @@ __device__ __forceinline__ void attn_rows_body(
     }
     // Each row of several chunks: the last of its blocks to finish merges it.
     for (int i = i0; i < i1; i++) {
-        const int nc = (pos[i] + ATT_CHUNK) / ATT_CHUNK;
+        const int nc = att_row_chunks(pos[i]);
         if (nc == 1 || (int)blockIdx.z >= nc) continue;
         if (last_to_arrive(arrivals + i * n_heads + h, min(nc, (int)gridDim.z), sm.last))
             attn_merge_row(part_ml, part_o, chunks, n_heads, head_dim, nc, i, h, out, out_ld, xq, xs, sm.qs);
@@ -577,7 +580,7 @@ __device__ __forceinline__ void attn_group_body(
         int hh = e / head_dim, d = e - hh * head_dim;
         sm.qs[hh * 256 + d] = q[(size_t)i * q_ld + (h0 + hh) * head_dim + d];
     }
-    const int nc = (seen + ATT_CHUNK - 1) / ATT_CHUNK;
+    const int nc = att_row_chunks(pos[i]);
     if ((int)blockIdx.z >= nc) return;
     const u16* kc = k_cache + (size_t)kh * max_slots * head_dim;
     const u16* vc = v_cache + (size_t)kh * max_slots * head_dim;
