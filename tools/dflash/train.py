@@ -343,7 +343,8 @@ def main(argv=None):
          "load_s": round(time.time() - t_load, 1), "draft_params": params,
          "export_mb_bf16": round(2 * params / 2**20, 2), "train_sequences": len(train),
          "train_tokens": train.tokens, "text_sequences": len(texts), "text_tokens": texts.tokens,
-         "text_share": args.text_share if len(texts) else 0.0, "val_sequences": len(val), "val_tagged_sequences": len(val_tagged),
+         "text_share": args.text_share if len(texts) else 0.0, "val_sequences": len(val),
+         "val_tagged_sequences": len(val_tagged),
          "config": config})
     if 2 * params / 2**20 > args.max_mb:
         log({"event": "warning", "reason": f"the bf16 export ({2 * params / 2**20:.1f} MiB) "

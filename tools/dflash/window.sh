@@ -40,13 +40,15 @@ BODY=$W/body.jsonl.xz
 echo "held-out answers at $(date +%s)" >> window.log
 # REGEN_SECONDS 0: train on the kept answers alone, with the whole GPU (the third window
 # trained at 14.3K tokens/s alone against ~10K beside regeneration).
+# The body prompts get at most half of REGEN_SECONDS, the default ones what is left of it.
 [ "$REGEN_S" != 0 ] && (
+  t0=$(date +%s)
   [ -f $BODY ] && python3 $D/regen.py --target $T --target-cache target.pt --prompts $BODY --tag body \
     --out regen --split train --shard-size $REGEN_BATCH --batch $REGEN_BATCH --max-new 256 \
     --time $(( REGEN_S / 2 )) > regen_body.log 2>&1
   python3 $D/regen.py --target $T --target-cache target.pt --prompts prompts.jsonl.xz \
     --out regen --split train --shard-size $REGEN_BATCH --batch $REGEN_BATCH --max-new 384 \
-    --time "$REGEN_S" > regen_train.log 2>&1 ) &
+    --time $(( REGEN_S - ($(date +%s) - t0) )) > regen_train.log 2>&1 ) &
 while ! ls regen/train-*.npz > /dev/null 2>&1; do sleep 3; done
 echo "first train shard at $(date +%s)" >> window.log
 # A continued drafter's learning-rate schedule spans its earlier training and this window's
